@@ -1,0 +1,36 @@
+# `make test` and `make demo` work on a fresh machine: they install what they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint typecheck unit system-deps venv clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
+	touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	scripts/install-system-deps
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest
+
+test: system-deps lint typecheck unit
+
+demo: system-deps venv
+	$(BIN)/python scripts/demo.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""The webhook's CA and serving certificates, rotation, Secret and caBundle."""

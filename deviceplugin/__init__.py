@@ -1,0 +1,1 @@
+"""Kubelet device plugin (v1beta1): capacity, health, allocation, topology, node labels."""

@@ -1,0 +1,127 @@
+"""The device plugin's proof of allocation, which the runtime side accepts in place of a grant.
+
+Allocate sees device IDs, not the pod, so it cannot sign a namespace and container name.
+Instead it writes a token file into a root-only host directory and answers with a read-only
+bind mount of that file at `/run/gpuwire/allocations/<token>`. The kubelet adds that mount;
+a pod author can neither add a mount whose source is in that host directory (that needs a
+hostPath volume, which Pod Security `baseline` forbids) nor replay one: the first sandbox
+that starts with a token claims it, and another sandbox presenting it is refused. The token's
+content is MAC'd with the grant keys, so a file planted elsewhere proves nothing either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwire.grant import KeyRing
+
+DEFAULT_DIR = "/var/lib/gpuwire/allocations"
+CONTAINER_DIR = "/run/gpuwire/allocations"
+
+_TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+class AllocationError(ValueError):
+    """A token that does not prove an allocation."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    token: str
+    resource: str
+    devices: tuple[str, ...]  # physical GPU UUIDs, sorted
+
+    def message(self) -> bytes:
+        fields = ("gpuwire-alloc-v1", self.token, self.resource, ",".join(self.devices))
+        return "\0".join(fields).encode()
+
+
+def _mac(keys: KeyRing, key_id: str, allocation: Allocation) -> str:
+    return hmac.new(keys.keys[key_id], allocation.message(), hashlib.sha256).hexdigest()
+
+
+def write(
+    directory: str | os.PathLike[str], resource: str, uuids: Iterable[str], keys: KeyRing
+) -> Allocation:
+    """Record an allocation; returns it (its token names the file and the container mount)."""
+    allocation = Allocation(secrets.token_hex(16), resource, tuple(sorted(set(uuids))))
+    key_id = keys.signing_id
+    body = {
+        "resource": allocation.resource,
+        "devices": list(allocation.devices),
+        "key": key_id,
+        "mac": _mac(keys, key_id, allocation),
+    }
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = Path(directory, allocation.token)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, path)
+    return allocation
+
+
+def container_path(token: str) -> str:
+    return f"{CONTAINER_DIR}/{token}"
+
+
+def token_of(destination: str) -> str | None:
+    """The token a container mount destination carries, if it is an allocation mount."""
+    parent, _, token = destination.rstrip("/").rpartition("/")
+    return token if parent == CONTAINER_DIR and _TOKEN.match(token) else None
+
+
+def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Allocation:
+    """The allocation behind `token`, verified; AllocationError says why not."""
+    if not _TOKEN.match(token):
+        raise AllocationError(f"malformed allocation token {token!r}")
+    try:
+        fd = os.open(Path(directory, token), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise AllocationError(
+            f"allocation {token} not found on this node ({exc.strerror})"
+        ) from exc
+    with os.fdopen(fd) as f:
+        try:
+            body = json.load(f)
+            allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]))
+            key_id, mac = str(body["key"]), str(body["mac"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AllocationError(f"allocation {token} is unreadable") from exc
+    if key_id not in keys.keys:
+        raise AllocationError(f"allocation {token} is signed with unknown key {key_id!r}")
+    if not hmac.compare_digest(_mac(keys, key_id, allocation), mac):
+        raise AllocationError(f"allocation {token} has an invalid MAC")
+    return allocation
+
+
+def claim(directory: str | os.PathLike[str], token: str, sandbox: str) -> None:
+    """Bind `token` to the first pod sandbox that uses it; refuse any other sandbox.
+
+    Containers of one sandbox (restarts, several containers) may present it again.
+    """
+    path = Path(directory, f"{token}.claim")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        owner = path.read_text()
+        if owner != sandbox:
+            raise AllocationError(
+                f"allocation {token} belongs to sandbox {owner[:12]}, not {sandbox[:12]}"
+            ) from None
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(sandbox)
+
+
+def remove(directory: str | os.PathLike[str], token: str) -> None:
+    """Forget an allocation (the plugin sweeps tokens of pods that are gone)."""
+    for name in (token, f"{token}.claim"):
+        Path(directory, name).unlink(missing_ok=True)

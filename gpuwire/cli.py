@@ -1,0 +1,72 @@
+"""`gpuwire` command line: a table of subcommands, each imported only when it runs.
+
+The contract package must not depend on the components, and `gpuwire-hook` must start in
+milliseconds, so the table names modules as strings and nothing is imported up front.
+Each target is `module:function`, called with the remaining arguments, returning an exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("webhook", "serve"), "webhook.cli:serve", "run the admission webhook over TLS"),
+    (("mutate",), "webhook.cli:mutate", "print a pod as the webhook would mutate it"),
+    (
+        ("grant", "verify"),
+        "runtime_hook.cli:grant_verify",
+        "explain whether a container spec's grant holds",
+    ),
+    (("grant",), "gpuwire.grant:main", "print the GPUWIRE_GRANT line for a container"),
+    (("cdi", "generate"), "runtime_hook.cli:cdi_generate", "write a CDI spec for this node's GPUs"),
+    (
+        ("containerd", "configure"),
+        "runtime_hook.cli:containerd_configure",
+        "add the gpuwire runtime to containerd",
+    ),
+    (("device-plugin", "serve"), "deviceplugin.cli:serve", "run the kubelet device plugin"),
+    (
+        ("node", "advertise"),
+        "deviceplugin.cli:advertise",
+        "patch GPU capacity into a node without a plugin",
+    ),
+    (("node", "label"), "deviceplugin.cli:label", "write GPU labels on this node"),
+    (
+        ("certs", "generate"),
+        "certs.cli:generate",
+        "write a CA and serving certificate to a directory",
+    ),
+    (("certs", "ensure"), "certs.cli:ensure", "create or renew the webhook's Secret and caBundle"),
+    (("sim", "node"), "gpuwire.sim:main", "write a simulated GPU node"),
+    (("sim", "fault"), "gpuwire.sim:fault_main", "inject an XID event on a simulated GPU"),
+)
+
+
+def resolve(target: str) -> Callable[[list[str]], int]:
+    module, _, function = target.partition(":")
+    func: Callable[[list[str]], int] = getattr(importlib.import_module(module), function)
+    return func
+
+
+def usage() -> str:
+    width = max(len(" ".join(words)) for words, _, _ in COMMANDS)
+    lines = [f"  gpuwire {' '.join(words):<{width}}  {summary}" for words, _, summary in COMMANDS]
+    return "usage: gpuwire COMMAND [ARGS]\n\ncommands:\n" + "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        return 0
+    for words, target, _ in COMMANDS:
+        if tuple(args[: len(words)]) == words:
+            return resolve(target)(args[len(words) :])
+    sys.stderr.write(f"gpuwire: unknown command {' '.join(args[:2])!r}\n\n{usage()}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The device model and NVIDIA_VISIBLE_DEVICES semantics, shared by every component.
+
+A request string selects devices the way libnvidia-container does (reference
+nvidia-runtime.md 1.1): `void`/empty/unset is not a GPU container, `none` is a GPU
+container with no GPU, `all` is every GPU, otherwise a list of indices, UUIDs or PCI bus ids.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as discovery (procfs, NVML or the simulated node) reports it."""
+
+    index: int
+    minor: int
+    uuid: str
+    pci_bus_id: str  # 0000:07:00.0
+    product: str  # NVIDIA A100-SXM4-80GB
+    memory_mib: int = 0  # 0 where the source does not say (procfs)
+    numa_node: int = -1  # -1: unknown
+    nvlinks: tuple[tuple[int, int], ...] = field(default=())  # (peer index, link count)
+
+    def links_to(self, peer: int) -> int:
+        return sum(count for index, count in self.nvlinks if index == peer)
+
+
+class Kind(Enum):
+    VOID = "void"  # not a GPU container: inject nothing
+    NONE = "none"  # driver files and control devices, no GPU
+    ALL = "all"
+    LIST = "list"
+
+
+@dataclass(frozen=True)
+class Request:
+    kind: Kind
+    entries: tuple[str, ...] = ()
+
+    def canonical(self) -> str:
+        """The form a grant signs: the kind, or the sorted unique entries."""
+        if self.kind is Kind.LIST:
+            return ",".join(sorted(set(self.entries)))
+        return str(self.kind.value)
+
+
+def parse_request(value: str | None) -> Request:
+    """NVIDIA_VISIBLE_DEVICES → what it asks for, with NVIDIA's precedence (void, all, none)."""
+    entries = tuple(e.strip() for e in (value or "").split(",") if e.strip())
+    if not entries or "void" in entries:
+        return Request(Kind.VOID)
+    lowered = [e.lower() for e in entries]
+    if "all" in lowered:
+        return Request(Kind.ALL)
+    if "none" in entries:
+        return Request(Kind.NONE)
+    return Request(Kind.LIST, entries)
+
+
+class UnknownDevice(LookupError):
+    """A requested device that this node does not have."""
+
+
+_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def normalise_bus_id(value: str) -> str | None:
+    """`7:0.0`, `07:00.0`, `00000000:07:00.0` → `0000:07:00.0`; None if not a bus id."""
+    m = _BUS_ID.match(value)
+    if not m:
+        return None
+    domain, bus, dev, fn = m.groups()
+    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
+
+
+def select(request: Request, devices: list[Device] | tuple[Device, ...]) -> tuple[Device, ...]:
+    """The devices a request selects, in request order, each once.
+
+    Raises UnknownDevice naming the entry and what the node has, as a container start must
+    fail rather than silently start with fewer GPUs.
+    """
+    if request.kind is Kind.ALL:
+        return tuple(devices)
+    if request.kind is not Kind.LIST:
+        return ()
+    by_uuid = {d.uuid.lower(): d for d in devices}
+    by_bus = {normalise_bus_id(d.pci_bus_id): d for d in devices}
+    by_index = {str(d.index): d for d in devices}
+    chosen: dict[str, Device] = {}
+    for entry in request.entries:
+        if entry.lower().startswith("gpu-"):
+            device = by_uuid.get(entry.lower())
+        elif entry.isdigit():
+            device = by_index.get(str(int(entry)))
+        else:
+            bus = normalise_bus_id(entry)
+            device = by_bus.get(bus) if bus else None
+        if device is None:
+            have = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "no GPUs"
+            raise UnknownDevice(f"unknown device {entry!r}: this node has {have}")
+        chosen.setdefault(device.uuid, device)
+    return tuple(chosen.values())

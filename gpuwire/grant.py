@@ -1,0 +1,159 @@
+"""GPUWIRE_GRANT: proof that the cluster, not the pod author, chose a container's GPUs.
+
+The webhook signs what it granted; the node side recomputes the MAC from the OCI spec.
+`GPUWIRE_GRANT=<key-id>:<hex HMAC-SHA256>` over namespace, container name, the canonical
+device request and the canonical capabilities. Namespace and container name come from the
+CRI annotations on the node, so a grant copied into another namespace or container is void.
+Keys are files in a directory (a mounted Secret), one key each, named by key id; every key
+verifies, the newest-named one signs, which is how keys rotate without a failed start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuwire import devices, nvidia
+
+ENV = "GPUWIRE_GRANT"
+DEFAULT_KEY_DIR = "/etc/gpuwire/keys"
+# The device field of a grant whose devices the device plugin chooses at Allocate.
+PLUGIN_DEVICES = "plugin"
+
+# (namespace, container name) annotation keys: containerd CRI, then CRI-O.
+SUBJECT_ANNOTATIONS = (
+    ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.container-name"),
+    ("io.kubernetes.pod.namespace", "io.kubernetes.container.name"),
+)
+
+_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class GrantError(ValueError):
+    """A grant that cannot be made or read (no key, malformed value)."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What a grant binds, each field in canonical form."""
+
+    namespace: str
+    container: str
+    devices: str
+    capabilities: str
+
+    @classmethod
+    def of(cls, namespace: str, container: str, visible: str | None, caps: str | None) -> Subject:
+        """From the raw env values; `plugin` stays `plugin` (devices chosen at Allocate)."""
+        device_field = (
+            PLUGIN_DEVICES
+            if visible == PLUGIN_DEVICES
+            else devices.parse_request(visible).canonical()
+        )
+        return cls(namespace, container, device_field, nvidia.canonical_capabilities(caps))
+
+    def message(self) -> bytes:
+        fields = (
+            "gpuwire-grant-v1",
+            self.namespace,
+            self.container,
+            self.devices,
+            self.capabilities,
+        )
+        return "\0".join(fields).encode()
+
+
+def subject_names(annotations: Mapping[str, str]) -> tuple[str, str] | None:
+    """(namespace, container name) from an OCI spec's CRI annotations, if it has them."""
+    for ns_key, name_key in SUBJECT_ANNOTATIONS:
+        if ns_key in annotations and name_key in annotations:
+            return annotations[ns_key], annotations[name_key]
+    return None
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    keys: Mapping[str, bytes]
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> KeyRing:
+        """Every key file in `directory`; hidden entries (a Secret volume's `..data`) skipped."""
+        keys: dict[str, bytes] = {}
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return cls({})
+        for name in names:
+            path = Path(directory, name)
+            if _KEY_ID.match(name) and path.is_file():
+                secret = path.read_bytes().strip()
+                if secret:
+                    keys[name] = secret
+        return cls(keys)
+
+    @property
+    def signing_id(self) -> str:
+        if not self.keys:
+            raise GrantError("no grant key: the key directory is empty or missing")
+        return max(self.keys)
+
+    def mac(self, key_id: str, subject: Subject) -> str:
+        return hmac.new(self.keys[key_id], subject.message(), hashlib.sha256).hexdigest()
+
+    def sign(self, subject: Subject) -> str:
+        key_id = self.signing_id
+        return f"{key_id}:{self.mac(key_id, subject)}"
+
+    def verify(self, value: str, subject: Subject) -> bool:
+        """True when `value` is a grant for exactly `subject` under any key held."""
+        key_id, sep, mac = value.partition(":")
+        if not sep or key_id not in self.keys:
+            return False
+        return hmac.compare_digest(self.mac(key_id, subject), mac)
+
+    def explain(self, value: str, subject: Subject) -> str:
+        """Why `value` does or does not grant `subject`, for an admin troubleshooting."""
+        key_id, sep, _ = value.partition(":")
+        if not sep:
+            return f"malformed grant {value!r}: expected <key-id>:<mac>"
+        if key_id not in self.keys:
+            held = ", ".join(sorted(self.keys)) or "none"
+            return f"grant signed with key {key_id!r}, which this node does not hold (held: {held})"
+        if self.verify(value, subject):
+            return f"valid: key {key_id!r} signs {_describe(subject)}"
+        return f"invalid: key {key_id!r} does not sign {_describe(subject)}"
+
+
+def _describe(subject: Subject) -> str:
+    return (
+        f"namespace={subject.namespace} container={subject.container} "
+        f"devices={subject.devices} capabilities={subject.capabilities}"
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire grant",
+        description="Print the GPUWIRE_GRANT line the webhook would write for a container.",
+    )
+    parser.add_argument("--grant-key-dir", default=DEFAULT_KEY_DIR)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--container", required=True)
+    parser.add_argument(
+        "--devices", required=True, help="NVIDIA_VISIBLE_DEVICES value, or 'plugin'"
+    )
+    parser.add_argument("--capabilities", default="", help="NVIDIA_DRIVER_CAPABILITIES value")
+    args = parser.parse_args(argv)
+    try:
+        subject = Subject.of(args.namespace, args.container, args.devices, args.capabilities)
+        value = KeyRing.load(args.grant_key_dir).sign(subject)
+    except (GrantError, nvidia.CapabilityError) as exc:
+        parser.exit(2, f"gpuwire grant: {exc}\n")
+    print(f"{ENV}={value}")
+    return 0

@@ -1,0 +1,165 @@
+"""Everything NVIDIA-specific that more than one component must agree on.
+
+Env names and grammar, device nodes, the driver's files per capability, resource and label
+names. Facts and sources: ../shared/reference/nvidia-runtime.md (sections 1, 2) and
+kubelet-device-plugin.md (2.8). A second vendor is a sibling module, not an edit here.
+"""
+
+from __future__ import annotations
+
+VENDOR = "nvidia"
+RESOURCE = "nvidia.com/gpu"
+LABEL_PREFIX = "nvidia.com/"
+CDI_KIND = "nvidia.com/gpu"
+
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+
+# NVIDIA_DRIVER_CAPABILITIES
+CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
+DEFAULT_CAPABILITIES = ("compute", "utility")
+
+# Device nodes: (name under /dev, name of the /proc/devices major or None for 195, minor).
+GPU_MAJOR = 195
+CTL_NODE = ("nvidiactl", None, 255)
+MODESET_NODE = ("nvidia-modeset", None, 254)
+UVM_NODES = (("nvidia-uvm", "nvidia-uvm", 0), ("nvidia-uvm-tools", "nvidia-uvm", 1))
+
+# Driver files per capability (libnvidia-container nvc_info.c). Libraries are named
+# `<name>.so.<driver version>`; binaries by their plain name.
+LIBRARIES: dict[str, tuple[str, ...]] = {
+    "utility": ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvidia-nscq.so"),
+    "compute": (
+        "libcuda.so",
+        "libcudadebugger.so",
+        "libnvidia-opencl.so",
+        "libnvidia-gpucomp.so",
+        "libnvidia-ptxjitcompiler.so",
+        "libnvidia-fatbinaryloader.so",
+        "libnvidia-allocator.so",
+        "libnvidia-compiler.so",
+        "libnvidia-pkcs11.so",
+        "libnvidia-pkcs11-openssl3.so",
+        "libnvidia-nvvm.so",
+    ),
+    "video": (
+        "libvdpau_nvidia.so",
+        "libnvidia-encode.so",
+        "libnvidia-opticalflow.so",
+        "libnvcuvid.so",
+    ),
+    "graphics": (
+        "libnvidia-eglcore.so",
+        "libnvidia-glcore.so",
+        "libnvidia-tls.so",
+        "libnvidia-glsi.so",
+        "libnvidia-fbc.so",
+        "libnvidia-ifr.so",
+        "libnvidia-rtcore.so",
+        "libnvoptix.so",
+        "libGLX_nvidia.so",
+        "libEGL_nvidia.so",
+        "libGLESv2_nvidia.so",
+        "libGLESv1_CM_nvidia.so",
+        "libnvidia-glvkspirv.so",
+        "libnvidia-cbl.so",
+    ),
+    "display": (),
+    "ngx": ("libnvidia-ngx.so",),
+    "compat32": (),
+}
+
+BINARIES: dict[str, tuple[str, ...]] = {
+    "utility": ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nv-fabricmanager"),
+    "compute": ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"),
+}
+
+# A capability that also pulls in another one's libraries (video needs the compute libs,
+# display the graphics libs).
+IMPLIES: dict[str, tuple[str, ...]] = {"video": ("compute",), "display": ("graphics",)}
+
+# Where the container gets libraries: Debian-family rootfs (has /etc/debian_version) or not.
+LIBDIR_DEBIAN = "usr/lib/x86_64-linux-gnu"
+LIBDIR_DEBIAN_32 = "usr/lib/i386-linux-gnu"
+LIBDIR_OTHER = "usr/lib64"
+LIBDIR_OTHER_32 = "usr/lib"
+BINDIR = "usr/bin"
+
+# Host-side places to look for the driver's files, relative to the driver root.
+HOST_LIBDIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib")
+HOST_LIBDIRS_32 = ("usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
+HOST_BINDIRS = ("usr/bin", "bin", "usr/sbin")
+
+PROC_DRIVER = "proc/driver/nvidia"
+FIRMWARE_DIR = "lib/firmware/nvidia"
+
+
+class CapabilityError(ValueError):
+    """A driver capability outside the supported set."""
+
+
+def parse_capabilities(value: str | None) -> tuple[str, ...]:
+    """NVIDIA_DRIVER_CAPABILITIES → the capabilities it selects, in canonical (sorted) order.
+
+    Unset or empty means the default `compute,utility`; `all` anywhere means every one.
+    """
+    entries = [e.strip() for e in (value or "").split(",") if e.strip()]
+    if not entries:
+        return tuple(sorted(DEFAULT_CAPABILITIES))
+    if any(e == "all" for e in entries):
+        return tuple(sorted(CAPABILITIES))
+    unknown = [e for e in entries if e not in CAPABILITIES]
+    if unknown:
+        raise CapabilityError(
+            f"unknown driver capability {', '.join(unknown)!s}: "
+            f"accepted are {', '.join(CAPABILITIES)} or all"
+        )
+    return tuple(sorted(set(entries)))
+
+
+def canonical_capabilities(value: str | None) -> str:
+    """The form a grant signs: `all` when every capability is asked for, else a sorted list."""
+    caps = parse_capabilities(value)
+    return "all" if set(caps) == set(CAPABILITIES) else ",".join(caps)
+
+
+def with_implied(capabilities: tuple[str, ...]) -> tuple[str, ...]:
+    """Capabilities plus those whose files they need."""
+    out = set(capabilities)
+    for cap in capabilities:
+        out.update(IMPLIES.get(cap, ()))
+    return tuple(sorted(out))
+
+
+def gfd_product(name: str) -> str:
+    """GPU Feature Discovery's `nvidia.com/gpu.product` value for an NVML product name."""
+    kept = "".join(c for c in name if c.isalnum() or c in "-_. ")
+    return kept.replace(" ", "-")
+
+
+FAMILIES = (
+    ((1, 0), "tesla"),
+    ((2, 0), "fermi"),
+    ((3, 0), "kepler"),
+    ((5, 0), "maxwell"),
+    ((6, 0), "pascal"),
+    ((7, 0), "volta"),
+    ((7, 5), "turing"),
+    ((8, 0), "ampere"),
+    ((8, 9), "ada-lovelace"),
+    ((9, 0), "hopper"),
+    ((10, 0), "blackwell"),
+    ((11, 0), "undefined"),
+    ((12, 0), "blackwell"),
+    ((13, 0), "rubin"),
+    ((14, 0), "undefined"),
+)
+
+
+def gfd_family(major: int, minor: int) -> str:
+    """`nvidia.com/gpu.family` for a compute capability (GFD's table)."""
+    family = "undefined"
+    for start, name in FAMILIES:
+        if (major, minor) >= start:
+            family = name
+    return family

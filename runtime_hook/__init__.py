@@ -1,0 +1,1 @@
+"""Node side on containerd: discovery, container edits, shim, prestart hook, CDI, config."""

@@ -1,0 +1,133 @@
+"""Grants: what they bind, key rotation, and the allocation proof's replay protection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuwire import allocation, cli
+from gpuwire.grant import GrantError, KeyRing, Subject, subject_names
+
+
+@pytest.fixture
+def keydir(tmp_path: Path) -> Path:
+    d = tmp_path / "keys"
+    d.mkdir()
+    (d / "2026-01").write_text("old-secret\n")
+    (d / "2026-06").write_text("new-secret\n")
+    return d
+
+
+def test_newest_named_key_signs_and_every_key_verifies(keydir: Path) -> None:
+    subject = Subject.of("team-a", "trainer", "0,1", "compute,utility")
+    ring = KeyRing.load(keydir)
+    value = ring.sign(subject)
+    assert value.startswith("2026-06:")
+    old = "2026-01:" + ring.mac("2026-01", subject)
+    assert ring.verify(old, subject)
+    (keydir / "2026-01").unlink()
+    assert not KeyRing.load(keydir).verify(old, subject)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        Subject.of("team-b", "trainer", "0,1", "compute,utility"),
+        Subject.of("team-a", "sidecar", "0,1", "compute,utility"),
+        Subject.of("team-a", "trainer", "all", "compute,utility"),
+        Subject.of("team-a", "trainer", "0,1", "all"),
+    ],
+)
+def test_grant_does_not_carry_over(keydir: Path, other: Subject) -> None:
+    ring = KeyRing.load(keydir)
+    value = ring.sign(Subject.of("team-a", "trainer", "0,1", "compute,utility"))
+    assert not ring.verify(value, other)
+    assert "invalid" in ring.explain(value, other)
+
+
+def test_canonical_forms_verify(keydir: Path) -> None:
+    ring = KeyRing.load(keydir)
+    value = ring.sign(Subject.of("ns", "c", "1, 0", "utility,compute"))
+    assert ring.verify(value, Subject.of("ns", "c", "0,1", None))
+
+
+def test_secret_volume_layout_is_read(tmp_path: Path) -> None:
+    data = tmp_path / "..2026_11_29_data"
+    data.mkdir()
+    (data / "k1").write_text("s")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "k1").symlink_to("..data/k1")
+    assert list(KeyRing.load(tmp_path).keys) == ["k1"]
+
+
+def test_no_key_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(GrantError, match="no grant key"):
+        KeyRing.load(tmp_path / "missing").sign(Subject.of("a", "b", "all", ""))
+
+
+def test_explain_unknown_key_and_malformed(keydir: Path) -> None:
+    ring = KeyRing.load(keydir)
+    s = Subject.of("a", "b", "all", "")
+    assert "does not hold" in ring.explain("k9:00", s)
+    assert "malformed" in ring.explain("nocolon", s)
+
+
+def test_subject_names_containerd_and_crio() -> None:
+    assert subject_names(
+        {"io.kubernetes.cri.sandbox-namespace": "ns", "io.kubernetes.cri.container-name": "c"}
+    ) == ("ns", "c")
+    assert subject_names(
+        {"io.kubernetes.pod.namespace": "ns", "io.kubernetes.container.name": "c"}
+    ) == ("ns", "c")
+    assert subject_names({"io.kubernetes.cri.container-name": "c"}) is None
+
+
+def test_grant_cli_prints_env_line(keydir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["grant", "--grant-key-dir", str(keydir), "--namespace", "ns", "--container", "c"]
+    assert cli.main([*argv, "--devices", "all", "--capabilities", "compute"]) == 0
+    line = capsys.readouterr().out.strip()
+    name, _, value = line.partition("=")
+    assert name == "GPUWIRE_GRANT"
+    assert KeyRing.load(keydir).verify(value, Subject.of("ns", "c", "all", "compute"))
+
+
+def test_allocation_round_trip_and_tamper(keydir: Path, tmp_path: Path) -> None:
+    ring = KeyRing.load(keydir)
+    d = tmp_path / "alloc"
+    a = allocation.write(d, "nvidia.com/gpu", ["GPU-b", "GPU-a"], ring)
+    assert allocation.token_of(allocation.container_path(a.token)) == a.token
+    assert allocation.read(d, a.token, ring) == a
+    assert a.devices == ("GPU-a", "GPU-b")
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    body = (d / a.token).read_text().replace("GPU-a", "GPU-z")
+    (d / a.token).write_text(body)
+    with pytest.raises(allocation.AllocationError, match="invalid MAC"):
+        allocation.read(d, a.token, ring)
+
+
+def test_allocation_claimed_by_one_sandbox(keydir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "alloc"
+    a = allocation.write(d, "nvidia.com/gpu", ["GPU-a"], KeyRing.load(keydir))
+    allocation.claim(d, a.token, "sandbox-1")
+    allocation.claim(d, a.token, "sandbox-1")  # a restart of the same pod
+    with pytest.raises(allocation.AllocationError, match="belongs to sandbox"):
+        allocation.claim(d, a.token, "sandbox-2")
+
+
+def test_allocation_symlink_is_not_followed(keydir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "alloc"
+    ring = KeyRing.load(keydir)
+    real = allocation.write(d, "nvidia.com/gpu", ["GPU-a"], ring)
+    fake = "f" * 32
+    (d / fake).symlink_to(d / real.token)
+    with pytest.raises(allocation.AllocationError, match="not found"):
+        allocation.read(d, fake, ring)
+
+
+@pytest.mark.parametrize(
+    "dest", ["/run/gpuwire/allocations/../x", "/tmp/" + "a" * 32, "/run/gpuwire/allocations/XYZ"]
+)
+def test_token_of_rejects_other_paths(dest: str) -> None:
+    assert allocation.token_of(dest) is None

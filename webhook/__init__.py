@@ -1,0 +1,1 @@
+"""Mutating admission webhook: pod annotations → env, grant, affinity, runtime class."""
