@@ -1,0 +1,68 @@
+"""Helpers shared by the runtime tests: container specs as containerd writes them, and keys."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+from gpuwire.grant import KeyRing, Subject
+
+NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
+
+
+def cri_annotations(
+    namespace: str = NAMESPACE, container: str = CONTAINER, sandbox: str = SANDBOX
+) -> dict[str, str]:
+    """The annotations containerd's CRI plugin puts on a Kubernetes container's spec."""
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": sandbox,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.container-name": container,
+    }
+
+
+def container_spec(
+    env: list[str] | dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    bounding: list[str] | None = None,
+) -> dict[str, Any]:
+    entries = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env or [])
+    return {
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "env": ["PATH=/usr/bin:/bin", *entries],
+            "capabilities": {"bounding": bounding or ["CAP_CHOWN", "CAP_KILL"]},
+        },
+        "root": {"path": "rootfs"},
+        "annotations": cri_annotations() if annotations is None else annotations,
+        "mounts": mounts or [],
+    }
+
+
+def write_keys(directory: Path) -> KeyRing:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "2026-06").write_text("node-test-secret\n")
+    return KeyRing.load(directory)
+
+
+def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = NAMESPACE) -> str:
+    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps))
+
+
+def elf32_shared_object(soname: str) -> bytes:
+    """A 32-bit x86 ELF shared object naming `soname` (gpuwire.elfstub writes 64-bit)."""
+    ehdr, phdr, dyn = struct.Struct("<16sHHIIIIIHHHHHH"), struct.Struct("<8I"), struct.Struct("<iI")
+    strtab = b"\0" + soname.encode() + b"\0"
+    dyn_off = ehdr.size + 2 * phdr.size
+    str_off = dyn_off + 4 * dyn.size
+    entries = ((14, 1), (5, str_off), (10, len(strtab)), (0, 0))  # SONAME, STRTAB, STRSZ, NULL
+    dynamic = b"".join(dyn.pack(tag, value) for tag, value in entries)
+    size = str_off + len(strtab)
+    ident = b"\x7fELF" + bytes([1, 1, 1, 0]) + bytes(8)
+    header = ehdr.pack(ident, 3, 3, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 2, 40, 0, 0)
+    load = phdr.pack(1, 0, 0, 0, size, size, 4, 0x1000)
+    dynamic_phdr = phdr.pack(2, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 4, 4)
+    return header + load + dynamic_phdr + dynamic + strtab
