@@ -10,6 +10,7 @@ failed injection undoes what it did.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Callable
@@ -25,11 +26,12 @@ class Journal:
     """Undo steps for the changes made so far, and the descriptors they need."""
 
     def __init__(self) -> None:
-        self._steps: list[Callable[[], object]] = []
+        self._steps: list[tuple[Callable[..., object], tuple[object, ...], dict[str, int]]] = []
         self._fds: list[int] = []
 
-    def record(self, step: Callable[[], object]) -> None:
-        self._steps.append(step)
+    def record(self, step: Callable[..., object], *args: object, **fds: int) -> None:
+        """Remember to call `step(*args, **fds)` on undo."""
+        self._steps.append((step, args, fds))
 
     def keep(self, fd: int) -> int:
         """Hold `fd` open until `close`; returns it."""
@@ -40,9 +42,9 @@ class Journal:
         """Run the undo steps newest first; returns what could not be undone."""
         failed = []
         while self._steps:
-            step = self._steps.pop()
+            step, args, fds = self._steps.pop()
             try:
-                step()
+                step(*args, **fds)
             except OSError as exc:
                 failed.append(str(exc))
         return failed
@@ -64,25 +66,55 @@ def lookup(root_fd: int, path: str, flags: int = os.O_PATH) -> int:
 def exists(root_fd: int, path: str) -> bool:
     try:
         os.close(lookup(root_fd, path))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return True
 
 
+MAX_LINKS = 40  # as the kernel's path walk
+
+
 def make_dirs(root_fd: int, path: str, journal: Journal) -> int:
-    """The directory `path` in the root, created (0755) where missing; an O_PATH fd."""
-    rel = path.strip("/")
-    if not rel:
-        return journal.keep(os.dup(root_fd))
+    """The directory `path` in the root, created (0755) where missing; an O_PATH fd.
+
+    Missing directories are created where the container would see them: through the
+    image's links (even dangling ones), with `..` stopping at the root. The walk goes one
+    component at a time and opens each with no link allowed, so a link swapped in under
+    it fails the call instead of leading out.
+    """
     try:
-        return journal.keep(lookup(root_fd, rel, os.O_PATH | os.O_DIRECTORY))
+        return journal.keep(lookup(root_fd, path, os.O_PATH | os.O_DIRECTORY))
     except FileNotFoundError:
         pass
-    parent, _, name = rel.rpartition("/")
-    parent_fd = make_dirs(root_fd, parent, journal)
-    os.mkdir(name, 0o755, dir_fd=parent_fd)
-    journal.record(lambda: os.rmdir(name, dir_fd=parent_fd))
-    return journal.keep(syscalls.openat2(parent_fd, name, os.O_PATH | os.O_DIRECTORY, EXACT))
+    todo = [c for c in reversed(path.split("/")) if c not in ("", ".")]
+    stack = [journal.keep(os.dup(root_fd))]
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            if len(stack) > 1:
+                stack.pop()
+            continue
+        parent = stack[-1]
+        try:
+            mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            os.mkdir(name, 0o755, dir_fd=parent)
+            journal.record(os.rmdir, name, dir_fd=parent)
+        else:
+            if stat.S_ISLNK(mode):
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many links", path)
+                target = os.readlink(name, dir_fd=parent)
+                if target.startswith("/"):
+                    del stack[1:]
+                todo += [c for c in reversed(target.split("/")) if c not in ("", ".")]
+                continue
+        stack.append(
+            journal.keep(syscalls.openat2(parent, name, os.O_PATH | os.O_DIRECTORY, EXACT))
+        )
+    return stack[-1]
 
 
 def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
@@ -95,7 +127,7 @@ def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
         fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
     except FileNotFoundError:
         os.close(syscalls.openat2(dir_fd, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, EXACT, 0o644))
-        journal.record(lambda: os.unlink(name, dir_fd=dir_fd))
+        journal.record(os.unlink, name, dir_fd=dir_fd)
         fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
     journal.keep(fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -117,7 +149,7 @@ def make_char_device(dir_fd: int, name: str, major: int, minor: int, journal: Jo
         raise OSError(
             f"/dev/{name} exists in the container and is not device {major}:{minor}"
         ) from None
-    journal.record(lambda: os.unlink(name, dir_fd=dir_fd))
+    journal.record(os.unlink, name, dir_fd=dir_fd)
 
 
 def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> None:
@@ -136,9 +168,9 @@ def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> None:
             return
         os.unlink(name, dir_fd=dir_fd)
         os.symlink(target, name, dir_fd=dir_fd)
-        journal.record(lambda: _relink(dir_fd, name, old))
+        journal.record(_relink, dir_fd, name, old)
         return
-    journal.record(lambda: os.unlink(name, dir_fd=dir_fd))
+    journal.record(os.unlink, name, dir_fd=dir_fd)
 
 
 def _relink(dir_fd: int, name: str, target: str) -> None:

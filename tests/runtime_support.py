@@ -66,3 +66,63 @@ def elf32_shared_object(soname: str) -> bytes:
     load = phdr.pack(1, 0, 0, 0, size, size, 4, 0x1000)
     dynamic_phdr = phdr.pack(2, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 4, 4)
     return header + load + dynamic_phdr + dynamic + strtab
+
+
+# What a container prints about its GPU view, one `key: value` line each (busybox sh).
+VIEW_SCRIPT = r"""
+echo "devices: $(cd /dev && echo nvidia*)"
+for d in /dev/nvidia[0-9]*; do
+  [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
+done
+echo "env: $NVIDIA_VISIBLE_DEVICES"
+nvidia-smi 2>&1 | sed 's/^/smi: /'
+lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
+if [ -e $lib ]; then
+  if (echo x >> $lib) 2>/dev/null; then echo "libcuda: writable"; else echo "libcuda: read-only"; fi
+fi
+grep -q libcuda.so.1 /etc/ld.so.cache 2>/dev/null && echo "ldcache: libcuda.so.1"
+true
+"""
+
+
+def view(stdout: str) -> dict[str, list[str]]:
+    """VIEW_SCRIPT's output as key → values."""
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep:
+            out.setdefault(key, []).append(value)
+    return out
+
+
+class Lab:
+    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+
+    def __init__(self, root: Path, gpus: int = 4) -> None:
+        from gpuwire import sim
+
+        self.root = root
+        self.node = root / "node"
+        self.inventory = sim.make_inventory(gpus=gpus)
+        sim.write_node(self.node, self.inventory)
+        self.keys = write_keys(root / "keys")
+        self.allocations = root / "allocations"
+        self.log = root / "gpuwire.log"
+        self.config = root / "config.toml"
+        self.configure()
+
+    def configure(self, **extra: str) -> None:
+        settings = {
+            "root": str(self.node),
+            "grant-key-dir": str(self.root / "keys"),
+            "allocation-dir": str(self.allocations),
+            "log": str(self.log),
+            **extra,
+        }
+        self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
+
+    def uuid(self, index: int) -> str:
+        return self.inventory.devices[index].uuid
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
