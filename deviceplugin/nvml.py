@@ -29,6 +29,7 @@ class NvmlDiscovery:
         self.nvml.nvmlInit()
         self._event_set: Any = None
         self._pending: list[HealthEvent] = []
+        self._uuids: list[str] = []  # by index, as last discovered
 
     def discover(self) -> NodeGpus:
         nv = self.nvml
@@ -54,6 +55,7 @@ class NvmlDiscovery:
                 nvlinks=tuple(sorted(links.items())),
             )
             gpus.append(Gpu(device, tuple(nv.nvmlDeviceGetCudaComputeCapability(h))))
+        self._uuids = [g.device.uuid for g in gpus]
         return NodeGpus(nv.nvmlSystemGetDriverVersion(), self._cuda_version(), tuple(gpus))
 
     def _cuda_version(self) -> str:
@@ -121,10 +123,11 @@ class NvmlDiscovery:
     def _register_events(self) -> Any:
         nv = self.nvml
         event_set = nv.nvmlEventSetCreate()
-        for i in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
-            uuid = nv.nvmlDeviceGetUUID(handle)
+        if not self._uuids:
+            self.discover()
+        for i, uuid in enumerate(self._uuids):
             try:
+                handle = nv.nvmlDeviceGetHandleByIndex(i)
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
             except nv.NVMLError_NotSupported:
                 log.warning("GPU %s is too old for XID events: health checks off for it", uuid)

@@ -37,7 +37,7 @@ def tokens_in_use(checkpoint: str) -> set[str]:
     """Tokens mounted by the Allocate answers the kubelet's checkpoint holds."""
     try:
         entries = json.loads(checkpoint)["Data"]["PodDeviceEntries"] or []
-        answers = [base64.b64decode(e.get("AllocResp") or "") for e in entries]
+        answers = [base64.b64decode(e.get("AllocResp") or "", validate=True) for e in entries]
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"unreadable kubelet checkpoint: {exc}") from exc
     tokens = set()
