@@ -45,6 +45,7 @@ class Endpoint:
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
         if server.add_insecure_port(f"unix://{self.path}") == 0:
             raise OSError(f"cannot serve {self.resource} on {self.path}")
+        self.service.closing.clear()
         server.start()
         self._server = server
         self._identity = identity(self.path)
@@ -70,8 +71,9 @@ class Endpoint:
         """Stop serving (open streams end) and remove our socket, if it is still ours."""
         if self._server is None:
             return
-        self._server.stop(grace=0.5).wait()
+        self.service.closing.set()
         self.service.health.wake()
+        self._server.stop(grace=0.5).wait()  # in-flight Allocate calls may finish
         if identity(self.path) == self._identity:
             self.path.unlink(missing_ok=True)
         self._server = None

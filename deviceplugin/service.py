@@ -4,6 +4,7 @@ modules (`allocate`, `preferred`) and the shared health state."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
@@ -49,6 +50,7 @@ class DevicePluginService:
         self.options = api_pb2.DevicePluginOptions(
             pre_start_required=pre_start_check, get_preferred_allocation_available=True
         )
+        self.closing = threading.Event()  # set while the server stops: streams end at once
 
     def snapshot(self, unhealthy: frozenset[str]) -> api_pb2.ListAndWatchResponse:
         """The complete device list, as the kubelet expects on every ListAndWatch message."""
@@ -71,7 +73,9 @@ class DevicePluginService:
         self, request: api_pb2.Empty, context: Any
     ) -> Iterator[api_pb2.ListAndWatchResponse]:
         context.add_callback(self.health.wake)  # a cancelled stream ends at once
-        for unhealthy in self.health.watch(lambda: not context.is_active()):
+        for unhealthy in self.health.watch(
+            lambda: self.closing.is_set() or not context.is_active()
+        ):
             yield self.snapshot(unhealthy)
 
     def GetPreferredAllocation(

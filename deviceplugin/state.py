@@ -77,7 +77,7 @@ def monitor(discovery: Discovery, state: HealthState, stop: threading.Event) -> 
     """Feed the source's health events into `state` until `stop` is set."""
     while not stop.is_set():
         try:
-            events = discovery.wait_events(0.5)
+            events = discovery.wait_events(0.25)
         except Exception:
             log.exception("health events unavailable; retrying")
             stop.wait(1.0)
