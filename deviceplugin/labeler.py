@@ -115,10 +115,13 @@ def run(
 def advertise(api: Any, name: str, resource: str, count: int) -> list[dict[str, Any]] | None:
     """Set `status.capacity[resource]` with a JSON patch on the status subresource (the
     extended-resource PATCH); returns the patch sent, None when it was already so."""
-    capacity = api.read_node_status(name).status.capacity
+    status = api.read_node_status(name).status
+    capacity = status.capacity if status is not None else None
     if capacity is not None and capacity.get(resource) == str(count):
         return None
-    if capacity is None:
+    if status is None:  # a node no kubelet has reported on yet
+        ops = [{"op": "add", "path": "/status", "value": {"capacity": {resource: str(count)}}}]
+    elif capacity is None:
         ops = [{"op": "add", "path": "/status/capacity", "value": {resource: str(count)}}]
     else:
         escaped = resource.replace("~", "~0").replace("/", "~1")

@@ -4,12 +4,11 @@ if the driver still sees it; watchers see every change."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 from deviceplugin.discovery import HealthEvent
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthBook, HealthPolicy
 from deviceplugin.state import HealthState
+from tests.waiting import until
 
 A, B = "GPU-a", "GPU-b"
 
@@ -98,18 +97,10 @@ def test_watch_yields_each_change_once() -> None:
 
     thread = threading.Thread(target=watcher)
     thread.start()
-    _wait(lambda: len(seen) == 1)
+    until(lambda: len(seen) == 1)
     state.record([HealthEvent(A, 13, "ignored: no change, nothing sent")])
     state.record([HealthEvent(A, 79, "")])
-    _wait(lambda: len(seen) == 2)
+    until(lambda: len(seen) == 2)
     clock.now = 10
     thread.join(timeout=10)
     assert seen == [frozenset(), frozenset({A}), frozenset()]
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        time.sleep(0.01)

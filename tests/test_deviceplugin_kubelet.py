@@ -132,9 +132,8 @@ def test_refused_allocate_names_the_device_and_leaves_no_token(
             api_pb2.ContainerAllocateRequest(devices_ids=["GPU-forged"]),
         ]
     )
-    with serving(config):
-        with pytest.raises(grpc.RpcError) as refused:
-            kubelet.plugin(RESOURCE).stub.Allocate(request, timeout=5)
+    with serving(config), pytest.raises(grpc.RpcError) as refused:
+        kubelet.plugin(RESOURCE).stub.Allocate(request, timeout=5)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "unknown device 'GPU-forged'" in refused.value.details()
     assert os.listdir(config.allocation_dir) == []  # the first container's token went too
@@ -143,9 +142,9 @@ def test_refused_allocate_names_the_device_and_leaves_no_token(
 def test_no_grant_key_is_a_clear_allocate_error(
     config: Config, kubelet: Kubelet, tmp_path: Path
 ) -> None:
-    with serving(replace(config, grant_key_dir=str(tmp_path / "no-keys"))):
-        with pytest.raises(grpc.RpcError) as refused:
-            kubelet.admit(RESOURCE, 1)
+    no_keys = replace(config, grant_key_dir=str(tmp_path / "no-keys"))
+    with serving(no_keys), pytest.raises(grpc.RpcError) as refused:
+        kubelet.admit(RESOURCE, 1)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "no grant key" in refused.value.details()
 
@@ -211,7 +210,7 @@ def test_ignored_xid_changes_nothing(
 def test_unhealthy_gpu_is_refused_and_pre_start_check_stops_restarts(
     config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
 ) -> None:
-    root, inventory = node
+    root, _ = node
     with serving(replace(config, pre_start_check=True, recover_after=None)):
         plugin_ = kubelet.plugin(RESOURCE)
         assert plugin_.options.pre_start_required
