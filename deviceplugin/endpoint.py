@@ -43,8 +43,17 @@ class Endpoint:
         self.path.unlink(missing_ok=True)
         server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        if server.add_insecure_port(f"unix://{self.path}") == 0:
-            raise OSError(f"cannot serve {self.resource} on {self.path}")
+        try:
+            bound = server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError:  # grpc raises where it used to return 0
+            bound = 0
+        if not bound:
+            why = (
+                " (longer than the 107 bytes a socket path may have)"
+                if len(bytes(self.path)) > 107
+                else ""
+            )
+            raise OSError(f"cannot serve {self.resource} on {self.path}{why}")
         self.service.closing.clear()
         server.start()
         self._server = server

@@ -30,21 +30,13 @@ RESOURCE = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> tuple[Path, sim.Inventory]:
-    root = tmp_path / "node"
-    inventory = sim.make_inventory(gpus=4)
-    sim.write_node(root, inventory)
-    return root, inventory
-
-
-@pytest.fixture
-def config(tmp_path: Path, node: tuple[Path, sim.Inventory]) -> Config:
+def config(tmp_path: Path, socket_dir: Path, sim_node: tuple[Path, sim.Inventory]) -> Config:
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "key-1").write_text("cluster secret")
     return Config(
-        kubelet_dir=str(tmp_path / "device-plugins"),
-        sim=str(node[0]),
+        kubelet_dir=str(socket_dir),
+        sim=str(sim_node[0]),
         allocation_dir=str(tmp_path / "allocations"),
         grant_key_dir=str(keys),
         recover_after=0.3,
@@ -71,7 +63,7 @@ def kubelet(config: Config) -> Iterator[Kubelet]:
 
 
 def test_registers_what_it_serves(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
     with serving(config):
         plugin_ = kubelet.plugin(RESOURCE)
@@ -84,14 +76,14 @@ def test_registers_what_it_serves(
             get_preferred_allocation_available=True
         )
         devices = [(d.ID, d.health, [n.ID for n in d.topology.nodes]) for d in plugin_.devices]
-        assert devices == [(d.uuid, "Healthy", [d.numa_node]) for d in node[1].devices]
+        assert devices == [(d.uuid, "Healthy", [d.numa_node]) for d in sim_node[1].devices]
         assert (plugin_.capacity, plugin_.allocatable) == (4, 4)
 
 
 def test_allocate_gives_the_preferred_nvlink_pair_and_a_proof(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
-    gpus = node[1].devices
+    gpus = sim_node[1].devices
     with serving(config):
         first, answer = kubelet.admit(RESOURCE, 2, pod_uid="pod-a")
         second, _ = kubelet.admit(RESOURCE, 2, pod_uid="pod-b")
@@ -111,21 +103,21 @@ def test_allocate_gives_the_preferred_nvlink_pair_and_a_proof(
 
 
 def test_strategies_reach_the_kubelet(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
     with serving(replace(config, device_specs=True, cdi="index")):
         ids, answer = kubelet.admit(RESOURCE, 1)
-    index = next(d.index for d in node[1].devices if d.uuid == ids[0])
+    index = next(d.index for d in sim_node[1].devices if d.uuid == ids[0])
     assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={index}"]
     paths = [(d.container_path, d.host_path) for d in answer.devices]
-    assert (f"/dev/nvidia{index}", f"{node[0]}/dev/nvidia{index}") in paths
-    assert ("/dev/nvidiactl", f"{node[0]}/dev/nvidiactl") in paths
+    assert (f"/dev/nvidia{index}", f"{sim_node[0]}/dev/nvidia{index}") in paths
+    assert ("/dev/nvidiactl", f"{sim_node[0]}/dev/nvidiactl") in paths
 
 
 def test_refused_allocate_names_the_device_and_leaves_no_token(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
-    good = node[1].devices[0].uuid
+    good = sim_node[1].devices[0].uuid
     request = api_pb2.AllocateRequest(
         container_requests=[
             api_pb2.ContainerAllocateRequest(devices_ids=[good]),
@@ -177,9 +169,9 @@ def test_plugin_started_before_the_kubelet_registers_when_it_appears(config: Con
 
 
 def test_fault_makes_a_gpu_unhealthy_then_it_recovers(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
-    root, inventory = node
+    root, inventory = sim_node
     bad = inventory.devices[1].uuid
     with serving(config):
         plugin_ = kubelet.plugin(RESOURCE)
@@ -195,9 +187,9 @@ def test_fault_makes_a_gpu_unhealthy_then_it_recovers(
 
 
 def test_ignored_xid_changes_nothing(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
-    root, inventory = node
+    root, inventory = sim_node
     with serving(replace(config, recover_after=None)):
         plugin_ = kubelet.plugin(RESOURCE)
         seen = len(plugin_.snapshots)
@@ -208,9 +200,9 @@ def test_ignored_xid_changes_nothing(
 
 
 def test_unhealthy_gpu_is_refused_and_pre_start_check_stops_restarts(
-    config: Config, kubelet: Kubelet, node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
 ) -> None:
-    root, _ = node
+    root, _ = sim_node
     with serving(replace(config, pre_start_check=True, recover_after=None)):
         plugin_ = kubelet.plugin(RESOURCE)
         assert plugin_.options.pre_start_required

@@ -99,11 +99,15 @@ def test_dry_run_prints_and_writes_nothing(
 
 
 def test_serve_with_labels_reports_health_in_the_annotation(
-    api: ApiServer, kubeconfig: str, sim_node: tuple[Path, sim.Inventory], tmp_path: Path
+    api: ApiServer,
+    kubeconfig: str,
+    sim_node: tuple[Path, sim.Inventory],
+    tmp_path: Path,
+    socket_dir: Path,
 ) -> None:
     root, inventory = sim_node
     config = Config(
-        kubelet_dir=str(tmp_path / "device-plugins"),
+        kubelet_dir=str(socket_dir),
         sim=str(root),
         allocation_dir=str(tmp_path / "alloc"),
         grant_key_dir=str(tmp_path / "keys"),

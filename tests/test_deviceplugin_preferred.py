@@ -94,34 +94,23 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("search", ["exhaustive", "heuristic"])
 @pytest.mark.parametrize(
     ("devices", "available", "size", "must", "expected"),
     [case[1:] for case in CASES],
     ids=[case[0] for case in CASES],
 )
-def test_exact_answers(
+def test_answers(
     devices: tuple[Device, ...],
     available: list[int],
     size: int,
     must: tuple[int, ...],
     expected: list[int],
+    search: str,
 ) -> None:
-    assert ask(devices, available, size, must) == expected
-
-
-@pytest.mark.parametrize(
-    ("devices", "available", "size", "must", "expected"),
-    [case[1:] for case in CASES],
-    ids=[case[0] for case in CASES],
-)
-def test_heuristic_finds_the_same_on_8_gpus(
-    devices: tuple[Device, ...],
-    available: list[int],
-    size: int,
-    must: tuple[int, ...],
-    expected: list[int],
-) -> None:
-    assert ask(devices, available, size, must, exact_limit=0) == expected
+    """Both searches give the same answer on 8 GPUs (the heuristic is forced with limit 0)."""
+    limit = None if search == "exhaustive" else 0
+    assert ask(devices, available, size, must, exact_limit=limit) == expected
 
 
 def test_heuristic_on_16_gpus_matches_exhaustive_search() -> None:
