@@ -62,7 +62,7 @@ class Supervisor:
                 pending = self._reconcile(pending)
                 if self._kubelet is not None and pending and time.monotonic() >= retry_at:
                     pending = [e for e in pending if not self._register(e)]
-                    retry_at = time.monotonic() + RETRY
+                    retry_at = time.monotonic() + RETRY if pending else 0.0
                 if watch is None:
                     watch = _open_watch(self.kubelet_dir)
                 if watch is None:
