@@ -229,6 +229,11 @@ def label(argv: list[str]) -> int:
     from deviceplugin.discovery import open_discovery
 
     discovery = open_discovery(config.sim)
+
+    def unreachable() -> frozenset[str]:
+        """Without the plugin's health state: the GPUs the driver no longer reaches."""
+        return frozenset(d.uuid for d in node.devices if not discovery.alive(d.uuid))
+
     try:
         node = discovery.discover()
         if args.dry_run:
@@ -237,12 +242,11 @@ def label(argv: list[str]) -> int:
             print(json.dumps(wanted, indent=2, sort_keys=True))
             return 0
         if args.watch:
-            labeler.run(config, discovery, _stop_on_signals())
+            labeler.run(config, discovery, _stop_on_signals(), unreachable)
             return 0
-        unhealthy = [d.uuid for d in node.devices if not discovery.alive(d.uuid)]
         name = labeler.node_name(config.node_name)
         patch = labeler.label_once(
-            labeler.core_api(config.kubeconfig), name, config, node, unhealthy
+            labeler.core_api(config.kubeconfig), name, config, node, unreachable()
         )
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         return 0
