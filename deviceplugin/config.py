@@ -86,7 +86,12 @@ def as_seconds(value: Any) -> float:
 
 
 def as_recovery(value: Any) -> float | None:
-    return None if value == "never" else as_seconds(value)
+    """Seconds above 0 (0 would mean a GPU is never seen unhealthy), or `never`."""
+    if value == "never":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError("expected a number of seconds above 0, or never")
+    return float(value)
 
 
 def as_xids(value: Any) -> frozenset[int]:

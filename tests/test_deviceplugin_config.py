@@ -92,7 +92,10 @@ def test_empty_file_is_the_defaults() -> None:
         ("resourceName: gpu", "resourceName: 'gpu': 'gpu' is not an extended resource name"),
         ("allocate: {cdi: name}", "allocate.cdi: 'name': expected one of none, uuid, index"),
         ("health: {ignoreXids: 13}", "health.ignoreXids: 13: expected a list of XID numbers"),
-        ("health: {recoverAfter: -1}", "health.recoverAfter: -1: expected a number of seconds"),
+        (
+            "health: {recoverAfter: 0}",
+            "health.recoverAfter: 0: expected a number of seconds above 0",
+        ),
         (
             "allocate: {deviceSpecs: yes please}",
             "allocate.deviceSpecs: 'yes please': expected true or false",
