@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
 
 from deviceplugin import state, sweep
 from deviceplugin.allocate import Strategies
@@ -63,12 +62,7 @@ def build(config: Config, discovery: Discovery) -> tuple[list[Endpoint], state.H
     return endpoints, health
 
 
-def run(
-    config: Config,
-    stop: threading.Event,
-    discovery: Discovery | None = None,
-    on_supervisor: Callable[[Supervisor], None] | None = None,
-) -> None:
+def run(config: Config, stop: threading.Event, discovery: Discovery | None = None) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns."""
     discovery = discovery or open_discovery(config.sim)
     endpoints, health = build(config, discovery)
@@ -97,11 +91,8 @@ def run(
     for job in jobs:
         job.daemon = True
         job.start()
-    supervisor = Supervisor(endpoints, config.kubelet_dir)
-    if on_supervisor:
-        on_supervisor(supervisor)
     try:
-        supervisor.run(stop)
+        Supervisor(endpoints, config.kubelet_dir).run(stop)
     finally:
         stop.set()
         for job in jobs:

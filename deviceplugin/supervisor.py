@@ -45,7 +45,6 @@ class Supervisor:
         self.endpoints = endpoints
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
-        self.registrations = 0  # successful Register calls, for logs and tests
         self._kubelet: tuple[int, int, int] | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -82,6 +81,7 @@ class Supervisor:
             if not endpoint.serving():
                 log.warning("%s: socket gone (kubelet restart?); serving again", endpoint.path)
                 endpoint.stop()
+                self.kubelet_dir.mkdir(parents=True, exist_ok=True)  # in case it went too
                 endpoint.serve()
                 if endpoint not in pending:
                     pending = [*pending, endpoint]
@@ -99,7 +99,6 @@ class Supervisor:
         except grpc.RpcError as exc:
             log.warning("registering %s failed: %s; retrying", endpoint.resource, exc.details())
             return False
-        self.registrations += 1
         return True
 
 
