@@ -18,11 +18,16 @@ DATA = "..data"
 
 def publish(
     out: Path, contents: Mapping[str, bytes], private: Collection[str] = ("tls.key",)
-) -> None:
-    """Write `contents` (name → bytes) under `out`; names in `private` are owner-only."""
+) -> bool:
+    """Write `contents` (name → bytes) under `out`; names in `private` are owner-only.
+
+    Returns False, touching nothing, when `out` holds exactly these contents already.
+    """
     for name in contents:
         if not name or name.startswith(".") or "/" in name:
             raise ValueError(f"file name {name!r}: a plain name not starting with '.' is required")
+    if all(_holds(out / name, data) for name, data in contents.items()):
+        return False
     out.mkdir(parents=True, exist_ok=True)
     version = Path(tempfile.mkdtemp(prefix="..", dir=out))
     version.chmod(0o755)
@@ -41,6 +46,14 @@ def publish(
         if not (link.is_symlink() and os.readlink(link) == target):
             _swap_link(link, target)
     _remove_old_versions(out, keep=version.name)
+    return True
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _swap_link(link: Path, target: str) -> None:
