@@ -132,6 +132,8 @@ def _secret_body(
         "type": SECRET_TYPE,
         "metadata": {"name": target.secret, "namespace": target.namespace, "labels": LABELS},
     }
-    merged = {**data, **change.updates}
+    # A kubernetes.io/tls Secret must have both entries, even while the serving pair waits
+    # for its CA to be published.
+    merged = {pki.CERT_FILE: b"", pki.KEY_FILE: b"", **data, **change.updates}
     body["data"] = {k: base64.b64encode(v).decode() for k, v in merged.items()}
     return body

@@ -226,6 +226,21 @@ def test_missing_configuration_or_service_is_an_error_that_says_so(api: ApiServe
     assert api.get("secrets", SECRET, NS) is None  # nothing half-done
 
 
+def test_a_deleted_secret_is_recreated_and_the_old_ca_stays_trusted(api: ApiServer) -> None:
+    first = ensure(api)
+    api.delete("secrets", SECRET, NS)
+    seen = len(api.requests)
+    data = ensure(api)
+    secret_create = f"POST /api/v1/namespaces/{NS}/secrets"
+    secret_put = f"PUT /api/v1/namespaces/{NS}/secrets/{SECRET}"
+    config_put = f"PUT /apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIG}"
+    assert writes(api, seen) == [secret_create, config_put, secret_put]
+    bundle = ca_bundle(api)
+    assert len(bundle) == 2
+    assert pki.issued_by(serving(first), bundle[1])  # replicas not yet synced keep working
+    assert pki.issued_by(serving(data), bundle[0])
+
+
 def test_a_reset_ca_bundle_is_restored(api: ApiServer) -> None:
     ensure(api)
     bundle = ca_bundle(api)
