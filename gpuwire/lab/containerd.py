@@ -1,0 +1,242 @@
+"""A private containerd: its own config, root, state, sockets, runc root and namespace.
+
+Nothing is shared with the host's containerd or with another test running beside this one:
+every path lives under one temporary directory, containers get unique ids in a unique
+namespace (so their cgroups are `/<namespace>/<id>`), and `close` removes exactly what this
+instance made, by pid and by path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from gpuwire.lab.cleanup import remove_cgroups, remove_home
+
+CRI = "io.containerd.grpc.v1.cri"
+
+
+class LabError(RuntimeError):
+    """A lab component that did not start or answer."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount, as `ctr run --mount` and `podman run -v` take it."""
+
+    source: Path
+    destination: str
+
+
+def base_config(home: Path, *, cri: bool = False) -> str:
+    """A version-2 config whose every path (sockets included) is under `home`.
+
+    The CRI plugin stays off unless asked for (it is only needed to validate runtime
+    handlers); when on, its CNI dirs and stream port are private too.
+    """
+    text = f"""version = 2
+root = "{home}/root"
+state = "{home}/state"
+temp = "{home}/tmp"
+disabled_plugins = [{"" if cri else f'"{CRI}"'}]
+
+[grpc]
+  address = "{home}/containerd.sock"
+
+[ttrpc]
+  address = "{home}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{home}/debug.sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{home}/opt"
+"""
+    if cri:
+        text += f"""
+[plugins."{CRI}"]
+  stream_server_port = "0"
+  [plugins."{CRI}".cni]
+    bin_dir = "{home}/cni/bin"
+    conf_dir = "{home}/cni/net.d"
+"""
+    return text
+
+
+@dataclass
+class Containerd:
+    home: Path
+    namespace: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(cls, *, cri: bool = False) -> Containerd:
+        """A configured, not yet started, instance. The home is short: socket paths must
+        fit in 108 bytes."""
+        home = Path(tempfile.mkdtemp(prefix="gwctd-", dir="/tmp"))
+        (home / "tmp").mkdir()
+        (home / "config.toml").write_text(base_config(home, cri=cri))
+        return cls(home)
+
+    @property
+    def config(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def address(self) -> Path:
+        return self.home / "containerd.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "containerd.log"
+
+    def __enter__(self) -> Containerd:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self, env: Mapping[str, str] | None = None, timeout: float = 30) -> None:
+        """Run containerd with `config`; return once it answers. Shims, and so the runtime
+        binaries they run, inherit `env` (how gpuwire-runtime finds its config)."""
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                ["containerd", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise LabError(f"containerd exited {self.process.returncode}: {self._log_tail()}")
+            if self.address.exists() and self.ctr("version", check=False).returncode == 0:
+                return
+            time.sleep(0.05)
+        raise LabError(f"containerd did not answer within {timeout}s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            ["ctr", "--address", str(self.address), "--namespace", self.namespace, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+        if check and out.returncode != 0:
+            raise LabError(f"ctr {' '.join(args)}: {out.stderr.strip()}")
+        return out
+
+    def dump(self) -> str:
+        """`containerd config dump`: the config as containerd reads it, imports merged."""
+        return subprocess.run(
+            ["containerd", "--config", str(self.config), "config", "dump"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    def import_image(self, layout_tar: Path) -> None:
+        self.ctr("images", "import", str(layout_tar))
+
+    def run_argv(
+        self,
+        image: str,
+        cid: str,
+        args: Sequence[str],
+        *,
+        runc_binary: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+        mounts: Sequence[Mount] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """The `ctr run` arguments: runc root and IO fifos private, removed on exit."""
+        argv = [
+            "run",
+            "--rm",
+            "--runc-root",
+            f"{self.home}/runc",
+            "--fifo-dir",
+            f"{self.home}/fifo",
+        ]
+        if runc_binary:
+            argv += ["--runc-binary", runc_binary]
+        for key, value in (annotations or {}).items():
+            argv += ["--annotation", f"{key}={value}"]
+        for m in mounts:
+            argv += ["--mount", f"type=bind,src={m.source},dst={m.destination},options=rbind:ro"]
+        for key, value in (env or {}).items():
+            argv += ["--env", f"{key}={value}"]
+        return [*argv, image, cid, *args]
+
+    def run(
+        self,
+        image: str,
+        args: Sequence[str],
+        *,
+        runc_binary: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+        mounts: Sequence[Mount] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a container to completion under a fresh id; it is gone afterwards either way."""
+        cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+        argv = self.run_argv(
+            image,
+            cid,
+            args,
+            runc_binary=runc_binary,
+            annotations=annotations,
+            mounts=mounts,
+            env=env,
+        )
+        try:
+            return self.ctr(*argv, check=False, timeout=timeout)
+        finally:
+            self._remove(cid)
+
+    def _remove(self, cid: str) -> None:
+        if self.ctr("containers", "info", cid, check=False).returncode == 0:
+            self.ctr("tasks", "kill", "--signal", "SIGKILL", cid, check=False)
+            self.ctr("tasks", "delete", "--force", cid, check=False)
+            self.ctr("containers", "delete", cid, check=False)
+
+    def stop(self) -> None:
+        """Remove this instance's containers, then stop containerd (by its pid)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for cid in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
+            self._remove(cid)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        """Stop, then remove the namespace's cgroups and the home directory."""
+        self.stop()
+        remove_cgroups(self.namespace)
+        remove_home(self.home)
