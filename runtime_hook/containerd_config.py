@@ -6,8 +6,9 @@ imported file *replaces* each plugin section it names instead of merging into it
 with the gpuwire runtime added, and the admin's main file gains nothing but one `imports`
 entry: tomlkit round-trips it, comments and layout included.
 
-The core takes TOML text (through a `read` function) and returns the files to write; reading
-the disk, `containerd config dump` and writing are the shell's job (`runtime_hook.cli`).
+The core reads files through `Files` (the disk, or a dict in tests) and returns the changes
+to make; `containerd config dump`, `ctr oci spec` and argument handling are the shell's job
+(`runtime_hook.cli`).
 Facts: ../shared/reference/nvidia-runtime.md 4.4, 4.5, 5.3.
 """
 
@@ -121,9 +122,12 @@ class Runtime:
                 f"runtime name {self.name!r} is not a RuntimeClass handler: accepted are "
                 "lower-case letters, digits and '-', 1-63 characters, alphanumeric at both ends"
             )
-        paths = {"base spec": self.base_spec, "hook path": self.hook} if self.hook else {}
-        for what, path in (paths or {"runtime path": self.shim}).items():
-            if not path or not path.startswith("/"):
+        if self.hook:
+            required = {"hook path": self.hook, "base spec": self.base_spec}
+        else:
+            required = {"runtime path": self.shim}
+        for what, path in required.items():
+            if not path.startswith("/"):
                 raise ConfigError(f"{what} {path!r} must be absolute: containerd resolves no PATH")
 
 
@@ -364,6 +368,14 @@ def plan(
         f"{main} or rename the drop-in to sort after it"
         for path in later
     ]
+    runc = configured["containerd"]["runtimes"]["runc"]
+    for key in ("pod_annotations", "container_annotations"):
+        exposing = [p for p in runc.get(key, []) if _exposes_protected(p)]
+        if exposing:
+            warnings.append(
+                f"runc's {key} {exposing} not copied to {runtime.name!r}: they would let a pod "
+                f"set {', '.join(PROTECTED_ANNOTATIONS)}, which its GPU grant binds"
+            )
     return Plan(changes, warnings)
 
 

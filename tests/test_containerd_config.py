@@ -139,8 +139,12 @@ def test_admin_cdi_dirs_are_kept(main: Path) -> None:
 
 def test_pods_cannot_pass_the_annotations_a_grant_binds(main: Path) -> None:
     """runc's `pod_annotations = ["*"]` would let a pod set io.kubernetes.cri.* itself."""
-    files = applied({main: ADMIN_V2}, main, Runtime(shim=SHIM))
-    runtimes = cri(files[main.parent / "conf.d/99-gpuwire.toml"])["containerd"]["runtimes"]
+    result = plan(
+        main, main.parent / "conf.d/99.toml", Runtime(shim=SHIM), files_reader({main: ADMIN_V2})
+    )
+    (warning,) = result.warnings
+    assert warning.startswith("runc's pod_annotations ['*'] not copied to 'gpuwire'")
+    runtimes = cri(result.changes[0].new)["containerd"]["runtimes"]
     assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*"]
     assert runtimes["runc"]["pod_annotations"] == ["*", "example.com/*"]  # runc's stays
 
