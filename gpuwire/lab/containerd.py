@@ -17,15 +17,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-from gpuwire.lab.cleanup import remove_cgroups, remove_home
+from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run
 
 CRI = "io.containerd.grpc.v1.cri"
-
-
-class LabError(RuntimeError):
-    """A lab component that did not start or answer."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +67,7 @@ disabled_plugins = [{"" if cri else f'"{CRI}"'}]
 
 
 @dataclass
-class Containerd:
+class Containerd(Closing):
     home: Path
     namespace: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
     process: subprocess.Popen[bytes] | None = None
@@ -97,17 +92,6 @@ class Containerd:
     @property
     def log(self) -> Path:
         return self.home / "containerd.log"
-
-    def __enter__(self) -> Containerd:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def start(self, env: Mapping[str, str] | None = None, timeout: float = 30) -> None:
         """Run containerd with `config`; return once it answers. Shims, and so the runtime
@@ -136,25 +120,12 @@ class Containerd:
     def ctr(
         self, *args: str, check: bool = True, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            ["ctr", "--address", str(self.address), "--namespace", self.namespace, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        if check and out.returncode != 0:
-            raise LabError(f"ctr {' '.join(args)}: {out.stderr.strip()}")
-        return out
+        ctr = ["ctr", "--address", str(self.address), "--namespace", self.namespace]
+        return run([*ctr, *args], check=check, timeout=timeout)
 
     def dump(self) -> str:
         """`containerd config dump`: the config as containerd reads it, imports merged."""
-        return subprocess.run(
-            ["containerd", "--config", str(self.config), "config", "dump"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        return run(["containerd", "--config", str(self.config), "config", "dump"]).stdout
 
     def import_image(self, layout_tar: Path) -> None:
         self.ctr("images", "import", str(layout_tar))

@@ -18,9 +18,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-from gpuwire.lab.cleanup import remove_cgroups, remove_home
+from gpuwire.lab.host import Closing, remove_cgroups, remove_home, run
 
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
@@ -37,7 +36,7 @@ shift; exec "$@"
 
 
 @dataclass
-class Podman:
+class Podman(Closing):
     home: Path
     cgroup_parent: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
 
@@ -54,17 +53,6 @@ class Podman:
         """Where to put CDI specs: podman sees this directory's, and only these."""
         return self.home / "cdi"
 
-    def __enter__(self) -> Podman:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def command(self, *args: str) -> list[str]:
         h = self.home
         return [
@@ -78,16 +66,7 @@ class Podman:
     def podman(
         self, *args: str, check: bool = True, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            self.command(*args),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-        if check and out.returncode != 0:
-            raise RuntimeError(f"podman {' '.join(args)}: {out.stderr.strip()}")
-        return out
+        return run(self.command(*args), check=check, timeout=timeout)
 
     def load(self, layout_tar: Path) -> None:
         self.podman("load", "--quiet", "--input", str(layout_tar))
@@ -128,9 +107,7 @@ class Podman:
         name = f"gpuwire-{uuid.uuid4().hex[:12]}"
         argv = self.run_argv(image, name, args, devices=devices, env=env)
         try:
-            return subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-            )
+            return run(argv, check=False, timeout=timeout)
         finally:
             self.podman("rm", "--force", "--ignore", name, check=False)
 

@@ -1,13 +1,32 @@
-"""Removing what a lab instance made, by path only: its cgroups and its home directory."""
+"""What lab instances do on the host: run the real tools, and remove what they made (their
+cgroups and home directory) by path only."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Self
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+class LabError(RuntimeError):
+    """A lab component that did not start or answer."""
+
+
+def run(
+    argv: Sequence[str], *, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run a tool to completion (no stdin); with `check`, a failure raises with its stderr."""
+    out = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if check and out.returncode != 0:
+        raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
+    return out
 
 
 def remove_cgroups(relative: str) -> None:
@@ -40,3 +59,16 @@ def remove_home(home: Path) -> None:
     for point in mounts_under(home):
         subprocess.run(["umount", "--lazy", point], capture_output=True)
     shutil.rmtree(home, ignore_errors=True)
+
+
+class Closing:
+    """A lab instance used as a context manager: leaving the block calls `close`."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
