@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from runtime_hook import containerd_config
+from runtime_hook import cdi, containerd_config
 
 
 def _program(name: str, given: str | None) -> str:
@@ -138,4 +139,59 @@ def containerd_configure(argv: list[str]) -> int:
         for change in plan.changes:
             print(f"wrote {change.path}")
         print("restart containerd to apply it (systemctl restart containerd)")
+    return 0
+
+
+def cdi_generate(argv: list[str]) -> int:
+    from gpuwire import nvidia
+    from runtime_hook import config
+    from runtime_hook.discovery import DiscoveryError, Roots, discover
+
+    parser = argparse.ArgumentParser(
+        prog="gpuwire cdi generate",
+        description="Write a CDI spec for this node's GPUs (devices by index and UUID, and "
+        "'all'). Roots, hook and ldconfig default to the gpuwire config "
+        f"(${config.ENV}, else {config.DEFAULT_PATH}).",
+    )
+    parser.add_argument("--root", help="host root (driver, dev and proc roots default to it)")
+    parser.add_argument("--driver-root", help="where the driver's libraries and binaries are")
+    parser.add_argument("--dev-root", help="where dev/nvidia* are")
+    parser.add_argument("--proc-root", help="where proc/driver/nvidia is")
+    parser.add_argument(
+        "--output", help="spec file, .json or .yaml (e.g. /var/run/cdi/nvidia.yaml); default stdout"
+    )
+    parser.add_argument("--kind", default=nvidia.CDI_KIND, help="vendor/class (%(default)s)")
+    parser.add_argument(
+        "--capabilities",
+        default="all",
+        help="driver capabilities whose files every device brings (default all, as CDI has "
+        "no per-container capability request)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = config.load()
+        fmt = cdi.output_format(args.output) if args.output else "yaml"
+        roots = settings.roots
+        if args.root or args.driver_root or args.dev_root or args.proc_root:
+            base = args.root or "/"
+            roots = Roots(base, driver=args.driver_root, dev=args.dev_root, proc=args.proc_root)
+        if not os.path.isabs(settings.hook) or not os.access(settings.hook, os.X_OK):
+            raise cdi.CdiError(
+                f"hook {settings.hook!r} (from {settings.source}) is not an executable "
+                "gpuwire-hook: the spec's ld-cache hook would fail every container"
+            )
+        capabilities = nvidia.parse_capabilities(args.capabilities)
+        spec = cdi.generate(
+            discover(roots, capabilities), settings.hook, settings.ldconfig, capabilities, args.kind
+        )
+    except (config.ConfigError, cdi.CdiError, nvidia.CapabilityError, DiscoveryError) as exc:
+        parser.exit(2, f"gpuwire cdi generate: {exc}\n")
+    text = cdi.render(spec, fmt)
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    path = Path(args.output).absolute()
+    containerd_config.write([containerd_config.Change(path, None, text)])
+    names = ", ".join(d["name"] for d in spec["devices"])
+    print(f"wrote {path}: cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, devices {names}")
     return 0

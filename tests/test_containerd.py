@@ -1,10 +1,14 @@
-"""containerd itself reads what `gpuwire containerd configure` writes.
+"""containerd itself reads what `gpuwire containerd configure` writes, and runs the shim.
 
-A private containerd (tests/../gpuwire/lab/containerd.py) starts from a main config an admin
-might have, after `gpuwire containerd configure` added its drop-in: `config dump` must show
-the handler, and the CRI plugin, which validates its runtimes when it loads, must load.
+A private containerd (gpuwire/lab/containerd.py) starts from a main config an admin might
+have, after `gpuwire containerd configure` added its drop-in: `config dump` must show the
+handler, and the CRI plugin, which validates its runtimes when it loads, must load.
 containerd 1.6 reads config version 2; version 3 needs containerd 2.x, which Debian 12 does
 not ship, so version 3 is checked as TOML structure in test_containerd_config.py.
+
+Then containers: `ctr run --runc-binary gpuwire-runtime`, with the CRI annotations and env a
+kubelet and the webhook would give, shows the same GPU view as the runc tests
+(tests/test_runtime_runc.py).
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from typing import Any
 import pytest
 import tomlkit
 
-from gpuwire.lab.containerd import CRI, Containerd
+from gpuwire import allocation
+from gpuwire.lab.containerd import CRI, Containerd, Mount
+from gpuwire.lab.image import NAME, write_layout_tar
 from tests.conftest import requires_binary, requires_root
+from tests.runtime_support import VIEW_SCRIPT, Lab, cri_annotations, grant_for, view
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 
 BIN = Path(sys.executable).parent
 SHIM = str(BIN / "gpuwire-runtime")
 HOOK = str(BIN / "gpuwire-hook")
+ENXIO = "cat: can't open '/dev/nvidia{}': No such device or address"
 
 
 def gpuwire(*args: str) -> subprocess.CompletedProcess[str]:
@@ -122,3 +130,97 @@ def test_config_dump_as_the_source(containerd: Containerd) -> None:
     assert again.stdout.startswith("no change:"), again.stdout
     containerd.start()
     assert cri_status(containerd) == "ok"
+
+
+# Containers through the shim, as containerd's runc shim runs it (`BinaryName`).
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    return Lab(tmp_path_factory.mktemp("containerd") / "lab")
+
+
+@pytest.fixture(scope="module")
+def node_containerd(lab: Lab) -> Iterator[Containerd]:
+    """A private containerd whose shims (and so gpuwire-runtime) read the lab's config."""
+    with Containerd.create() as instance:
+        instance.start(env={"GPUWIRE_CONFIG": str(lab.config)})
+        instance.import_image(write_layout_tar(lab.root / "busybox.tar"))
+        yield instance
+
+
+def run_view(
+    containerd: Containerd,
+    env: dict[str, str],
+    *,
+    runc_binary: str | None = SHIM,
+    annotations: dict[str, str] | None = None,
+    mounts: tuple[Mount, ...] = (),
+) -> dict[str, list[str]]:
+    out = containerd.run(
+        NAME,
+        ["sh", "-c", VIEW_SCRIPT],
+        runc_binary=runc_binary,
+        annotations=cri_annotations() if annotations is None else annotations,
+        env=env,
+        mounts=mounts,
+    )
+    assert out.returncode == 0, out.stderr
+    return view(out.stdout)
+
+
+def granted(lab: Lab, visible: str) -> dict[str, str]:
+    return {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible)}
+
+
+def test_ctr_run_through_the_shim_gives_the_granted_gpus(
+    lab: Lab, node_containerd: Containerd
+) -> None:
+    seen = run_view(node_containerd, granted(lab, "1,3"))
+    assert seen["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia1 nvidia3 nvidiactl"]
+    assert seen["open /dev/nvidia1"] == [ENXIO.format(1)]  # allowed by the cgroup
+    assert seen["open /dev/nvidia3"] == [ENXIO.format(3)]
+    assert seen["smi"] == [
+        f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})",
+        f"GPU 1: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(3)})",
+    ]
+    assert seen["libcuda"] == ["read-only"]
+    assert seen["ldcache"] == ["libcuda.so.1"]
+    assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
+    assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
+
+
+def test_no_grant_no_gpu(lab: Lab, node_containerd: Containerd) -> None:
+    seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert seen["devices"] == ["nvidia*"]  # the glob matched nothing
+    assert "libcuda" not in seen
+    assert seen["env"] == ["void"]
+    assert "team-a/trainer: no GPU: NVIDIA_VISIBLE_DEVICES=all" in lab.log_lines()[-1]
+
+
+def test_a_grant_for_another_namespace_gives_no_gpu(lab: Lab, node_containerd: Containerd) -> None:
+    seen = run_view(
+        node_containerd, granted(lab, "0"), annotations=cri_annotations(namespace="team-b")
+    )
+    assert seen["devices"] == ["nvidia*"]
+
+
+def test_without_the_shim_nothing_is_injected(lab: Lab, node_containerd: Containerd) -> None:
+    seen = run_view(node_containerd, granted(lab, "0"), runc_binary=None)
+    assert seen["devices"] == ["nvidia*"]
+    assert seen["env"] == ["0"]  # as the image asked: nobody read it
+
+
+def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, node_containerd: Containerd) -> None:
+    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
+    mount = Mount(lab.allocations / token, allocation.container_path(token))
+    seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts=(mount,))
+    assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(2)})"]
+
+
+def test_unknown_device_fails_the_start(lab: Lab, node_containerd: Containerd) -> None:
+    out = node_containerd.run(
+        NAME, ["true"], runc_binary=SHIM, annotations=cri_annotations(), env=granted(lab, "9")
+    )
+    assert out.returncode != 0
+    assert "unknown device '9'" in out.stderr
