@@ -24,8 +24,9 @@ import pytest
 import tomlkit
 
 from gpuwire import allocation
-from gpuwire.lab.containerd import CRI, Containerd, Mount
+from gpuwire.lab.containerd import CRI, Container, Containerd, Mount
 from gpuwire.lab.image import NAME, write_layout_tar
+from gpuwire.lab.rootfs import busybox_rootfs
 from tests.conftest import requires_binary, requires_root
 from tests.runtime_support import VIEW_SCRIPT, Lab, cri_annotations, grant_for, view
 
@@ -157,14 +158,15 @@ def run_view(
     annotations: dict[str, str] | None = None,
     mounts: tuple[Mount, ...] = (),
 ) -> dict[str, list[str]]:
-    out = containerd.run(
+    container = Container(
         NAME,
-        ["sh", "-c", VIEW_SCRIPT],
+        ("sh", "-c", VIEW_SCRIPT),
         runc_binary=runc_binary,
         annotations=cri_annotations() if annotations is None else annotations,
         env=env,
         mounts=mounts,
     )
+    out = containerd.run(container)
     assert out.returncode == 0, out.stderr
     return view(out.stdout)
 
@@ -219,8 +221,34 @@ def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, node_containerd: 
 
 
 def test_unknown_device_fails_the_start(lab: Lab, node_containerd: Containerd) -> None:
-    out = node_containerd.run(
-        NAME, ["true"], runc_binary=SHIM, annotations=cri_annotations(), env=granted(lab, "9")
+    container = Container(
+        NAME, ("true",), runc_binary=SHIM, annotations=cri_annotations(), env=granted(lab, "9")
     )
+    out = node_containerd.run(container)
     assert out.returncode != 0
     assert "unknown device '9'" in out.stderr
+
+
+def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path) -> None:
+    """containerd starts a container from the base spec `configure --prestart-hook` wrote
+    (with the process a pod would add), and the hook in it gives the granted GPU."""
+    with Containerd.create(cri=True) as containerd:
+        base = containerd.home / "base-spec.json"
+        configure(containerd, "--prestart-hook", "--hook-path", HOOK, "--base-spec", str(base))
+        containerd.start()
+        spec = json.loads(base.read_text())
+        spec["root"] = {"path": str(busybox_rootfs(tmp_path / "rootfs"))}
+        spec["process"]["args"] = ["sh", "-c", VIEW_SCRIPT]
+        env = {"PATH": "/usr/bin:/bin", **granted(lab, "2")}
+        spec["process"]["env"] = [f"{k}={v}" for k, v in env.items()]
+        spec["annotations"] = cri_annotations()
+        # the lab's config is not at the default path the hook reads
+        spec["hooks"]["prestart"][-1]["env"].append(f"GPUWIRE_CONFIG={lab.config}")
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        out = containerd.run(Container(spec=tmp_path / "spec.json"))
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl"]
+    assert seen["open /dev/nvidia2"] == [ENXIO.format(2)]
+    assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(2)})"]
+    assert seen["libcuda"] == ["read-only"]

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,20 @@ class Mount:
 
     source: Path
     destination: str
+
+
+@dataclass(frozen=True)
+class Container:
+    """What `ctr run` starts: `image` running `args`, or, with `spec`, that OCI spec file
+    whole (`ctr run --config`, the way CRI starts from a `base_runtime_spec`)."""
+
+    image: str = ""
+    args: tuple[str, ...] = ()
+    spec: Path | None = None
+    runc_binary: str | None = None  # containerd's runc shim runs this instead of runc
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def base_config(home: Path, *, cri: bool = False) -> str:
@@ -130,17 +144,7 @@ class Containerd(Closing):
     def import_image(self, layout_tar: Path) -> None:
         self.ctr("images", "import", str(layout_tar))
 
-    def run_argv(
-        self,
-        image: str,
-        cid: str,
-        args: Sequence[str],
-        *,
-        runc_binary: str | None = None,
-        annotations: Mapping[str, str] | None = None,
-        mounts: Sequence[Mount] = (),
-        env: Mapping[str, str] | None = None,
-    ) -> list[str]:
+    def run_argv(self, container: Container, cid: str) -> list[str]:
         """The `ctr run` arguments: runc root and IO fifos private, removed on exit."""
         argv = [
             "run",
@@ -150,40 +154,23 @@ class Containerd(Closing):
             "--fifo-dir",
             f"{self.home}/fifo",
         ]
-        if runc_binary:
-            argv += ["--runc-binary", runc_binary]
-        for key, value in (annotations or {}).items():
+        if container.runc_binary:
+            argv += ["--runc-binary", container.runc_binary]
+        for key, value in container.annotations.items():
             argv += ["--annotation", f"{key}={value}"]
-        for m in mounts:
+        for m in container.mounts:
             argv += ["--mount", f"type=bind,src={m.source},dst={m.destination},options=rbind:ro"]
-        for key, value in (env or {}).items():
+        for key, value in container.env.items():
             argv += ["--env", f"{key}={value}"]
-        return [*argv, image, cid, *args]
+        if container.spec:
+            return [*argv, "--config", str(container.spec), cid]
+        return [*argv, container.image, cid, *container.args]
 
-    def run(
-        self,
-        image: str,
-        args: Sequence[str],
-        *,
-        runc_binary: str | None = None,
-        annotations: Mapping[str, str] | None = None,
-        mounts: Sequence[Mount] = (),
-        env: Mapping[str, str] | None = None,
-        timeout: float = 60,
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, container: Container, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a container to completion under a fresh id; it is gone afterwards either way."""
         cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
-        argv = self.run_argv(
-            image,
-            cid,
-            args,
-            runc_binary=runc_binary,
-            annotations=annotations,
-            mounts=mounts,
-            env=env,
-        )
         try:
-            return self.ctr(*argv, check=False, timeout=timeout)
+            return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
         finally:
             self._remove(cid)
 
