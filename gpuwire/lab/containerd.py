@@ -144,11 +144,12 @@ class Containerd(Closing):
     def import_image(self, layout_tar: Path) -> None:
         self.ctr("images", "import", str(layout_tar))
 
-    def run_argv(self, container: Container, cid: str) -> list[str]:
-        """The `ctr run` arguments: runc root and IO fifos private, removed on exit."""
+    def run_argv(self, container: Container, cid: str, *, detach: bool = False) -> list[str]:
+        """The `ctr run` arguments: runc root and IO fifos private; the container removed on
+        exit, or (`detach`) left to `remove` once `ctr` returns from starting it."""
         argv = [
             "run",
-            "--rm",
+            "--detach" if detach else "--rm",
             "--runc-root",
             f"{self.home}/runc",
             "--fifo-dir",
@@ -172,9 +173,10 @@ class Containerd(Closing):
         try:
             return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
         finally:
-            self._remove(cid)
+            self.remove(cid)
 
-    def _remove(self, cid: str) -> None:
+    def remove(self, cid: str) -> None:
+        """Kill and delete container `cid` and its task, if it exists."""
         if self.ctr("containers", "info", cid, check=False).returncode == 0:
             self.ctr("tasks", "kill", "--signal", "SIGKILL", cid, check=False)
             self.ctr("tasks", "delete", "--force", cid, check=False)
@@ -185,7 +187,7 @@ class Containerd(Closing):
         if self.process is None or self.process.poll() is not None:
             return
         for cid in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
-            self._remove(cid)
+            self.remove(cid)
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=15)
