@@ -232,7 +232,7 @@ def cdi_generate(argv: list[str]) -> int:
         "'all'). Roots, hook and ldconfig default to the gpuwire config "
         f"(${config.ENV}, else {config.DEFAULT_PATH}).",
     )
-    parser.add_argument("--root", help="host root (driver, dev and proc roots default to it)")
+    parser.add_argument("--root", help="host root (sets the driver, dev and proc roots)")
     parser.add_argument("--driver-root", help="where the driver's libraries and binaries are")
     parser.add_argument("--dev-root", help="where dev/nvidia* are")
     parser.add_argument("--proc-root", help="where proc/driver/nvidia is")
@@ -250,10 +250,12 @@ def cdi_generate(argv: list[str]) -> int:
     try:
         settings = config.load()
         fmt = cdi.output_format(args.output) if args.output else "yaml"
-        roots = settings.roots
-        if args.root or args.driver_root or args.dev_root or args.proc_root:
-            base = args.root or "/"
-            roots = Roots(base, driver=args.driver_root, dev=args.dev_root, proc=args.proc_root)
+        roots = Roots(args.root) if args.root else settings.roots
+        roots = Roots(
+            driver=args.driver_root or roots.driver,
+            dev=args.dev_root or roots.dev,
+            proc=args.proc_root or roots.proc,
+        )
         if not os.path.isabs(settings.hook) or not os.access(settings.hook, os.X_OK):
             raise cdi.CdiError(
                 f"hook {settings.hook!r} (from {settings.source}) is not an executable "

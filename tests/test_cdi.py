@@ -234,3 +234,19 @@ def test_a_hook_that_is_not_there_is_refused(
     with pytest.raises(SystemExit):
         cli.cdi_generate(["--root", str(command)])
     assert "hook '/nonexistent/gpuwire-hook'" in capsys.readouterr().err
+
+
+def test_roots_combine_as_the_runtime_config_does(
+    command: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--root sets all three roots; --dev-root then moves only the device nodes."""
+    devs = tmp_path / "devroot"
+    (devs / "dev").mkdir(parents=True)
+    args = ["--root", str(command), "--dev-root", str(devs), "--output", str(tmp_path / "s.json")]
+    assert cli.cdi_generate(args) == 0
+    spec = json.loads((tmp_path / "s.json").read_text())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"] == (
+        f"{devs}/dev/nvidia0"
+    )
+    assert spec["containerEdits"]["deviceNodes"] == []  # no control nodes under that dev root
+    assert spec["containerEdits"]["mounts"][0]["hostPath"].startswith(str(command))
