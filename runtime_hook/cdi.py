@@ -166,7 +166,8 @@ def output_format(path: str) -> str:
     if extension not in EXTENSIONS:
         raise CdiError(
             f"--output {path}: extension {extension or '(none)'!r} is not one CDI engines "
-            f"load: accepted are {', '.join(EXTENSIONS)}"
+            f"load: accepted are {', '.join(EXTENSIONS)} (or say --format for a file that "
+            "will be renamed)"
         )
     return EXTENSIONS[extension]
 

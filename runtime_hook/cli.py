@@ -239,6 +239,11 @@ def cdi_generate(argv: list[str]) -> int:
     parser.add_argument(
         "--output", help="spec file, .json or .yaml (e.g. /var/run/cdi/nvidia.yaml); default stdout"
     )
+    parser.add_argument(
+        "--format",
+        choices=("json", "yaml"),
+        help="instead of the --output extension (default yaml on stdout)",
+    )
     parser.add_argument("--kind", default=nvidia.CDI_KIND, help="vendor/class (%(default)s)")
     parser.add_argument(
         "--capabilities",
@@ -249,7 +254,7 @@ def cdi_generate(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         settings = config.load()
-        fmt = cdi.output_format(args.output) if args.output else "yaml"
+        fmt = args.format or (cdi.output_format(args.output) if args.output else "yaml")
         roots = Roots(args.root) if args.root else settings.roots
         roots = Roots(
             driver=args.driver_root or roots.driver,
@@ -272,7 +277,10 @@ def cdi_generate(argv: list[str]) -> int:
         sys.stdout.write(text)
         return 0
     path = Path(args.output).absolute()
-    containerd_config.write([containerd_config.Change(path, None, text)])
     names = ", ".join(d["name"] for d in spec["devices"])
+    if path.exists() and path.read_text() == text:
+        print(f"no change: {path} already holds this spec (devices {names})")
+        return 0
+    containerd_config.write([containerd_config.Change(path, None, text)])
     print(f"wrote {path}: cdiVersion {spec['cdiVersion']}, kind {spec['kind']}, devices {names}")
     return 0

@@ -194,9 +194,28 @@ def test_format_follows_the_extension(command: Path, tmp_path: Path, name: str) 
         assert "&id" not in text  # no YAML anchors: each device spelled out
 
 
-def test_stdout_is_yaml(command: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_stdout_is_yaml_unless_told(command: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.cdi_generate(["--root", str(command), "--kind", "example.com/gpu"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "example.com/gpu"
+    assert cli.cdi_generate(["--root", str(command), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kind"] == "nvidia.com/gpu"
+
+
+def test_format_for_a_file_renamed_later(command: Path, tmp_path: Path) -> None:
+    out = tmp_path / "nvidia.yaml.new"
+    assert cli.cdi_generate(["--root", str(command), "--output", str(out), "--format", "yaml"]) == 0
+    assert yaml.safe_load(out.read_text())["cdiVersion"] == "0.5.0"
+
+
+def test_an_unchanged_spec_is_not_rewritten(
+    command: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "nvidia.yaml"
+    assert cli.cdi_generate(["--root", str(command), "--output", str(out)]) == 0
+    first = out.stat()
+    assert cli.cdi_generate(["--root", str(command), "--output", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"no change: {out}")
+    assert out.stat().st_ino == first.st_ino  # not replaced
 
 
 @pytest.mark.parametrize(
