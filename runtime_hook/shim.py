@@ -70,11 +70,14 @@ def report_failure(args: list[str], message: str) -> None:
 
 def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     """Decide on the bundle's spec and write its edits (or its refusal) into config.json."""
-    from runtime_hook import edits, log, plan
     from runtime_hook import spec as ocispec
-    from runtime_hook.trust import REFUSED
 
     spec = ocispec.load(bundle)
+    if not ocispec.asks_for_gpu(spec):
+        return
+    from runtime_hook import edits, log, plan
+    from runtime_hook.trust import REFUSED
+
     decided = plan.make(spec, bundle, settings)
     message = plan.summary(decided)
     if message:
