@@ -95,9 +95,12 @@ def grant_verify(argv: list[str]) -> int:
 
 
 def _program(name: str, given: str | None) -> str:
-    """An absolute path to one of gpuwire's programs: as given, on PATH, or beside Python."""
+    """An absolute path to one of gpuwire's programs: as given, else the one installed with
+    this gpuwire (beside its Python, link names kept so an upgrade's switch carries over),
+    else the one on PATH."""
     if given is None:
-        found = shutil.which(name) or str(Path(sys.executable).parent / name)
+        beside = Path(sys.executable).parent / name
+        found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name) or str(beside)
         given = str(Path(found).absolute())
     if not Path(given).is_absolute() or not shutil.which(given):
         raise containerd_config.ConfigError(

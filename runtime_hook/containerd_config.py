@@ -31,6 +31,7 @@ import tomlkit
 from tomlkit.exceptions import ParseError
 
 from gpuwire.grant import SUBJECT_ANNOTATIONS
+from runtime_hook.edits import HOOK_ENV
 
 # Config version → the plugin whose `containerd.runtimes` table holds runtime handlers.
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -40,7 +41,6 @@ DEFAULT_CONFIG = Path("/etc/containerd/config.toml")
 DROP_IN = "conf.d/99-gpuwire.toml"  # beside the main file
 BASE_SPEC = Path("/etc/gpuwire/containerd-base-spec.json")
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 # The grant binds the namespace and container name containerd writes under these keys, and an
 # allocation binds the sandbox id: no pod may pass its own values through, whatever order
 # containerd applies annotations in.

@@ -22,6 +22,7 @@ from runtime_hook.containerd_config import (
     base_spec_text,
     plan,
 )
+from runtime_hook.edits import HOOK_ENV
 
 SHIM = "/usr/local/bin/gpuwire-runtime"
 HOOK = "/usr/local/bin/gpuwire-hook"
@@ -229,7 +230,7 @@ def test_prestart_hook_path_keeps_runc_and_writes_a_base_spec(main: Path) -> Non
         {
             "path": HOOK,
             "args": ["gpuwire-hook", "prestart"],
-            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "env": list(HOOK_ENV),  # explicit: never the container's
         }
     ]
     # runc's own base spec, when it has one, is what the hook is added to
