@@ -8,6 +8,9 @@ variant alike:
 - `gpuwire-runtime, no GPU`: the shim as `BinaryName`, nothing asked (its pass-through cost);
 - `gpuwire-runtime, 1 GPU`: the shim injecting one granted GPU (devices, mounts, ld cache).
 
+The shim is the production launcher (`python -m runtime_hook.launcher DIR`: `python -IS`),
+with its `gpuwire-hook` beside it.
+
 `start` times `ctr run --detach` (create and start, as a kubelet waits for them); `run`
 times `ctr run --rm` of `true` (start, exit and delete: every runtime call containerd
 makes for a container). As root: `python -m bench.hook [--rounds N]`. Goal: ≤ 25 ms added
@@ -28,9 +31,8 @@ from pathlib import Path
 from bench.common import Summary, report, summarise
 from gpuwire.lab.containerd import Container, Containerd
 from gpuwire.lab.image import NAME, write_layout_tar
+from runtime_hook import launcher
 from tests.runtime_support import Lab, cri_annotations, grant_for
-
-SHIM = str(Path(sys.executable).parent / "gpuwire-runtime")
 
 
 def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bool) -> float:
@@ -47,15 +49,16 @@ def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bo
 def containerd_half(rounds: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
+        shim = launcher.install(f"{tmp}/libexec")[0]
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
         variants = {
             "runc": Container(NAME, ("true",), annotations=annotations, env=granted),
             "gpuwire-runtime, no GPU": Container(
-                NAME, ("true",), runc_binary=SHIM, annotations=annotations
+                NAME, ("true",), runc_binary=shim, annotations=annotations
             ),
             "gpuwire-runtime, 1 GPU": Container(
-                NAME, ("true",), runc_binary=SHIM, annotations=annotations, env=granted
+                NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
             ),
         }
         with Containerd.create() as containerd:
