@@ -342,6 +342,8 @@ def plan(
     prestart-hook path also writes the base spec: runc's own base spec if it has one, else
     the one written before, else `default_spec()` (containerd's default, `ctr oci spec`).
     """
+    if drop_in == main:
+        raise ConfigError(f"drop-in {drop_in} is the main config itself: name another file")
     chain = load_chain(main, files)  # also validates every file's imports
     version = dump.version if dump else chain[0].version
     plugin = CRI_PLUGIN[version]

@@ -354,6 +354,11 @@ def test_writes_then_reports_no_change(tmp_path: Path, capsys: pytest.CaptureFix
     ("args", "message"),
     [
         (["--runtime-name", "Bad_Name"], "runtime name 'Bad_Name'"),
+        (["--drop-in", "{main}"], "is the main config itself"),
+        (
+            ["--config-source", "command", "--containerd", "/nonexistent/containerd"],
+            "config dump`: No such file or directory",
+        ),
         (["--runtime-path", "relative/gpuwire-runtime"], "not an executable at an absolute path"),
         (["--runtime-path", "/nonexistent/gpuwire-runtime"], "not an executable"),
     ],
@@ -363,8 +368,9 @@ def test_bad_arguments_exit_2_and_write_nothing(
 ) -> None:
     main = tmp_path / "config.toml"
     main.write_text(ADMIN_V2)
+    argv = ["--config", str(main), "--runtime-path", "/bin/true", *args]
     with pytest.raises(SystemExit) as exit_:
-        cli.containerd_configure(["--config", str(main), "--runtime-path", "/bin/true", *args])
+        cli.containerd_configure([a.replace("{main}", str(main)) for a in argv])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
