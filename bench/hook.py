@@ -1,8 +1,8 @@
-"""Container start with and without GPU injection, side by side, on real runc.
+"""Container start with and without GPU injection, side by side, on real runc and containerd.
 
-    sudo .venv/bin/python -m bench.hook [--runs N]
+    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd]
 
-Every case is `runc run` of a busybox container running `true` on the simulated node,
+runc: every case is `runc run` of a busybox container running `true` on the simulated node,
 timed from exec to exit (deletion untimed); cases take turns so that drift on the machine
 hits them alike. The baseline is plain runc; the others add gpuwire:
 
@@ -14,6 +14,14 @@ hits them alike. The baseline is plain runc; the others add gpuwire:
 
 Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
 (`python -IS -c pass`) is printed as the floor any Python hook pays.
+
+containerd: a private containerd (gpuwire.lab.containerd) starts the busybox image through
+containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
+reading it) and with the `-IS` launcher of gpuwire-runtime as `--runc-binary` (containerd's
+`BinaryName`), asking for no GPU and for one granted GPU. `start` times `ctr run --detach`
+(create and start: what a kubelet waits for); `run` times `ctr run --rm` of `true` (also
+the exit and the two deletes: every runtime call containerd makes for a container).
+Goal: at most 25 ms added median start through containerd.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import uuid
 from pathlib import Path
 
 from bench.common import Summary, report, summarise
+from gpuwire.lab.containerd import Container, Containerd
+from gpuwire.lab.image import NAME, write_layout_tar
 from gpuwire.lab.rootfs import Bundle
 from runtime_hook import launcher
 from tests.runtime_support import Lab, cri_annotations, grant_for
@@ -105,12 +115,7 @@ def interpreter_floor(runs: int) -> Summary:
     return summarise("python -IS -c pass", seconds)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=30)
-    args = parser.parse_args()
-    if shutil.which("runc") is None:
-        raise SystemExit("needs runc (and root)")
+def runc_half(runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
@@ -119,16 +124,85 @@ def main() -> int:
         for case in cases:  # warm caches (page cache, the config cache) untimed
             case.run_once()
             case.seconds.clear()
-        for _ in range(args.runs):
+        for _ in range(runs):
             for case in cases:
                 case.run_once()
     base, *others = (summarise(c.name, c.seconds) for c in cases)
-    print(report(f"container start on runc, {args.runs} runs each", base, others))
+    print(report(f"container start on runc, {runs} runs each", base, others))
     print()
-    for summary in others:
-        print(f"{summary.name:32} +{summary.p50_ms - base.p50_ms:6.1f} ms median over runc")
-    floor = interpreter_floor(args.runs)
+    print(added(base, others))
+    floor = interpreter_floor(runs)
     print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook)")
+
+
+def added(base: Summary, others: list[Summary]) -> str:
+    return "\n".join(
+        f"{s.name:32} +{s.p50_ms - base.p50_ms:6.1f} ms median over {base.name}" for s in others
+    )
+
+
+def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bool) -> float:
+    start = time.perf_counter()
+    out = containerd.ctr(*containerd.run_argv(container, cid, detach=detach), check=False)
+    elapsed = time.perf_counter() - start
+    if detach:
+        containerd.remove(cid)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cid}: {out.stderr.strip()}")
+    return elapsed
+
+
+def containerd_half(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(Path(tmp) / "lab")
+        launcher.install(f"{tmp}/libexec")
+        shim = f"{tmp}/libexec/gpuwire-runtime"
+        granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
+        annotations = cri_annotations()
+        variants = {
+            "runc": Container(NAME, ("true",), annotations=annotations, env=granted),
+            "gpuwire-runtime, no GPU": Container(
+                NAME, ("true",), runc_binary=shim, annotations=annotations
+            ),
+            "gpuwire-runtime, 1 GPU": Container(
+                NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
+            ),
+        }
+        with Containerd.create() as containerd:
+            containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
+            containerd.import_image(write_layout_tar(lab.root / "busybox.tar"))
+            samples: dict[tuple[str, bool], list[float]] = {}
+            for n in range(runs + 1):  # round 0 warms caches and is not counted
+                for name, container in variants.items():
+                    for detach in (True, False):
+                        cid = f"bench-{uuid.uuid4().hex[:12]}"
+                        elapsed = _timed(containerd, container, cid, detach=detach)
+                        if n:
+                            samples.setdefault((name, detach), []).append(elapsed)
+    for detach, what in ((True, "start (ctr run --detach)"), (False, "run (ctr run --rm true)")):
+        base, *others = (summarise(name, samples[(name, detach)]) for name in variants)
+        print(report(f"containerd, {what}, {runs} runs each", base, others))
+        print()
+        print(added(base, others))
+        print()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--only", choices=("runc", "containerd"))
+    args = parser.parse_args()
+    tools = {"runc": ("runc",), "containerd": ("runc", "containerd", "ctr")}[
+        args.only or "containerd"
+    ]
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        raise SystemExit(f"needs root and {', '.join(tools)} (missing: {', '.join(missing)})")
+    if args.only != "containerd":
+        runc_half(args.runs)
+        print()
+    if args.only != "runc":
+        containerd_half(args.runs)
     return 0
 
 
