@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from runtime_hook import ocijson
+from gpuwire import lightjson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ USAGE = "usage: gpuwire-hook prestart | gpuwire-hook ldcache --ldconfig PATH [--
 
 def read_state() -> dict[str, object]:
     try:
-        state = ocijson.loads(sys.stdin.buffer.read())
+        state = lightjson.loads(sys.stdin.buffer.read())
     except ValueError as exc:
         raise ValueError(f"the OCI state on stdin is not JSON: {exc}") from None
     if not isinstance(state, dict) or not isinstance(state.get("bundle"), str):

@@ -55,11 +55,11 @@ def report_failure(args: list[str], message: str) -> None:
         return
     import time
 
-    from runtime_hook import ocijson
+    from gpuwire import lightjson
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if flag_value(args, ("--log-format", "-log-format")) == "json":
-        entry = ocijson.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
+        entry = lightjson.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
     else:
         entry = f'time="{stamp}" level=error msg="gpuwire: {message}"'
     try:

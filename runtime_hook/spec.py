@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import os
 
-from gpuwire import allocation, devices, nvidia
-from runtime_hook import ocijson
+from gpuwire import allocation, devices, lightjson, nvidia
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 def load(bundle: str) -> Spec:
     path = os.path.join(bundle, "config.json")
     with open(path, "rb") as f:
-        spec = ocijson.loads(f.read())
+        spec = lightjson.loads(f.read())
     if not isinstance(spec, dict):
         raise ValueError(f"{path} is not a JSON object")
     return spec
@@ -44,7 +43,7 @@ def save(bundle: str, spec: Spec) -> None:
     mode = os.stat(path).st_mode & 0o7777
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     with os.fdopen(fd, "w") as f:
-        f.write(ocijson.dumps(spec))
+        f.write(lightjson.dumps(spec))
     os.replace(tmp, path)
 
 
