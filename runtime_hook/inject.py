@@ -1,7 +1,8 @@
-"""Applying container edits to a container runc has created but not started (prestart).
+"""Applying container edits to a container's root: all of them (prestart), or the links and
+the ld cache before runc creates it (the shim).
 
-The hook runs in the host's namespaces while the container's `/dev` is a tmpfs that exists
-only in the container's mount namespace. So:
+`apply`, for the prestart hook: the hook runs in the host's namespaces while the
+container's `/dev` is a tmpfs that exists only in the container's mount namespace. So:
 
 1. on the host: the device cgroup allow rules (v1; v2 refused, see `runtime_hook.cgroup`),
    a sealed copy of ldconfig, and each mount source opened and cloned into a detached,
@@ -10,6 +11,13 @@ only in the container's mount namespace. So:
    resolved inside it (`runtime_hook.inroot`), device nodes made, the detached mounts moved
    onto their targets (`move_mount`, no path string in between), links and ld cache made;
 3. any failure undoes everything, in both processes, and fails the container start.
+
+`prepare`, for the shim: runc makes the device nodes and mounts that config.json lists,
+but the links and the ld cache need code of gpuwire's in the container root. Rather than a
+`createContainer` hook (a second Python process on every GPU container start), the shim
+makes them itself before it execs runc: the same child, entering a private mount namespace
+instead of the container's, in which the libraries are bound onto their places only for
+ldconfig to read them. Their mount points (empty files) stay for runc to mount onto.
 """
 
 from __future__ import annotations
@@ -18,12 +26,11 @@ import os
 import stat
 
 from runtime_hook import cgroup, inroot, ldcache, syscalls
+from runtime_hook.edits import Edits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from runtime_hook.edits import Edits
 
 MOUNT_ATTRS = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 
@@ -51,14 +58,51 @@ def detached_mount(host_path: str) -> int:
 
 def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Apply `edits` to the created container whose init process is `pid`."""
-    journal = inroot.Journal()
-    try:
+
+    def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
         trees = [journal.keep(detached_mount(m["hostPath"])) for m in edits.mounts]
         mnt_ns = journal.keep(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
         cgroup.allow(directory, edits.device_nodes, journal)
-        _in_child(lambda: _inside(mnt_ns, rootfs, edits, trees, ldconfig_fd))
+
+        def enter() -> None:
+            syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
+
+        _in_child(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd))
+
+    _all_or_nothing(steps)
+
+
+def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
+    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
+    libraries = [m for m in edits.mounts if _folder(m["containerPath"]) in edits.ldcache_folders]
+    cache = Edits(edits.env, [], libraries, edits.links, edits.ldcache_folders)
+
+    def steps(journal: inroot.Journal) -> None:
+        ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
+        trees = [journal.keep(detached_mount(m["hostPath"])) for m in libraries]
+        _in_child(lambda: _inside(_private_namespace, rootfs, cache, trees, ldconfig_fd))
+
+    if edits.links or edits.ldcache_folders:
+        _all_or_nothing(steps)
+
+
+def _folder(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _private_namespace() -> None:
+    """A mount namespace of this process's own, from which no mount propagates."""
+    syscalls.unshare(syscalls.CLONE_NEWNS)
+    syscalls.make_private("/")
+
+
+def _all_or_nothing(steps: Callable[[inroot.Journal], None]) -> None:
+    """Run `steps`; if they fail, undo what they recorded and raise InjectionError."""
+    journal = inroot.Journal()
+    try:
+        steps(journal)
     except (OSError, RuntimeError) as exc:
         leftover = journal.undo()
         message = str(exc)
@@ -90,9 +134,11 @@ def _in_child(work: Callable[[], None]) -> None:
         raise InjectionError(error or f"injection child failed with status {status}")
 
 
-def _inside(mnt_ns: int, rootfs: str, edits: Edits, trees: list[int], ldconfig_fd: int) -> None:
-    """In the container's mount namespace: nodes, mounts, links, ld cache; all or nothing."""
-    syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
+def _inside(
+    enter: Callable[[], None], rootfs: str, edits: Edits, trees: list[int], ldconfig_fd: int
+) -> None:
+    """In the mount namespace `enter` enters: nodes, mounts, links, ld cache; all or nothing."""
+    enter()
     os.umask(0)
     journal = inroot.Journal()
     try:

@@ -14,7 +14,8 @@ host privileges. So the host's ldconfig runs, confined (nvidia-runtime.md 2.4 an
   the chroot), and rlimits (CPU 10 s, 64 files, 64 MiB per file, 2 GiB address space).
 
 The links a library is loaded by are made before, by `make_links`, through descriptors
-resolved inside the root (`runtime_hook.inroot`), and recorded for undo.
+resolved inside the root (`runtime_hook.inroot`), and recorded for undo; ldconfig runs with
+`-X`, so the cache is the one file it writes.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def _exec(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> None:
             syscalls.prctl(syscalls.PR_CAPBSET_DROP, cap)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    os.execve(ldconfig_fd, ["ldconfig", *folders], {})  # noqa: S606 - the sealed host binary
+    os.execve(ldconfig_fd, ["ldconfig", "-X", *folders], {})  # noqa: S606 - the sealed host binary
 
 
 def _read(path: str) -> str:

@@ -1,9 +1,10 @@
 """`gpuwire-runtime`: an OCI runtime in front of runc, for containerd's `BinaryName`.
 
-On `create` (and `run`, create and start in one) it edits `<bundle>/config.json` (devices
-with cgroup allow rules, read-only mounts, the final env, the hardened ld-cache hook); then,
-as for every other subcommand, it execs the real runtime (`runtime` in the config, runc by
-default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
+On `create` (and `run`, create and start in one) it makes the links and the ld cache in the
+container root (`runtime_hook.inject.prepare`, confined as the hook does it) and edits
+`<bundle>/config.json` (devices with cgroup allow rules, read-only mounts, the final env);
+then, as for every other subcommand, it execs the real runtime (`runtime` in the config, runc
+by default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
 (nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
 of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
 else the current directory.
@@ -86,11 +87,17 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     if decided.outcome.error is not None:
         raise RuntimeError(decided.outcome.error)
     if decided.edits is not None:
-        hooks = edits.hooks(decided.edits, settings.hook, settings.ldconfig)
-        ocispec.save(bundle, ocispec.apply(spec, decided.edits, hooks))
+        from runtime_hook import inject
+
+        try:
+            inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
+        except inject.InjectionError as exc:
+            log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
+            raise
+        ocispec.save(bundle, ocispec.apply(spec, decided.edits))
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [])
-        ocispec.save(bundle, ocispec.apply(spec, void, []))
+        ocispec.save(bundle, ocispec.apply(spec, void))
 
 
 def runtime_path(runtime: str) -> str:

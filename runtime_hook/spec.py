@@ -1,9 +1,10 @@
 """The OCI runtime spec (`config.json`): what gpuwire reads from it, and `apply`.
 
-`apply(spec, edits, hooks)` is the one function that puts container edits into a spec, the
-way CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
+`apply(spec, edits)` is the one function that puts container edits into a spec, the way
+CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
 `linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
-mounts, the hooks, and the environment. It returns a new spec and leaves its input alone.
+mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
+the ld cache are not in the spec: the shim makes them, `runtime_hook.inject.prepare`.)
 
 Environment with a key set more than once (containerd appends rather than replaces in some
 paths, and the kubelet sends device-plugin and pod env separately): gpuwire reads the
@@ -22,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from runtime_hook.edits import Edits, Hook
+    from runtime_hook.edits import Edits
 
     Spec = dict[str, Any]
 
@@ -101,8 +102,8 @@ def rootfs(spec: Spec, bundle: str) -> str:
     return os.path.normpath(os.path.join(bundle, path))
 
 
-def apply(spec: Spec, edits: Edits, hooks: list[Hook]) -> Spec:
-    """`spec` with `edits` and `hooks` in it."""
+def apply(spec: Spec, edits: Edits) -> Spec:
+    """`spec` with `edits` in it."""
     out = dict(spec)
     process = dict(spec.get("process") or {})
     replaced = set(edits.env)
@@ -152,16 +153,4 @@ def apply(spec: Spec, edits: Edits, hooks: list[Hook]) -> Spec:
             for m in edits.mounts
         ]
 
-    if hooks:
-        section = {k: list(v) for k, v in (spec.get("hooks") or {}).items()}
-        for hook in hooks:
-            section.setdefault(hook["hookName"], []).append(
-                {
-                    "path": hook["path"],
-                    "args": list(hook["args"]),
-                    "env": list(hook["env"]),
-                    "timeout": hook["timeout"],
-                }
-            )
-        out["hooks"] = section
     return out

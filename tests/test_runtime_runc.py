@@ -204,18 +204,14 @@ def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None
 
 
 def test_isolated_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
-    """`python -m runtime_hook.launcher DIR` writes -IS launchers; the hook is the one beside."""
+    """`python -m runtime_hook.launcher DIR` writes -IS launchers; the shim makes links and
+    ld cache itself, so the spec gets no hook."""
     shim_path, hook_path = launcher.install(str(tmp_path / "libexec"))
     bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
     out = bundle.run(runtime=shim_path)
     assert out.returncode == 0, out.stderr
-    assert view(out.stdout)["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})"]
-    (hook,) = written_hooks(bundle)
-    assert hook["path"] == hook_path
+    seen = view(out.stdout)
+    assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})"]
+    assert seen["ldcache"] == ["libcuda.so.1"]
+    assert "hooks" not in json.loads((bundle.path / "config.json").read_text())
     assert Path(hook_path).read_text().startswith(f"#!{sys.executable} -IS\n")
-
-
-def written_hooks(bundle: Bundle) -> list[dict[str, Any]]:
-    spec = json.loads((bundle.path / "config.json").read_text())
-    hooks: list[dict[str, Any]] = spec["hooks"]["createContainer"]
-    return hooks
