@@ -92,7 +92,7 @@ def ldcache(args: list[str]) -> int:
         bundle = str(read_state()["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
         ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
-        cache.make_links(journal.keep(inroot.open_root(rootfs)), links, journal)
+        cache.make_links(inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal), links)
         if folders:
             cache.update(rootfs, folders, ldconfig_fd)
     except (OSError, ValueError, RuntimeError) as exc:

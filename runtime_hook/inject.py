@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import stat
 
-from runtime_hook import cgroup, inroot, ldcache, syscalls
+from runtime_hook import child, inroot, ldcache, syscalls
 from runtime_hook.edits import Edits
 
 TYPE_CHECKING = False
@@ -59,6 +59,8 @@ def detached_mount(host_path: str) -> int:
 def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Apply `edits` to the created container whose init process is `pid`."""
 
+    from runtime_hook import cgroup  # the prestart hook's alone
+
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
@@ -69,7 +71,7 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
         def enter() -> None:
             syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
 
-        _in_child(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd))
+        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update))
 
     _all_or_nothing(steps)
 
@@ -82,7 +84,8 @@ def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
     def steps(journal: inroot.Journal) -> None:
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
         trees = [journal.keep(detached_mount(m["hostPath"])) for m in libraries]
-        _in_child(lambda: _inside(_private_namespace, rootfs, cache, trees, ldconfig_fd))
+        # The child isolates itself at once (as ldconfig needs), so it runs ldconfig directly.
+        child.run(lambda: _inside(ldcache.isolate, rootfs, cache, trees, ldconfig_fd, ldcache.run))
 
     if edits.links or edits.ldcache_folders:
         _all_or_nothing(steps)
@@ -90,12 +93,6 @@ def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
 
 def _folder(path: str) -> str:
     return path.rpartition("/")[0]
-
-
-def _private_namespace() -> None:
-    """A mount namespace of this process's own, from which no mount propagates."""
-    syscalls.unshare(syscalls.CLONE_NEWNS)
-    syscalls.make_private("/")
 
 
 def _all_or_nothing(steps: Callable[[inroot.Journal], None]) -> None:
@@ -113,49 +110,33 @@ def _all_or_nothing(steps: Callable[[inroot.Journal], None]) -> None:
         journal.close()
 
 
-def _in_child(work: Callable[[], None]) -> None:
-    """Run `work` in a forked child (setns must not change this process); raise its error."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - ends in _exit
-        os.close(read_end)
-        status = 0
-        try:
-            work()
-        except BaseException as exc:
-            os.write(write_end, str(exc).encode())
-            status = 1
-        os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        error = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise InjectionError(error or f"injection child failed with status {status}")
-
-
 def _inside(
-    enter: Callable[[], None], rootfs: str, edits: Edits, trees: list[int], ldconfig_fd: int
+    enter: Callable[[], None],
+    rootfs: str,
+    edits: Edits,
+    trees: list[int],
+    ldconfig_fd: int,
+    make_cache: Callable[[str, list[str], int], None],
 ) -> None:
-    """In the mount namespace `enter` enters: nodes, mounts, links, ld cache; all or nothing."""
+    """In the namespaces `enter` enters: nodes, mounts, links, then `make_cache`
+    (`ldcache.update`, or `ldcache.run` where `enter` already isolated); all or nothing."""
     enter()
     os.umask(0)
     journal = inroot.Journal()
     try:
         root_fd = journal.keep(inroot.open_root(rootfs))
+        dirs = inroot.Dirs(root_fd, journal)
         for node in edits.device_nodes:
             parent, _, name = node["path"].rpartition("/")
-            dir_fd = inroot.make_dirs(root_fd, parent, journal)
-            inroot.make_char_device(dir_fd, name, node["major"], node["minor"], journal)
+            inroot.make_char_device(dirs.make(parent), name, node["major"], node["minor"], journal)
         os.umask(0o022)
         for mount, tree in zip(edits.mounts, trees, strict=True):
             parent, _, name = mount["containerPath"].rpartition("/")
-            target = inroot.mount_target(inroot.make_dirs(root_fd, parent, journal), name, journal)
-            syscalls.move_mount(tree, target)
+            syscalls.move_mount(tree, inroot.mount_target(dirs.make(parent), name, journal))
             journal.record(syscalls.umount, f"/proc/self/fd/{tree}")
-        ldcache.make_links(root_fd, edits.links, journal)
+        ldcache.make_links(dirs, edits.links)
         if edits.ldcache_folders:
-            ldcache.update(rootfs, edits.ldcache_folders, ldconfig_fd)
+            make_cache(rootfs, edits.ldcache_folders, ldconfig_fd)
     except BaseException as exc:
         leftover = journal.undo()
         if leftover:
