@@ -30,7 +30,7 @@ class Plan:
 
 def is_debian(rootfs: str) -> bool:
     """Whether the image is Debian-family (`/etc/debian_version`, resolved inside it)."""
-    from runtime_hook import inroot  # ctypes: only for a container that gets a GPU
+    from runtime_hook import inroot  # loads _ctypes: only for a container that gets a GPU
 
     root_fd = inroot.open_root(rootfs)
     try:

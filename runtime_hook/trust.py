@@ -304,7 +304,7 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
-    from runtime_hook.discovery import DiscoveryError, discover  # ctypes: only when granted
+    from runtime_hook.discovery import DiscoveryError, discover  # _ctypes, ELF: when granted
 
     try:
         outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)
