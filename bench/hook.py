@@ -1,6 +1,6 @@
 """Container start with and without GPU injection, side by side, on real runc and containerd.
 
-    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd]
+    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd] [--python P]
 
 runc: every case is `runc run` of a busybox container running `true` on the simulated node,
 timed from exec to exit (deletion untimed); cases take turns so that drift on the machine
@@ -8,16 +8,19 @@ hits them alike. The baseline is plain runc; the others add gpuwire:
 
 - the prestart hook (`gpuwire-hook prestart` in the spec, as `base_runtime_spec` does),
   for a container that asks for no GPU and for one granted a GPU;
-- the shim (`gpuwire-runtime run`), likewise; a granted container also runs the ld-cache
-  createContainer hook;
+- the shim (`gpuwire-runtime run`, the shell launcher), likewise: a container that asks for
+  no GPU never starts Python, a granted one starts it once (links and ld cache included);
 - the same GPU start through pip's console script instead of the `-IS` launcher.
 
 Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
-(`python -IS -c pass`) is printed as the floor any Python hook pays.
+(`python -IS -c pass`) is printed as the floor any Python hook pays. `--python` picks the
+interpreter the launchers run (default: this one). It matters: a node runs the image's
+python-build-standalone (static, PGO), which starts faster than a shared-library build such
+as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
 
 containerd: a private containerd (gpuwire.lab.containerd) starts the busybox image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
-reading it) and with the `-IS` launcher of gpuwire-runtime as `--runc-binary` (containerd's
+reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
 `BinaryName`), asking for no GPU and for one granted GPU. `start` times `ctr run --detach`
 (create and start: what a kubelet waits for); `run` times `ctr run --rm` of `true` (also
 the exit and the two deletes: every runtime call containerd makes for a container).
@@ -106,20 +109,20 @@ def make_cases(lab: Lab, libexec: str) -> list[Case]:
     ]
 
 
-def interpreter_floor(runs: int) -> Summary:
+def interpreter_floor(runs: int, python: str) -> Summary:
     seconds = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-IS", "-c", "pass"], check=True)
+        subprocess.run([python, "-IS", "-c", "pass"], check=True)
         seconds.append(time.perf_counter() - start)
     return summarise("python -IS -c pass", seconds)
 
 
-def runc_half(runs: int) -> None:
+def runc_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
-        launcher.install(f"{tmp}/libexec")
+        launcher.install(f"{tmp}/libexec", python)
         cases = make_cases(lab, f"{tmp}/libexec")
         for case in cases:  # warm caches (page cache, the config cache) untimed
             case.run_once()
@@ -131,8 +134,8 @@ def runc_half(runs: int) -> None:
     print(report(f"container start on runc, {runs} runs each", base, others))
     print()
     print(added(base, others))
-    floor = interpreter_floor(runs)
-    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook)")
+    floor = interpreter_floor(runs, python)
+    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook: {python})")
 
 
 def added(base: Summary, others: list[Summary]) -> str:
@@ -152,10 +155,10 @@ def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bo
     return elapsed
 
 
-def containerd_half(runs: int) -> None:
+def containerd_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
-        launcher.install(f"{tmp}/libexec")
+        launcher.install(f"{tmp}/libexec", python)
         shim = f"{tmp}/libexec/gpuwire-runtime"
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
@@ -191,6 +194,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--only", choices=("runc", "containerd"))
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the launchers")
     args = parser.parse_args()
     tools = {"runc": ("runc",), "containerd": ("runc", "containerd", "ctr")}[
         args.only or "containerd"
@@ -199,10 +203,10 @@ def main() -> int:
     if os.geteuid() != 0 or missing:
         raise SystemExit(f"needs root and {', '.join(tools)} (missing: {', '.join(missing)})")
     if args.only != "containerd":
-        runc_half(args.runs)
+        runc_half(args.runs, args.python)
         print()
     if args.only != "runc":
-        containerd_half(args.runs)
+        containerd_half(args.runs, args.python)
     return 0
 
 

@@ -59,7 +59,6 @@ def _sha256() -> Callable[[bytes], _Hash]:
     return hashlib.sha256
 
 
-_SHA256 = _sha256()
 _BLOCK = 64  # SHA-256's block size in bytes
 _INNER = bytes(b ^ 0x36 for b in range(256))  # RFC 2104 ipad, as a translation table
 _OUTER = bytes(b ^ 0x5C for b in range(256))  # opad
@@ -68,11 +67,12 @@ _OUTER = bytes(b ^ 0x5C for b in range(256))  # opad
 def hmac_sha256(key: bytes, message: bytes) -> str:
     """HMAC-SHA256 (RFC 2104) of `message` under `key`, as hex: `hmac.new(key, message,
     hashlib.sha256).hexdigest()` without importing OpenSSL."""
+    sha256 = _sha256()  # looked up here: a container asking for no GPU never loads it
     if len(key) > _BLOCK:
-        key = _SHA256(key).digest()
+        key = sha256(key).digest()
     key = key.ljust(_BLOCK, b"\0")
-    inner = _SHA256(key.translate(_INNER) + message).digest()
-    return _SHA256(key.translate(_OUTER) + inner).hexdigest()
+    inner = sha256(key.translate(_INNER) + message).digest()
+    return sha256(key.translate(_OUTER) + inner).hexdigest()
 
 
 def mac_matches(expected: str, given: str) -> bool:
