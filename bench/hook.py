@@ -3,8 +3,10 @@
     sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd] [--python P]
 
 runc: every case is `runc run` of a busybox container running `true` on the simulated node,
-timed from exec to exit (deletion untimed); cases take turns so that drift on the machine
-hits them alike. The baseline is plain runc; the others add gpuwire:
+timed from exec to exit (deletion untimed); cases take turns, in a new random order each
+round, so that drift on the machine hits them alike and what one start leaves for the
+kernel to finish (namespaces torn down in the background) does not always land on the
+same next case. The baseline is plain runc; the others add gpuwire:
 
 - the prestart hook (`gpuwire-hook prestart` in the spec, as `base_runtime_spec` does),
   for a container that asks for no GPU and for one granted a GPU;
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -127,8 +130,9 @@ def runc_half(runs: int, python: str) -> None:
         for case in cases:  # warm caches (page cache, the config cache) untimed
             case.run_once()
             case.seconds.clear()
+        order = random.Random(0)  # the same orders on every run of the bench
         for _ in range(runs):
-            for case in cases:
+            for case in order.sample(cases, len(cases)):
                 case.run_once()
     base, *others = (summarise(c.name, c.seconds) for c in cases)
     print(report(f"container start on runc, {runs} runs each", base, others))
@@ -175,13 +179,14 @@ def containerd_half(runs: int, python: str) -> None:
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_layout_tar(lab.root / "busybox.tar"))
             samples: dict[tuple[str, bool], list[float]] = {}
+            kinds = [(name, detach) for name in variants for detach in (True, False)]
+            order = random.Random(0)
             for n in range(runs + 1):  # round 0 warms caches and is not counted
-                for name, container in variants.items():
-                    for detach in (True, False):
-                        cid = f"bench-{uuid.uuid4().hex[:12]}"
-                        elapsed = _timed(containerd, container, cid, detach=detach)
-                        if n:
-                            samples.setdefault((name, detach), []).append(elapsed)
+                for name, detach in order.sample(kinds, len(kinds)) if n else kinds:
+                    cid = f"bench-{uuid.uuid4().hex[:12]}"
+                    elapsed = _timed(containerd, variants[name], cid, detach=detach)
+                    if n:
+                        samples.setdefault((name, detach), []).append(elapsed)
     for detach, what in ((True, "start (ctr run --detach)"), (False, "run (ctr run --rm true)")):
         base, *others = (summarise(name, samples[(name, detach)]) for name in variants)
         print(report(f"containerd, {what}, {runs} runs each", base, others))
