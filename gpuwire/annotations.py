@@ -204,7 +204,7 @@ class _Parser:
             return None
         if value in ("all", "none"):
             return "all" if value == "all" else "none"
-        if value.isdigit() and int(value) > 0:
+        if value.isascii() and value.isdigit() and int(value) > 0:
             return int(value)
         self.fail(COUNT, "is not a GPU count")
         return None

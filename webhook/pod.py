@@ -85,7 +85,7 @@ class Container:
             quantity = _mapping(self.resources.get(section), f"{self.where}.resources.{section}")
             if nvidia.RESOURCE in quantity:
                 text = str(quantity[nvidia.RESOURCE]).strip()
-                if not text.isdigit():
+                if not (text.isascii() and text.isdigit()):
                     raise MalformedPod(
                         f"{self.where}.resources.{section}[{nvidia.RESOURCE}] is {text!r}, "
                         "not a whole number"

@@ -47,7 +47,7 @@ class Rule:
     annotations: bool = True  # may ask for GPUs by annotation
     max_gpus: int | Literal["all"] = "all"  # per container
     explicit_devices: bool = True  # may name GPUs (gpuwire.io/gpu-uuid)
-    capabilities: tuple[str, ...] = nvidia.CAPABILITIES  # the most it may ask for
+    capabilities: tuple[str, ...] = tuple(sorted(nvidia.CAPABILITIES))  # the most it may ask for
     trust_visible_devices: bool = False
 
     def matches(self, namespace: str) -> bool:

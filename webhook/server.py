@@ -34,7 +34,7 @@ MAX_BODY = 4 << 20
 async def _body(request: Request) -> bytes | None:
     """The request body, or None as soon as it is known to exceed MAX_BODY."""
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY:
+    if length.isascii() and length.isdigit() and int(length) > MAX_BODY:
         return None
     chunks: list[bytes] = []
     size = 0
