@@ -1,0 +1,784 @@
+"""A kube-apiserver stand-in for tests: its REST and watch wire protocol on 127.0.0.1.
+
+The real `kubernetes` client talks to it; tests seed and inspect objects without HTTP (`put`,
+`get`, `objects`, `delete`), read the request log and inject faults (`fail`, `close_watches`,
+`compact`). Faithful to: paths and discovery; errors as metav1.Status in the apiserver's wording;
+one etcd-like resourceVersion sequence; optimistic concurrency; no-op writes that change nothing;
+status subresources; label and field selectors; watch (resume, bookmarks, selector transitions,
+410 Expired once the bounded history has moved past the requested version).
+Deliberate limits: no authn/authz or admission; server-side apply answers 415 and `dryRun` 400;
+strategic merge is merge patch plus merge-by-key of the lists in MERGE_KEYS, no `$` directives;
+`limit`/`continue` are ignored (the whole list comes back, as from the watch cache) and list
+ignores `resourceVersion`; finalizers and grace periods are ignored (delete is immediate, a
+namespace goes with its contents); no deletecollection; validation covers names and labels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import math
+import random
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+import jsonpatch
+from kubernetes import client as k8s
+
+Obj = dict[str, Any]
+Match = Callable[[Obj], bool]
+Events = Generator[Obj, None, None]
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    status: bool = False  # has a /status subresource
+    fields: tuple[str, ...] = ()  # fieldSelector labels besides metadata.name and .namespace
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def qualified(self) -> str:
+        """The name messages use: `pods`, `leases.coordination.k8s.io`."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+ADMISSION = "admissionregistration.k8s.io"
+POD_FIELDS = ("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName", "status.phase")
+RESOURCES = (
+    Resource("", "v1", "namespaces", "Namespace", False, True, ("status.phase",)),
+    Resource("", "v1", "nodes", "Node", False, True, ("spec.unschedulable",)),
+    Resource("", "v1", "pods", "Pod", True, True, POD_FIELDS),
+    Resource("", "v1", "secrets", "Secret", True, fields=("type",)),
+    Resource("", "v1", "configmaps", "ConfigMap", True),
+    Resource("", "v1", "events", "Event", True, fields=("involvedObject.name", "reason")),
+    Resource("", "v1", "services", "Service", True, True),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount", True),
+    Resource(
+        ADMISSION, "v1", "mutatingwebhookconfigurations", "MutatingWebhookConfiguration", False
+    ),
+    Resource(
+        ADMISSION, "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration", False
+    ),
+    Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
+    Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
+)
+NAMESPACES = RESOURCES[0]
+RETURNS_DELETED = ("pods", "services")  # their registries answer a delete with the object
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # generateName's suffixes (apimachinery rand.String)
+MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
+# Lists that strategic merge patch merges by a key (patchMergeKey in the API types).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
+              "volumeMounts": "mountPath", "conditions": "type", "addresses": "type",
+              "ownerReferences": "uid", "webhooks": "name"}  # fmt: skip
+REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
+           410: "Gone", 413: "RequestEntityTooLarge", 415: "UnsupportedMediaType", 422: "Invalid",
+           429: "TooManyRequests", 503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
+JSON_PATCH, MERGE_PATCH, STRATEGIC = (
+    "application/json-patch+json",
+    "application/merge-patch+json",
+    "application/strategic-merge-patch+json",
+)
+NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?{LABEL_NAME}")
+LABEL_VALUE = re.compile(rf"({LABEL_NAME})?")
+LABEL_RULE = "keys are [DNS-subdomain/]name, values empty or a name (≤ 63 of A-Za-z0-9-_.)"
+NAME_RULE = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+NAME_RULE += "'-' or '.', and must start and end with an alphanumeric character"
+NAMESPACE_MISMATCH = "the namespace of the provided object does not match the namespace sent on "
+NAMESPACE_MISMATCH += "the request"
+MODIFIED = "the object has been modified; please apply your changes to the latest version and "
+MODIFIED += "try again"
+
+
+class StatusError(Exception):
+    """A failed request; `status` is the metav1.Status the apiserver would send."""
+
+    def __init__(self, code: int, message: str, reason: str = "", details: Obj | None = None):
+        super().__init__(message)
+        self.code = code
+        self.status: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}}
+        self.status |= {"status": "Failure", "message": message, "code": code}
+        self.status |= {"reason": reason or REASONS.get(code, "InternalError")}
+        self.status |= {"details": details} if details else {}
+
+
+def _details(res: Resource, name: str, kind: str = "") -> Obj:
+    return {"name": name, "kind": kind or res.plural} | ({"group": res.group} if res.group else {})
+
+
+def not_found(res: Resource, name: str) -> StatusError:
+    return StatusError(404, f'{res.qualified} "{name}" not found', details=_details(res, name))
+
+
+def conflict(res: Resource, name: str, why: str) -> StatusError:
+    message = f'Operation cannot be fulfilled on {res.qualified} "{name}": {why}'
+    return StatusError(409, message, details=_details(res, name))
+
+
+def invalid(res: Resource, name: str, field: str, value: str, why: str) -> StatusError:
+    cause = {"reason": "FieldValueInvalid", "field": field}
+    cause["message"] = f"Invalid value: {json.dumps(value)}: {why}"
+    details = _details(res, name, res.kind) | {"causes": [cause]}
+    message = f'{res.kind} "{name}" is invalid: {field}: {cause["message"]}'
+    return StatusError(422, message, details=details)
+
+
+VERSION = dict(major="1", minor="31", gitVersion="v1.31.0", gitCommit="", gitTreeState="clean",
+               buildDate="", goVersion="", compiler="gc", platform="linux/amd64")  # fmt: skip
+PATH_NOT_FOUND = StatusError(404, "the server could not find the requested resource")
+
+
+# Selectors, in the grammar of apimachinery's labels.Parse (less gt/lt) and fields.ParseSelector.
+
+
+def label_selector(text: str) -> Callable[[dict[str, str]], bool]:
+    terms = [term.strip() for term in re.split(r",(?![^()]*\))", text) if term.strip()]
+    checks = [_label_term(term) for term in terms]
+    return lambda labels: all(check(labels) for check in checks)
+
+
+def _label_term(term: str) -> Callable[[dict[str, str]], bool]:
+    if m := re.fullmatch(r"(\S+)\s+(in|notin)\s*\(([^()]*)\)", term):
+        key, values, want = m[1], {v.strip() for v in m[3].split(",")}, m[2] == "in"
+    elif m := re.fullmatch(r"([^\s!=]+)\s*(==|=|!=)\s*(\S*)", term):
+        key, values, want = m[1], {m[3]}, m[2] != "!="
+    elif m := re.fullmatch(r"(!?)\s*([^\s!=()]+)", term):
+        key, values, want = m[2], set(), not m[1]
+    else:
+        accepted = "key, !key, key=v, key==v, key!=v, key in (v1,v2), key notin (v1,v2)"
+        raise StatusError(400, f"unable to parse requirement: {term!r}; accepted: {accepted}")
+    if not LABEL_KEY.fullmatch(key) or not all(LABEL_VALUE.fullmatch(v) for v in values):
+        raise StatusError(400, f"unable to parse requirement: invalid label key or value: {term!r}")
+    if not values:
+        return lambda labels: (key in labels) == want
+    return lambda labels: (labels.get(key) in values) == want
+
+
+def field_selector(text: str, res: Resource) -> Match:
+    accepted = ("metadata.name", "metadata.namespace")[: 1 + res.namespaced] + res.fields
+    checks = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        m = re.fullmatch(r"([^=!\s]+)\s*(==|=|!=)\s*(\S*)", term)
+        if m is None:
+            raise StatusError(400, f"invalid field selector {term!r}: accepted: f=v, f==v, f!=v")
+        if m[1] not in accepted:
+            supported = ", ".join(accepted)
+            raise StatusError(400, f"field label not supported: {m[1]} ({res.plural}: {supported})")
+        checks.append((m[1], m[3], m[2] != "!="))
+    return lambda obj: all((_field(obj, path) == value) == want for path, value, want in checks)
+
+
+def _field(obj: Obj, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+# Patches.
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 merge patch; `strategic` also merges the lists in MERGE_KEYS by their key."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if strategic and key.startswith("$"):
+            raise StatusError(400, f"strategic merge patch directive {key}: not supported here")
+        if value is None:
+            merged.pop(key, None)
+        elif strategic and key in MERGE_KEYS and isinstance(value, list):
+            merged[key] = _merge_list(merged.get(key) or [], value, MERGE_KEYS[key])
+        else:
+            merged[key] = merge_patch(merged.get(key), value, strategic)
+    return merged
+
+
+def _merge_list(current: list[Any], patch: list[Any], key: str) -> list[Any]:
+    merged = list(current)
+    for item in patch:
+        keyed = isinstance(item, dict) and key in item
+        at = [i for i, old in enumerate(merged) if keyed and old.get(key) == item[key]]
+        if at:
+            merged[at[0]] = merge_patch(merged[at[0]], item, strategic=True)
+        else:
+            merged.append(merge_patch(None, item, strategic=True))
+    return merged
+
+
+def apply_patch(obj: Obj, content_type: str, patch: Any) -> Any:
+    kind = content_type.split(";")[0].strip()
+    if kind in (MERGE_PATCH, STRATEGIC) and isinstance(patch, dict):
+        return merge_patch(obj, patch, strategic=kind == STRATEGIC)
+    if kind == JSON_PATCH and isinstance(patch, list):
+        try:
+            return jsonpatch.apply_patch(obj, patch)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as e:
+            raise StatusError(422, f"the JSON patch could not be applied: {e}", "Invalid") from e
+    if kind in (MERGE_PATCH, STRATEGIC, JSON_PATCH):
+        shape = "a list of operations" if kind == JSON_PATCH else "an object"
+        raise StatusError(400, f"a {kind} body must be {shape}, got {json.dumps(patch)}")
+    accepted = f"{JSON_PATCH}, {MERGE_PATCH}, {STRATEGIC}"
+    message = "the body of the request was in an unknown format - accepted media types include: "
+    why = f"{kind!r}: server-side apply is not implemented by the test apiserver"
+    raise StatusError(415, f"{message}{accepted} (got {why})")
+
+
+# The store: objects by resource, one resourceVersion sequence, a bounded history for watches.
+
+
+@dataclass(frozen=True)
+class Event:
+    rv: int
+    resource: str
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: Obj  # stored objects are never changed in place, so events and lists share them
+    old: Obj | None
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    content_type: str
+
+
+@dataclass
+class Fault:
+    method: str
+    path: str
+    status: int
+    times: int
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _key(obj: Obj) -> tuple[str, str]:
+    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def _copy(obj: Obj) -> Obj:
+    return cast(Obj, json.loads(json.dumps(obj)))
+
+
+def _spec(obj: Obj) -> Obj:
+    """What a change to bumps metadata.generation: all but metadata and status."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
+
+
+class ApiServer:
+    """A kube-apiserver stand-in on 127.0.0.1 with namespaces default, kube-system, kube-public
+    and kube-node-lease; a context manager. `history` bounds the changes a watch can resume
+    from; `bookmark_interval` is how often watches that allow bookmarks get one."""
+
+    def __init__(self, history: int = 1000, bookmark_interval: float = 60.0) -> None:
+        self.requests: list[Request] = []
+        self.bookmark_interval = bookmark_interval
+        self._lock = threading.Condition(threading.RLock())
+        self._store: dict[str, dict[tuple[str, str], Obj]] = {r.plural: {} for r in RESOURCES}
+        self._history: deque[Event] = deque(maxlen=history)
+        self._rv = self._epoch = 0
+        self._faults: list[Fault] = []
+        self._sockets: set[socket.socket] = set()
+        for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
+            self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        self._http = _HttpServer(self)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        fast_exit = {"poll_interval": 0.05}
+        self._thread = threading.Thread(target=self._http.serve_forever, kwargs=fast_exit)
+
+    def __enter__(self) -> ApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_watches()
+        self._http.shutdown()
+        with self._lock:  # idle keep-alive connections too: nothing is served after this
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):  # already closed by the client
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._http.server_close()
+
+    def client(self) -> k8s.ApiClient:
+        return k8s.ApiClient(k8s.Configuration(host=self.url))
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig (JSON is YAML) whose current context is this server."""
+        cluster = {"name": "test", "cluster": {"server": self.url}}
+        context = {"name": "test", "context": {"cluster": "test", "user": "test"}}
+        config: Obj = {"apiVersion": "v1", "kind": "Config", "current-context": "test"}
+        config |= {"clusters": [cluster], "contexts": [context]}
+        path.write_text(json.dumps(config | {"users": [{"name": "test", "user": {}}]}))
+        return path
+
+    # Test hooks: no HTTP, no request log, no faults.
+
+    def put(self, obj: Obj) -> Obj:
+        """Create or overwrite `obj`, status included, as a controller would."""
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        res = next((r for r in RESOURCES if (r.api_version, r.kind) == (api_version, kind)), None)
+        if res is None:
+            accepted = ", ".join(f"{r.api_version} {r.kind}" for r in RESOURCES)
+            raise ValueError(f"put: no resource serves {api_version} {kind}; accepted: {accepted}")
+        new = _copy(obj)
+        new.setdefault("metadata", {}).pop("resourceVersion", None)
+        namespace, name = _key(new)
+        if res.namespaced and not namespace:
+            raise ValueError(f"put: a {kind} needs metadata.namespace")
+        with self._lock:
+            if (namespace, name) in self._store[res.plural]:
+                return _copy(self._update(res, namespace, name, new, "*"))
+            return _copy(self._create(res, namespace, new, check_namespace=False))
+
+    def get(self, resource: str, name: str, namespace: str = "") -> Obj | None:
+        obj = self._store[self._resource(resource).plural].get((namespace, name))
+        return None if obj is None else _copy(obj)
+
+    def objects(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        with self._lock:
+            items = sorted(self._store[self._resource(resource).plural].items())
+        return [_copy(obj) for (ns, _), obj in items if namespace in (None, ns)]
+
+    def delete(self, resource: str, name: str, namespace: str = "") -> None:
+        self._delete(self._resource(resource), namespace, name, None)
+
+    def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
+        """Answer the next `times` requests for `method` ("*": any) on `path` (a glob)."""
+        with self._lock:
+            self._faults.append(Fault(method, path, status, times))
+
+    def close_watches(self) -> None:
+        """End every open watch cleanly, as an apiserver restart or request timeout does."""
+        with self._lock:
+            self._epoch += 1
+            self._lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget the history, as etcd compaction does: watches from before now get 410."""
+        with self._lock:
+            self._history.clear()
+
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def _resource(self, plural: str) -> Resource:
+        found = [r for r in RESOURCES if r.plural == plural]
+        if not found:
+            accepted = ", ".join(r.plural for r in RESOURCES)
+            raise ValueError(f"unknown resource {plural!r}; accepted: {accepted}")
+        return found[0]
+
+    # Verbs: each checks its input, then changes the store under the lock (an RLock: patch calls
+    # update), recording every change in the history.
+
+    def _fault(self, method: str, path: str) -> None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.method in ("*", method) and fnmatch.fnmatchcase(path, fault.path):
+                    fault.times -= 1
+                    self._faults = [f for f in self._faults if f.times > 0]
+                    raise StatusError(fault.status, f"injected fault ({fault.status})")
+
+    def _admit(self, res: Resource, body: Any, namespace: str) -> Obj:
+        """Check what every write must satisfy; return a copy whose top level and metadata are
+        the caller's to change."""
+        if not isinstance(body, dict) or not isinstance(body.get("metadata", {}), dict):
+            raise StatusError(400, f"the body must be a {res.kind} object, got {json.dumps(body)}")
+        given = (body.get("apiVersion", res.api_version), body.get("kind", res.kind))
+        if given != (res.api_version, res.kind):
+            wanted = f"{res.kind} (apiVersion {res.api_version})"
+            raise StatusError(
+                400, f"{given[1]} in version {given[0]!r} cannot be handled as a {wanted}"
+            )
+        obj = body | {"apiVersion": res.api_version, "kind": res.kind}
+        meta = obj["metadata"] = dict(body.get("metadata") or {})
+        if res.namespaced and meta.setdefault("namespace", namespace) != namespace:
+            raise StatusError(400, NAMESPACE_MISMATCH)
+        if not res.namespaced:
+            meta.pop("namespace", None)
+        labels = meta.get("labels") or {}
+        for key, value in labels.items() if isinstance(labels, dict) else [(labels, "")]:
+            if not (LABEL_KEY.fullmatch(str(key)) and LABEL_VALUE.fullmatch(str(value))):
+                label = f"{key}={value}"
+                raise invalid(res, meta.get("name", ""), "metadata.labels", label, LABEL_RULE)
+        return obj
+
+    def _create(self, res: Resource, namespace: str, body: Any, check_namespace: bool) -> Obj:
+        obj = self._admit(res, body, namespace)
+        meta = obj["metadata"]
+        with self._lock:
+            store = self._store[res.plural]
+            if (
+                res.namespaced
+                and check_namespace
+                and ("", namespace) not in self._store["namespaces"]
+            ):
+                raise not_found(NAMESPACES, namespace)
+            if meta.get("resourceVersion"):
+                raise StatusError(500, "resourceVersion should not be set on objects to be created")
+            while not meta.get("name") and meta.get("generateName"):
+                name = meta["generateName"] + "".join(random.choices(ALPHABET, k=5))
+                meta["name"] = None if (namespace, name) in store else name
+            name = meta.get("name") or ""
+            if not NAME.fullmatch(name) or len(name) > (63 if res is NAMESPACES else 253):
+                raise invalid(res, name, "metadata.name", name, NAME_RULE)
+            if (namespace, name) in store:
+                message = f'{res.qualified} "{name}" already exists'
+                raise StatusError(409, message, "AlreadyExists", _details(res, name))
+            meta |= {"uid": str(uuid.uuid4()), "creationTimestamp": _now(), "generation": 1}
+            if res is NAMESPACES:  # what the namespace strategy and controller add
+                meta["labels"] = {**meta.get("labels", {}), "kubernetes.io/metadata.name": name}
+                obj["status"] = {"phase": "Active"} | obj.get("status", {})
+            if res.plural == "pods":
+                obj["status"] = {"phase": "Pending"} | obj.get("status", {})
+            return self._commit(res, obj, None)
+
+    def _update(self, res: Resource, namespace: str, name: str, body: Any, sub: str) -> Obj:
+        """PUT on the resource (sub "") or its status ("status"); "*" (`put`) writes both."""
+        new = self._admit(res, body, namespace)
+        if new["metadata"].get("name") != name:
+            given = f"the name of the object ({new['metadata'].get('name')})"
+            raise StatusError(400, f"{given} does not match the name on the URL ({name})")
+        with self._lock:
+            old = self._store[res.plural].get((namespace, name))
+            if old is None:
+                raise not_found(res, name)
+            given = new["metadata"].get("resourceVersion")
+            if given and given != old["metadata"]["resourceVersion"]:
+                raise conflict(res, name, MODIFIED)
+            for field in ("uid", "creationTimestamp", "generation", "resourceVersion"):
+                new["metadata"][field] = old["metadata"][field]
+            # The resource endpoint ignores status changes, the status endpoint spec changes.
+            kept = {"": "status" if res.status else None, "status": "spec"}.get(sub)
+            if kept:
+                new.pop(kept, None)
+                new |= {kept: old[kept]} if kept in old else {}
+            if _spec(new) != _spec(old):
+                new["metadata"]["generation"] += 1
+            return old if new == old else self._commit(res, new, old)  # a no-op is no change
+
+    def _patch(self, res: Resource, ns: str, name: str, ctype: str, patch: Any, sub: str) -> Obj:
+        with self._lock:
+            old = self._store[res.plural].get((ns, name))
+            if old is None:
+                raise not_found(res, name)
+            return self._update(res, ns, name, apply_patch(old, ctype, patch), sub)
+
+    def _delete(self, res: Resource, namespace: str, name: str, options: Any) -> Obj:
+        with self._lock:
+            old = self._store[res.plural].get((namespace, name))
+            if old is None:
+                raise not_found(res, name)
+            meta = old["metadata"]
+            wanted = options.get("preconditions") if isinstance(options, dict) else None
+            for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                if isinstance(wanted, dict) and wanted.get(field) not in (None, meta[field]):
+                    why = f"{label} in precondition: {wanted[field]}, {label} in object meta: "
+                    raise conflict(res, name, f"Precondition failed: {why}{meta[field]}")
+            for other in RESOURCES if res is NAMESPACES else ():
+                for key, obj in list(self._store[other.plural].items()):
+                    if other.namespaced and key[0] == name:
+                        self._commit(other, None, obj)
+            gone = self._commit(res, None, old)
+        if res.plural in RETURNS_DELETED:
+            return gone
+        details = _details(res, name) | {"uid": meta["uid"]}
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": details}
+
+    def _commit(self, res: Resource, new: Obj | None, old: Obj | None) -> Obj:
+        """Store `new` (or delete `old`) at the next resourceVersion, and wake the watches."""
+        self._rv += 1
+        obj = cast(Obj, new or old)
+        obj = obj | {"metadata": obj["metadata"] | {"resourceVersion": str(self._rv)}}
+        if new is None:
+            del self._store[res.plural][_key(obj)]
+        else:
+            self._store[res.plural][_key(obj)] = obj
+        kind = "DELETED" if new is None else "MODIFIED" if old else "ADDED"
+        self._history.append(Event(self._rv, res.plural, kind, obj, old))
+        self._lock.notify_all()
+        return obj
+
+    def _list(self, res: Resource, namespace: str, query: dict[str, str]) -> Obj:
+        match = self._matcher(res, query, "")
+        with self._lock:
+            items, version = sorted(self._store[res.plural].items()), str(self._rv)
+        found = [o for (ns, _), o in items if namespace in ("", ns) and match(o)]
+        untyped = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")} for o in found]
+        listing = {"kind": f"{res.kind}List", "apiVersion": res.api_version, "items": untyped}
+        return listing | {"metadata": {"resourceVersion": version}}
+
+    def _matcher(self, res: Resource, query: dict[str, str], name: str) -> Match:
+        labels = label_selector(query.get("labelSelector", ""))
+        fields = field_selector(query.get("fieldSelector", ""), res)
+        return lambda o: (
+            labels(o["metadata"].get("labels") or {})
+            and fields(o)
+            and (name in ("", o["metadata"]["name"]))
+        )
+
+    def _watch(self, res: Resource, ns: str, name: str, query: dict[str, str]) -> Events:
+        """Check the request, then stream: the checks fail before the response starts."""
+        match = self._matcher(res, query, name)
+        timeout = _number(query, "timeoutSeconds")
+        start = _number(query, "resourceVersion") or None  # unset and "0": state first
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        deadline = time.monotonic() + timeout if timeout else math.inf
+        return self._stream(res, ns, match, start, bookmarks, deadline)
+
+    def _stream(
+        self,
+        res: Resource,
+        ns: str,
+        match: Match,
+        start: int | None,
+        bookmarks: bool,
+        deadline: float,
+    ) -> Events:
+        with self._lock:
+            epoch, cursor = self._epoch, self._rv if start is None else start
+            state = sorted(self._store[res.plural].items()) if start is None else []
+        for (namespace, _), obj in state:
+            if ns in ("", namespace) and match(obj):
+                yield {"type": "ADDED", "object": obj}
+        bookmark_at = time.monotonic() + self.bookmark_interval if bookmarks else math.inf
+        while True:
+            with self._lock:
+                while self._rv <= cursor and self._epoch == epoch:
+                    wake = min(deadline, bookmark_at)
+                    if time.monotonic() >= wake:
+                        break
+                    self._lock.wait(min(wake - time.monotonic(), 60))
+                if self._epoch != epoch or time.monotonic() >= deadline:
+                    return
+                oldest = self._history[0].rv if self._history else self._rv + 1
+                events = [e for e in self._history if e.rv > cursor]
+                cursor, resumed_from = max(cursor, self._rv), cursor
+            if resumed_from < oldest - 1:  # changes it must see are gone from the history
+                message = f"too old resource version: {resumed_from} ({oldest - 1})"
+                yield {"type": "ERROR", "object": StatusError(410, message, "Expired").status}
+                return
+            for event in events:
+                if event.resource == res.plural and ns in ("", _key(event.obj)[0]):
+                    yield from _seen_as(event, match)
+            if time.monotonic() >= bookmark_at:
+                meta = {"resourceVersion": str(cursor)}
+                object_ = {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}
+                yield {"type": "BOOKMARK", "object": object_}
+                bookmark_at = time.monotonic() + self.bookmark_interval
+
+
+def _seen_as(event: Event, match: Match) -> Events:
+    """What a watch with a selector sees: objects entering it are ADDED, leaving it DELETED."""
+    now = event.type != "DELETED" and match(event.obj)
+    before = event.old is not None and match(event.old)
+    if now:
+        yield {"type": "MODIFIED" if before else "ADDED", "object": event.obj}
+    elif before and event.old is not None:
+        version = {"resourceVersion": event.obj["metadata"]["resourceVersion"]}
+        yield {
+            "type": "DELETED",
+            "object": event.old | {"metadata": event.old["metadata"] | version},
+        }
+
+
+def _number(query: dict[str, str], name: str) -> int:
+    value = query.get(name, "")
+    if value and not value.isdigit():
+        raise StatusError(400, f"{name}: Invalid value: {value!r}: must be a non-negative integer")
+    return int(value or 0)
+
+
+# HTTP: the handler parses a request, calls one verb and writes what it returns.
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, api: ApiServer) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.api = api
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, and chunked watch streams
+    disable_nagle_algorithm = True
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read `ApiServer.requests`."""
+
+    def setup(self) -> None:
+        super().setup()
+        self.api = cast(_HttpServer, self.server).api
+        with self.api._lock:
+            self.api._sockets.add(self.connection)
+
+    def finish(self) -> None:
+        with self.api._lock:
+            self.api._sockets.discard(self.connection)
+        super().finish()
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        content_type = self.headers.get("Content-Type", "")
+        self.api.requests.append(Request(self.command, url.path, query, content_type))
+        try:
+            raw = self._body()
+            self.api._fault(self.command, url.path)
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError as e:
+                raise StatusError(400, f"the request body is not valid JSON: {e}") from e
+            self._route(
+                self.command, [p for p in url.path.split("/") if p], query, content_type, body
+            )
+        except StatusError as e:
+            self._send(e.code, e.status)
+        except Exception as e:  # a bug here, not in the request: say so, keep serving
+            self._send(500, StatusError(500, f"test apiserver bug: {e!r}").status)
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY or "chunked" in self.headers.get("Transfer-Encoding", ""):
+            self.close_connection = True
+            raise StatusError(413, f"a request body needs a Content-Length of at most {MAX_BODY}")
+        return self.rfile.read(length)
+
+    def _route(
+        self, method: str, parts: list[str], query: dict[str, str], ctype: str, body: Any
+    ) -> None:
+        api = self.api
+        if parts in (["healthz"], ["livez"], ["readyz"]):
+            return self._send(200, "ok")
+        if (document := _discovery(parts)) is not None:
+            return self._send(200, document)
+        res, namespace, name, sub = _target(parts)
+        if "dryRun" in query:
+            raise StatusError(400, f"dryRun={query['dryRun']}: not supported by the test apiserver")
+        if method == "GET" and query.get("watch") in ("true", "1") and not sub:
+            return self._stream(api._watch(res, namespace, name, query))
+        if method == "GET" and name:
+            obj = api._store[res.plural].get((namespace, name))
+            return self._send(200, obj) if obj else self._send(404, not_found(res, name).status)
+        if method == "GET":
+            return self._send(200, api._list(res, namespace, query))
+        if method == "POST" and not name and (namespace or not res.namespaced):
+            return self._send(201, api._create(res, namespace, body, check_namespace=True))
+        if method == "PUT" and name:
+            return self._send(200, api._update(res, namespace, name, body, sub))
+        if method == "PATCH" and name:
+            return self._send(200, api._patch(res, namespace, name, ctype, body, sub))
+        if method == "DELETE" and name and not sub:
+            return self._send(200, api._delete(res, namespace, name, body))
+        raise StatusError(405, "the server does not allow this method on the requested resource")
+
+    def _send(self, code: int, body: Obj | str) -> None:
+        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+        self.send_response(code)
+        self.send_header(
+            "Content-Type", "application/json" if isinstance(body, dict) else "text/plain"
+        )
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, events: Events) -> None:
+        """A watch: one JSON event per line and per HTTP chunk, until the watch ends."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for event in events:
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away
+            self.close_connection = True
+        finally:
+            events.close()
+
+
+def _discovery(parts: list[str]) -> Obj | None:
+    """/version and the discovery documents: /api, /apis, /apis/<group>, /api/v1, /apis/<g>/<v>."""
+    groups = sorted({r.group for r in RESOURCES if r.group})
+    if parts == ["version"]:
+        return VERSION
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if parts == ["apis"]:
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(g) for g in groups]}
+    if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
+        return {"kind": "APIGroup", "apiVersion": "v1"} | _group(parts[1])
+    served = [r for r in RESOURCES if parts in (["api", r.version], ["apis", r.group, r.version])]
+    served = [r for r in served if (parts[0] == "api") == (not r.group)]
+    resources = []
+    for r in served:
+        about = {"namespaced": r.namespaced, "kind": r.kind}
+        resources.append({"name": r.plural, "singularName": r.kind.lower(), "verbs": VERBS} | about)
+        if r.status:
+            status_verbs = ["get", "patch", "update"]
+            status = {"name": f"{r.plural}/status", "singularName": "", "verbs": status_verbs}
+            resources.append(status | about)
+    if not served:
+        return None
+    listing = {"kind": "APIResourceList", "apiVersion": "v1", "resources": resources}
+    return listing | {"groupVersion": served[0].api_version}
+
+
+def _group(group: str) -> Obj:
+    versions = [{"groupVersion": f"{group}/v1", "version": "v1"}]
+    return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+
+def _target(parts: list[str]) -> tuple[Resource, str, str, str]:
+    """(resource, namespace, name, subresource) of a resource path, "" where absent."""
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise PATH_NOT_FOUND
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] != "status":
+        namespace, rest = rest[1], rest[2:]
+    plural, name, sub = [*rest, "", "", ""][:3]
+    found = [r for r in RESOURCES if (r.group, r.version, r.plural) == (group, version, plural)]
+    if not found or len(rest) > 3 or sub not in ("", "status"):
+        raise PATH_NOT_FOUND
+    res = found[0]
+    if (namespace and not res.namespaced) or (res.namespaced and name and not namespace):
+        raise PATH_NOT_FOUND
+    if sub and not res.status:
+        raise PATH_NOT_FOUND
+    return res, namespace, name, sub
