@@ -401,7 +401,7 @@ def test_rules_limit_count_devices_and_capabilities() -> None:
     )
     denial = deny(pod({a.COUNT: "all"}), "team", policy=policy)
     assert denial.code == 403
-    assert "asks for all GPU(s)" in denial.message
+    assert "asks for all GPUs of its node, up to 8 on its nodes" in denial.message
     assert "at most 2 per container" in denial.message
     assert "at most 2" in deny(pod({}, [container(gpus=4)]), "team", policy=policy).message
     denial = deny(pod({a.UUID: A100_80[0]}), "team", policy=policy)
@@ -410,6 +410,11 @@ def test_rules_limit_count_devices_and_capabilities() -> None:
     assert "asks for compat32, display, graphics, ngx, video" in denial.message
     assert "accepted here: compute, utility" in denial.message
     admit(pod({a.COUNT: "2"}), "team", policy=policy)
+    admit(pod({a.COUNT: "all", a.MODEL: "T4"}), "team", policy=policy)  # T4 nodes have 2
+    assert (
+        "asks for all GPUs of its node ("
+        in deny(pod({a.COUNT: "all"}), "team", policy=policy, nodes=Inventory()).message
+    )
 
 
 def test_the_runtime_class_is_set_on_gpu_pods_that_name_none() -> None:

@@ -31,7 +31,10 @@ def test_the_example_policy_reads_as_documented() -> None:
     sandbox = example.rule("sandbox-42")
     assert sandbox is not None
     assert not sandbox.annotations
-    assert example.rule("ml-research") == Rule(match=("*",), max_gpus=8)
+    assert example.rule("ml-research") == Rule(match=("*",))
+    team = example.rule("team-a")
+    assert team is not None
+    assert (team.max_gpus, team.explicit_devices) == (2, False)
 
 
 def test_everything_a_policy_can_say() -> None:

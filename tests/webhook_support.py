@@ -1,17 +1,23 @@
-"""Shared by the webhook tests: pods, the example cluster, and `admit`, which checks what every
+"""Shared by the webhook tests: pods, the example cluster, `admit`, which checks what every
 admitted pod must satisfy (the patch applies, the result is a valid Pod, a second run is a
-no-op)."""
+no-op), and the files a served webhook reads (certificates, keys, policy)."""
 
 from __future__ import annotations
 
 import copy
+import shutil
+import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonpatch
 import kubernetes_validate
 
+from certs import pki
 from gpuwire import grant
+from gpuwire.lab.webhook import WebhookProcess
 from webhook import inventory
 from webhook.mutation import Denial, Outcome, mutate
 from webhook.policy import Policy
@@ -113,3 +119,42 @@ def required_terms(p: dict[str, Any]) -> list[dict[str, Any]]:
         "nodeSelectorTerms"
     ]
     return terms
+
+
+@dataclass
+class Files:
+    tls: pki.TLSFiles
+    keys: Path
+    policy: Path
+    root: Path
+
+    def args(self, *extra: str, nodes: Path | None = EXAMPLES / "nodes.yaml") -> list[str]:
+        """`webhook serve` arguments; `nodes=None` watches a cluster instead of a file."""
+        return [
+            "--tls-cert",
+            str(self.tls.cert),
+            "--tls-key",
+            str(self.tls.key),
+            "--grant-key-dir",
+            str(self.keys),
+            "--policy",
+            str(self.policy),
+            "--reload-seconds",
+            "0.1",
+            *(["--nodes", str(nodes)] if nodes else []),
+            *extra,
+        ]
+
+
+def make_files(root: Path) -> Files:
+    tls = pki.generate(root / "tls", ["localhost", "127.0.0.1"])
+    keys = root / "keys"
+    keys.mkdir()
+    (keys / "2024-01").write_text("first-secret\n")
+    policy = root / "policy.yaml"
+    shutil.copy(EXAMPLES / "policy.yaml", policy)
+    return Files(tls, keys, policy, root)
+
+
+def client(served: WebhookProcess, ca: Path) -> httpx.Client:
+    return httpx.Client(base_url=served.url, verify=ssl.create_default_context(cafile=ca))

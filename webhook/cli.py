@@ -87,22 +87,6 @@ def _read_pod(path: str) -> Any:
     return pod
 
 
-def admission_review(pod: Any, namespace: str) -> dict[str, Any]:
-    """The AdmissionReview the API server would send for creating `pod` in `namespace`."""
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "gpuwire-mutate",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": namespace,
-            "object": pod,
-        },
-    }
-
-
 def mutate(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuwire mutate",
@@ -120,7 +104,7 @@ def mutate(argv: list[str]) -> int:
     except (OSError, ValueError, yaml.YAMLError, PolicyError, InventoryFileError) as exc:
         parser.exit(2, f"gpuwire mutate: {exc}\n")
     namespace = args.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
-    body = json.dumps(admission_review(pod, namespace)).encode()
+    body = json.dumps(review.request_for(pod, namespace)).encode()
     status, reply, _ = review.answer(body, sources.decide)
     if status != 200:
         parser.exit(2, f"gpuwire mutate: {reply['message']}\n")

@@ -218,17 +218,21 @@ class _Mutation:
             )
 
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
+        """At most the rule's maxGpus; `all` passes where every node it can land on has no more."""
         most = self.rule.max_gpus
-        if most == "all":
+        if most == "all" or (granted.devices is not None and granted.devices <= most):
             return
-        asks = "all" if granted.visible == "all" else granted.devices
-        if asks == "all" or (isinstance(asks, int) and asks > most):
-            raise Denied(
-                403,
-                f"container {c.name!r} asks for {asks} GPU(s) ({keys.COUNT}: "
-                f"{request.given.get(keys.COUNT, 'unset')!r}); namespace {self.namespace!r} may "
-                f"have at most {most} per container",
-            )
+        if granted.visible == "all":
+            known = f", up to {granted.devices} on its nodes" if granted.devices else ""
+            asks = f"all GPUs of its node{known}"
+        else:
+            asks = f"{granted.devices} GPUs"
+        raise Denied(
+            403,
+            f"container {c.name!r} asks for {asks} ({keys.COUNT}: "
+            f"{request.given.get(keys.COUNT, 'unset')!r}); namespace {self.namespace!r} may "
+            f"have at most {most} per container",
+        )
 
     def capabilities(self, request: GpuRequest) -> str:
         caps = request.capabilities or self.policy.capabilities

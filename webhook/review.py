@@ -127,6 +127,22 @@ def answer(body: bytes, decide: Callable[[Review], Outcome]) -> tuple[int, dict[
     return 200, response(review, outcome), label(outcome)
 
 
+def request_for(pod: Any, namespace: str, uid: str = "gpuwire-mutate") -> dict[str, Any]:
+    """The AdmissionReview the API server would send for creating `pod` in `namespace`."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": namespace,
+            "object": pod,
+        },
+    }
+
+
 def decode_patch(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The JSON patch of an AdmissionReview reply ([] when there is none)."""
     patch = reply["response"].get("patch")

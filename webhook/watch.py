@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,10 +52,13 @@ class NodeWatch:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the watch; a watch request still being set up is stopped once it is."""
         self._stop.set()
-        if self._watch is not None:
-            self._watch.stop()
-        self._thread.join(timeout=5)
+        deadline = time.monotonic() + 5
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            if self._watch is not None:
+                self._watch.stop()
+            self._thread.join(0.05)
 
     def refresh(self) -> None:
         """Nothing to poll: the watch pushes."""
@@ -70,11 +74,15 @@ class NodeWatch:
                 backoff = 0.5
                 self._follow(version)
             except client.ApiException as exc:
-                if exc.status != 410:
+                if exc.status == 410:
+                    log.info("node watch: history expired (410); relisting")
+                else:
                     log.warning("node watch: API error %s %s; relisting", exc.status, exc.reason)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30)
             except Exception as exc:  # the API server away, a reset connection: relist later
+                if self._stop.is_set():
+                    return
                 log.warning("node watch: %s; relisting in %.1fs", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30)
@@ -97,9 +105,8 @@ class NodeWatch:
                 resource_version=version,
                 timeout_seconds=self.timeout_seconds,
                 allow_watch_bookmarks=True,
-                deserialize=False,
             ):
-                obj = event["object"]
+                obj = event["raw_object"]
                 version = obj["metadata"].get("resourceVersion", version)
                 name = obj["metadata"].get("name")
                 if event["type"] in ("ADDED", "MODIFIED"):
