@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gpuwire import limits, nvidia, quantity
 
@@ -70,6 +70,7 @@ _CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _PERCENT = re.compile(r"^([0-9]{1,3})\s*%$")
 
 Count = int | Literal["all", "none"]
+Words = tuple[list[str], list[str]]
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,14 @@ class MemoryLimit:
     mib: int | None = None
     percent: int | None = None
 
-    def resolve(self, gpu_mib: int | None) -> limits.Limits:
-        """Both spellings, where the GPU's size (`gpu_mib`) makes the other one known."""
+    def resolve(self, gpu_mib: int | None) -> tuple[int | None, float | None]:
+        """(MiB, share of the GPU): both, where the GPU's size `gpu_mib` makes the other known;
+        (None, None) for no limit."""
         if self.percent is not None:
-            mib = gpu_mib * self.percent // 100 if gpu_mib else None
-            return limits.Limits(memory_mib=mib, memory_fraction=self.percent / 100)
-        fraction = min(1.0, self.mib / gpu_mib) if self.mib is not None and gpu_mib else None
-        return limits.Limits(memory_mib=self.mib, memory_fraction=fraction)
+            return (gpu_mib * self.percent // 100 if gpu_mib else None), self.percent / 100
+        if self.mib is not None:
+            return self.mib, (min(1.0, self.mib / gpu_mib) if gpu_mib else None)
+        return None, None
 
 
 def normalise_model(name: str) -> str:
@@ -132,7 +134,7 @@ class GpuRequest:
     @property
     def asks(self) -> bool:
         """Whether the pod asks for a GPU at all (a profile alone asks for nothing)."""
-        return any(k != LIMIT_PROFILE for k in self.given)
+        return len(self.given) > (LIMIT_PROFILE in self.given)
 
     @property
     def wants_limits(self) -> bool:
@@ -146,62 +148,63 @@ class GpuRequest:
         raise KeyError(keys)
 
 
+NOTHING = GpuRequest()
+
+
 def _items(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
 class _Parser:
-    """Collects every problem instead of stopping at the first: one denial, every fix."""
+    """Reads the given annotations, collecting every problem instead of stopping at the first:
+    one denial lists every fix."""
 
-    def __init__(self, annotations: Mapping[str, str]) -> None:
-        self.given = {k: v for k, v in annotations.items() if k in KNOWN and v.strip()}
+    def __init__(self, given: dict[str, str]) -> None:
+        self.given = given
         self.problems: list[Problem] = []
 
     def fail(self, key: str, reason: str) -> None:
         self.problems.append(Problem(key, self.given[key], reason))
 
-    def split(self, key: str, token: re.Pattern[str], what: str) -> tuple[list[str], list[str]]:
-        """(included, excluded) tokens of a `!`-able list; bad tokens become problems."""
+    def split(self, keys: tuple[str, str, str], token: re.Pattern[str], what: str) -> Words:
+        """(included, excluded) words of a `!`-able list, keys[0], and of its HAMi aliases,
+        keys[1] (included) and keys[2] (excluded)."""
+        own, _, excluding = keys
         included: list[str] = []
         excluded: list[str] = []
-        for item in _items(self.given.get(key, "")):
-            negated = item.startswith("!")
-            word = item[1:].strip() if negated else item
-            if not token.match(word):
-                self.fail(key, f"has {item!r}, which is not {what}")
-            else:
-                (excluded if negated else included).append(word)
+        for key in keys:
+            for item in _items(self.given.get(key, "")):
+                negated = key == own and item.startswith("!")
+                word = item[1:].strip() if negated else item
+                if not token.match(word):
+                    self.fail(key, f"has {item!r}, which is not {what}")
+                elif negated or key == excluding:
+                    excluded.append(word)
+                else:
+                    included.append(word)
         return included, excluded
 
-    def models(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        included, excluded = self.split(MODEL, _MODEL_TOKEN, "a model name")
-        for alias, into in ((HAMI_USE_TYPE, included), (HAMI_NOUSE_TYPE, excluded)):
-            words, _ = self.split(alias, _MODEL_TOKEN, "a model name")
-            into.extend(words)
-        inc = _unique(normalise_model(m) for m in included)
-        exc = _unique(normalise_model(m) for m in excluded)
+    def conflict(self, keys: tuple[str, ...], inc: Iterable[str], exc: Iterable[str]) -> None:
         both = sorted(set(inc) & set(exc))
         if both:
-            key = MODEL if MODEL in self.given else HAMI_USE_TYPE
+            key = keys[0] if keys[0] in self.given else keys[1]
             self.fail(key, f"both asks for and excludes {', '.join(both)}")
-        return inc, exc
 
-    def uuids(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        included, excluded = self.split(UUID, _UUID, "a GPU UUID")
-        for alias, into in ((HAMI_USE_UUID, included), (HAMI_NOUSE_UUID, excluded)):
-            words, _ = self.split(alias, _UUID, "a GPU UUID")
-            into.extend(words)
+    def models(self) -> dict[str, tuple[str, ...]]:
+        included, excluded = self.split(MODEL_KEYS, _MODEL_TOKEN, "a model name")
+        inc = _unique(normalise_model(m) for m in included)
+        exc = _unique(normalise_model(m) for m in excluded)
+        self.conflict(MODEL_KEYS, inc, exc)
+        return {"models": inc, "excluded_models": exc}
+
+    def uuids(self) -> dict[str, tuple[str, ...]]:
+        included, excluded = self.split(UUID_KEYS, _UUID, "a GPU UUID")
         inc, exc = _unique(included, key=str.lower), _unique(excluded, key=str.lower)
-        both = sorted({u.lower() for u in inc} & {u.lower() for u in exc})
-        if both:
-            key = UUID if UUID in self.given else HAMI_USE_UUID
-            self.fail(key, f"both asks for and excludes {', '.join(both)}")
-        return inc, exc
+        self.conflict(UUID_KEYS, (u.lower() for u in inc), (u.lower() for u in exc))
+        return {"uuids": inc, "excluded_uuids": exc}
 
-    def count(self) -> Count | None:
-        value = self.given.get(COUNT, "").strip().lower()
-        if not value:
-            return None
+    def count(self, value: str) -> Count | None:
+        value = value.strip().lower()
         if value in ("all", "none"):
             return "all" if value == "all" else "none"
         if value.isascii() and value.isdigit() and int(value) > 0:
@@ -209,11 +212,9 @@ class _Parser:
         self.fail(COUNT, "is not a GPU count")
         return None
 
-    def min_memory(self) -> int | None:
-        if MIN_MEMORY not in self.given:
-            return None
+    def min_memory(self, value: str) -> int | None:
         try:
-            mib = quantity.mib_at_least(self.given[MIN_MEMORY])
+            mib = quantity.mib_at_least(value)
         except quantity.QuantityError:
             self.fail(MIN_MEMORY, "is not a memory size")
             return None
@@ -222,10 +223,7 @@ class _Parser:
             return None
         return mib
 
-    def capabilities(self) -> str | None:
-        if CAPABILITIES not in self.given:
-            return None
-        value = self.given[CAPABILITIES]
+    def capabilities(self, value: str) -> str | None:
         unknown = [c for c in _items(value) if c not in (*nvidia.CAPABILITIES, "all")]
         if unknown:
             self.fail(CAPABILITIES, f"has unknown capability {', '.join(unknown)}")
@@ -239,10 +237,8 @@ class _Parser:
         self.fail(key, "is not a percentage from 1 to 100")
         return None
 
-    def memory_limit(self) -> MemoryLimit | None:
-        text = self.given.get(MEMORY_LIMIT, "").strip()
-        if not text:
-            return None
+    def memory_limit(self, value: str) -> MemoryLimit | None:
+        text = value.strip()
         if text.endswith("%"):
             percent = self.percent(MEMORY_LIMIT, text)
             return MemoryLimit(percent=percent) if percent is not None else None
@@ -256,21 +252,19 @@ class _Parser:
             return None
         return MemoryLimit(mib=mib)
 
-    def cores_limit(self) -> int | None:
-        text = self.given.get(CORES_LIMIT, "").strip()
-        if not text:
-            return None
+    def cores_limit(self, value: str) -> int | None:
+        text = value.strip()
         return self.percent(CORES_LIMIT, text if text.endswith("%") else text + "%")
 
-    def profiles(self) -> tuple[str, ...]:
-        names = _unique(p.lower() for p in _items(self.given.get(LIMIT_PROFILE, "")))
+    def profiles(self, value: str) -> tuple[str, ...]:
+        names = _unique(p.lower() for p in _items(value))
         unknown = [n for n in names if n not in limits.PROFILES]
         if unknown:
             self.fail(LIMIT_PROFILE, f"names unknown profile {', '.join(unknown)}")
         return tuple(n for n in names if n in limits.PROFILES)
 
-    def containers(self) -> tuple[str, ...]:
-        names = _unique(_items(self.given.get(CONTAINERS, "")))
+    def containers(self, value: str) -> tuple[str, ...]:
+        names = _unique(_items(value))
         bad = [n for n in names if not _CONTAINER_NAME.match(n)]
         if bad:
             self.fail(CONTAINERS, f"has {', '.join(bad)}, not a container name")
@@ -278,10 +272,22 @@ class _Parser:
 
     def consistent(self, count: Count | None, uuids: tuple[str, ...]) -> None:
         """Explicit devices fix the count; a count that says otherwise is a mistake."""
-        if not uuids or count is None:
-            return
-        if count != len(uuids):
+        if uuids and count is not None and count != len(uuids):
             self.fail(COUNT, f"disagrees with the {len(uuids)} GPU(s) named by {UUID}")
+
+
+MODEL_KEYS = (MODEL, HAMI_USE_TYPE, HAMI_NOUSE_TYPE)
+UUID_KEYS = (UUID, HAMI_USE_UUID, HAMI_NOUSE_UUID)
+# Annotation → (GpuRequest field, reader); each runs only when its annotation is given.
+_SINGLE: dict[str, tuple[str, Callable[[_Parser, str], object]]] = {
+    COUNT: ("count", _Parser.count),
+    MIN_MEMORY: ("min_memory_mib", _Parser.min_memory),
+    CAPABILITIES: ("capabilities", _Parser.capabilities),
+    MEMORY_LIMIT: ("memory_limit", _Parser.memory_limit),
+    CORES_LIMIT: ("cores_limit", _Parser.cores_limit),
+    LIMIT_PROFILE: ("profiles", _Parser.profiles),
+    CONTAINERS: ("containers", _Parser.containers),
+}
 
 
 def _unique(items: Iterable[str], key: Callable[[str], str] = str) -> tuple[str, ...]:
@@ -297,28 +303,22 @@ def parse(annotations: Mapping[str, str]) -> GpuRequest:
 
     Empty values count as not given (as HAMi treats its annotations).
     """
-    p = _Parser(annotations)
-    models, excluded_models = p.models()
-    uuids, excluded_uuids = p.uuids()
-    count = p.count()
-    p.consistent(count, uuids)
-    request = GpuRequest(
-        models=models,
-        excluded_models=excluded_models,
-        min_memory_mib=p.min_memory(),
-        count=count,
-        uuids=uuids,
-        excluded_uuids=excluded_uuids,
-        capabilities=p.capabilities(),
-        memory_limit=p.memory_limit(),
-        cores_limit=p.cores_limit(),
-        profiles=p.profiles(),
-        containers=p.containers(),
-        given=dict(p.given),
-    )
+    given = {k: v for k in KNOWN if (v := annotations.get(k, "")).strip()}
+    if not given:
+        return NOTHING  # most pods
+    p = _Parser(given)
+    fields: dict[str, Any] = {}
+    if not given.keys().isdisjoint(MODEL_KEYS):
+        fields.update(p.models())
+    if not given.keys().isdisjoint(UUID_KEYS):
+        fields.update(p.uuids())
+    for key, (name, read) in _SINGLE.items():
+        if key in given:
+            fields[name] = read(p, given[key])
+    p.consistent(fields.get("count"), fields.get("uuids", ()))
     if p.problems:
         raise AnnotationError(p.problems)
-    return request
+    return GpuRequest(**fields, given=given)
 
 
 def unknown(annotations: Mapping[str, str]) -> list[str]:

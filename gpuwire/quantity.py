@@ -8,7 +8,6 @@ wrong by a factor of a million is worse than asking.
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 
 MIB = 1 << 20
 
@@ -31,19 +30,22 @@ class QuantityError(ValueError):
     """Text that is not a memory size."""
 
 
-def parse_bytes(text: str) -> Decimal:
-    """`40Gi` → bytes, exactly (`1.5Gi` is 1610612736)."""
+def _size(text: str) -> tuple[int, int]:
+    """`40Gi` → bytes as an exact fraction (numerator, denominator): `1.5Gi` is (15 Gi, 10)."""
     m = _QUANTITY.match(text.strip())
     if not m or m.group(2) not in UNITS:
         raise QuantityError(f"{text!r} is not a memory size; accepted: {ACCEPTED}")
-    return Decimal(m.group(1)) * UNITS[m.group(2)]
+    whole, _, fraction = m.group(1).partition(".")
+    return int(whole + fraction) * UNITS[m.group(2)], 10 ** len(fraction)
 
 
 def mib_at_least(text: str) -> int:
     """The smallest whole MiB holding `text` (for "at least this much" requests)."""
-    return int((parse_bytes(text) / MIB).to_integral_value(ROUND_CEILING))
+    size, scale = _size(text)
+    return -(-size // (scale * MIB))
 
 
 def mib_at_most(text: str) -> int:
     """The largest whole MiB within `text` (for limits: never grant more than asked)."""
-    return int((parse_bytes(text) / MIB).to_integral_value(ROUND_FLOOR))
+    size, scale = _size(text)
+    return size // (scale * MIB)

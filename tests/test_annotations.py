@@ -146,12 +146,12 @@ def test_unknown_gpuwire_annotations_are_reported_others_ignored() -> None:
 
 
 def test_memory_limit_resolves_against_the_gpu() -> None:
-    assert MemoryLimit(percent=25).resolve(81920).memory_mib == 20480
-    assert MemoryLimit(percent=25).resolve(81920).memory_fraction == 0.25
-    assert MemoryLimit(percent=25).resolve(None).memory_mib is None
-    assert MemoryLimit(mib=20480).resolve(40960).memory_fraction == 0.5
-    assert MemoryLimit(mib=20480).resolve(None).memory_fraction is None
-    assert MemoryLimit(mib=99999).resolve(40960).memory_fraction == 1.0
+    assert MemoryLimit(percent=25).resolve(81920) == (20480, 0.25)
+    assert MemoryLimit(percent=25).resolve(None) == (None, 0.25)
+    assert MemoryLimit(mib=20480).resolve(40960) == (20480, 0.5)
+    assert MemoryLimit(mib=20480).resolve(None) == (20480, None)
+    assert MemoryLimit(mib=99999).resolve(40960) == (99999, 1.0)
+    assert MemoryLimit().resolve(40960) == (None, None)
 
 
 # --- properties

@@ -82,7 +82,7 @@ def test_nodes_added_changed_and_deleted_are_followed(api: ApiServer, watched: N
     relabelled["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
     api.put(relabelled)
     eventually(
-        lambda: watched.current.products() == ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"], "relabel"
+        lambda: watched.current.products == ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"], "relabel"
     )
     api.delete("nodes", "gpu-h100-0")
     eventually(lambda: names(watched) == ["gpu-t4-0"], "deletion")

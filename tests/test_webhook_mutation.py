@@ -27,6 +27,7 @@ from webhook.inventory import Inventory
 from webhook.policy import Policy, Rule
 
 PLUGINLESS = Policy(device_plugin=False)
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 
 
 # --- plugin-less pods
@@ -476,7 +477,13 @@ def test_patch_paths_escape_slashes() -> None:
         ({"spec": {"containers": []}}, "spec.containers is empty"),
         ({"spec": {"containers": [{"name": 1}]}}, "spec.containers[0].name is int, not a string"),
         (
-            {"spec": {"containers": [{"name": "a", "env": [{"name": "X", "value": 3}]}]}},
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "a", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": 3}]}
+                    ]
+                }
+            },
             "env[0].value is int",
         ),
         ({"spec": {"containers": [{"name": "a", "env": {}}]}}, "spec.containers[0].env is dict"),

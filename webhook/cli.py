@@ -51,10 +51,8 @@ def serve(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
-    import uvicorn
-
     from webhook import tls
-    from webhook.server import create_app
+    from webhook.server import create_app, run
 
     try:
         nodes = FileInventory(args.nodes) if args.nodes else _cluster_inventory(args.kubeconfig)
@@ -64,17 +62,7 @@ def serve(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         parser.exit(2, f"gpuwire webhook serve: {exc}\n")
     app = create_app(sources, certificate, args.reload_seconds)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-    )
-    config.load()
-    config.ssl = context  # the live context the certificate reloads into
-    uvicorn.Server(config).run()
+    run(app, args.host, args.port, context, args.log_level)
     return 0
 
 

@@ -10,6 +10,7 @@ watch, a file) is `watch.py`'s and the CLI's business.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -20,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpuwire import nvidia
+from gpuwire.annotations import normalise_model
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +120,15 @@ class Inventory:
         found = (node_from_object(o) for o in objects)
         return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
 
+    @functools.cached_property
     def products(self) -> list[str]:
+        """The GPU product label values present, sorted."""
         return sorted({n.product for n in self.nodes if n.product})
+
+    @functools.cached_property
+    def normalised(self) -> dict[str, str]:
+        """Each product label value as model names are compared with it."""
+        return {p: normalise_model(p) for p in self.products}
 
     def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
         """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""

@@ -27,8 +27,7 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
-        for outcome in OUTCOMES:
-            self.admissions.labels(outcome)
+        self._by_outcome = {o: self.admissions.labels(o) for o in OUTCOMES}
         self.latency = Histogram(
             "gpuwire_webhook_admission_duration_seconds",
             "Time from request received to answer ready.",
@@ -50,7 +49,7 @@ class Metrics:
         ).set_function(lambda: len(sources.inventory.current.nodes))
 
     def observe(self, outcome: str, seconds: float) -> None:
-        self.admissions.labels(outcome).inc()
+        self._by_outcome[outcome].inc()
         self.latency.observe(seconds)
 
     def render(self) -> bytes:

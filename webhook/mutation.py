@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
-from gpuwire.annotations import AnnotationError, GpuRequest
+from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
 from webhook import affinity
 from webhook.inventory import Inventory
 from webhook.patch import Change, Op, env_ops, set_path
@@ -153,7 +153,7 @@ class _Mutation:
                     f"{', '.join(unknown)}, which this pod does not have; accepted: {names}",
                 )
             return set(request.containers)
-        with_resource = {c.name for c in self.pod.containers if c.gpu_resource() is not None}
+        with_resource = {c.name for c in self.pod.containers if c.gpus is not None}
         if with_resource or not request.asks:
             return with_resource
         return {c.name for c in self.pod.app_containers}
@@ -177,7 +177,7 @@ class _Mutation:
 
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
-        resource = c.gpu_resource()
+        resource = c.gpus
         if resource is not None:
             self.check_plugin(c, request, resource)
             return _Devices(grant.PLUGIN_DEVICES, resource)
@@ -251,17 +251,10 @@ class _Mutation:
         self, c: Container, request: GpuRequest, placement: Placement, count: int | None
     ) -> dict[str, str | None]:
         memory_mib = placement.gpu_memory_mib()
-        resolved = (
-            request.memory_limit.resolve(memory_mib) if request.memory_limit else limits.Limits()
-        )
-        wanted = limits.Limits(
-            memory_mib=resolved.memory_mib,
-            memory_fraction=resolved.memory_fraction,
-            cores_percent=request.cores_limit,
-            devices=count,
-        )
-        sizes = {n.gpu_memory_mib for n in placement.nodes if n.gpu_memory_mib}
-        if request.memory_limit and request.memory_limit.percent and len(sizes) > 1:
+        share = request.memory_limit or MemoryLimit()
+        mib, fraction = share.resolve(memory_mib)
+        wanted = limits.Limits(mib, fraction, request.cores_limit, devices=count)
+        if share.percent and len({n.gpu_memory_mib for n in placement.nodes}) > 1:
             self.warnings.append(
                 f"{keys.MEMORY_LIMIT}={request.given[keys.MEMORY_LIMIT]} taken against the "
                 f"smallest candidate GPU ({memory_mib} MiB)"
@@ -278,7 +271,7 @@ class _Mutation:
                     raise Denied(400, f"{key}: {request.given[key]!r}: {exc}") from exc
                 self.warnings.append(f"{key}: profile {name!r} skipped: {exc}")
             if profile.escapes:
-                env.update({e.name: None for e in c.env if profile.escapes.match(e.name)})
+                env.update({n: None for n in c.named if profile.escapes.match(n)})
         return env
 
     def other_container(self, c: Container) -> list[Op]:

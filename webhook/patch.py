@@ -17,11 +17,12 @@ Op = dict[str, Any]
 
 
 def escape(segment: str | int) -> str:
-    return str(segment).replace("~", "~0").replace("/", "~1")
+    text = str(segment)
+    return text.replace("~", "~0").replace("/", "~1") if "~" in text or "/" in text else text
 
 
 def pointer(base: str, *segments: str | int) -> str:
-    return base + "".join("/" + escape(s) for s in segments)
+    return "/".join((base, *map(escape, segments)))
 
 
 @dataclass(frozen=True)
@@ -43,35 +44,32 @@ def env_ops(
     and removals come first, removals from the highest index down, so every index an op
     names is still valid when it runs; new entries are appended last.
     """
+    env = container.path + "/env"  # nothing in it to escape
     replaces: list[Op] = []
-    removes: list[tuple[int, Op]] = []
+    removes: list[Op] = []
     appends: list[dict[str, str]] = []
     changes: list[Change] = []
     for name, value in desired.items():
-        entries = [e for e in container.env if e.name == name]
+        positions = container.named.get(name, ())
         if value is None:
-            for e in entries:
-                removes.append(
-                    (e.index, {"op": "remove", "path": pointer(container.path, "env", e.index)})
-                )
-                changes.append(Change(container.name, name, e.value, None))
+            for i in positions:
+                removes.append({"op": "remove", "path": f"{env}/{i}"})
+                changes.append(Change(container.name, name, container.at(i), None))
             continue
-        if not entries:
+        if not positions:
             appends.append({"name": name, "value": value})
-        for e in entries:
-            if e.value != value:
-                path = pointer(container.path, "env", e.index)
-                replaces.append(
-                    {"op": "replace", "path": path, "value": {"name": name, "value": value}}
-                )
-                changes.append(Change(container.name, name, e.value, value))
-    ops = replaces + [op for _, op in sorted(removes, key=lambda r: r[0], reverse=True)]
+        for i in positions:
+            old = container.at(i)
+            if old != value:
+                entry = {"name": name, "value": value}
+                replaces.append({"op": "replace", "path": f"{env}/{i}", "value": entry})
+                changes.append(Change(container.name, name, old, value))
+    removes.sort(key=lambda op: int(op["path"].rsplit("/", 1)[1]), reverse=True)
+    ops = replaces + removes
     if appends and container.has_env:
-        ops += [
-            {"op": "add", "path": pointer(container.path, "env", "-"), "value": a} for a in appends
-        ]
+        ops += [{"op": "add", "path": env + "/-", "value": a} for a in appends]
     elif appends:
-        ops.append({"op": "add", "path": pointer(container.path, "env"), "value": appends})
+        ops.append({"op": "add", "path": env, "value": appends})
     return ops, changes
 
 

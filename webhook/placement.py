@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwire import annotations as keys
-from gpuwire.annotations import GpuRequest, normalise_model
+from gpuwire.annotations import GpuRequest
 from webhook.inventory import (
     HOSTNAME_LABEL,
     MEMORY_LABEL,
@@ -50,9 +50,12 @@ def _listing(items: Sequence[str], most: int = 12) -> str:
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def _matches(product: str, words: Sequence[str]) -> bool:
-    name = normalise_model(product)
-    return any(w in name for w in words)
+def _matches(name: str, words: Sequence[str]) -> bool:
+    """Whether a normalised product name contains any of `words` (normalised too)."""
+    for word in words:  # noqa: SIM110 - any(generator) costs twice this loop, per product
+        if word in name:
+            return True
+    return False
 
 
 class _Placer:
@@ -76,10 +79,10 @@ class _Placer:
         r = self.request
         if not r.models and not r.excluded_models:
             return
-        present = self.inventory.products()
-        allowed = [p for p in present if not _matches(p, r.excluded_models)]
+        present = self.inventory.normalised
+        allowed = [p for p, name in present.items() if not _matches(name, r.excluded_models)]
         if r.models:
-            chosen = [p for p in allowed if _matches(p, r.models)]
+            chosen = [p for p in allowed if _matches(present[p], r.models)]
             if not chosen:
                 self.unresolved(
                     (keys.MODEL, keys.HAMI_USE_TYPE),

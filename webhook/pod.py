@@ -6,9 +6,9 @@ malformed pod becomes one clear 400 naming the field, never a TypeError deep in 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwire import nvidia
 
@@ -20,101 +20,135 @@ class MalformedPod(ValueError):
     """A pod field of the wrong shape."""
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
+def _wrong(value: object, where: str, wanted: str) -> MalformedPod:
+    return MalformedPod(f"{where} is {type(value).__name__}, not {wanted}")
+
+
+# Each takes the field's path in two parts, joined only for an error message.
+def _mapping(value: object, where: str, field: str = "") -> dict[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
-        raise MalformedPod(f"{where} is {type(value).__name__}, not an object")
+    if not isinstance(value, dict):  # decoded JSON: objects are dicts
+        raise _wrong(value, where + field, "an object")
     return value
 
 
-def _list(value: object, where: str) -> list[Any]:
+def _list(value: object, where: str, field: str = "") -> list[Any]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise MalformedPod(f"{where} is {type(value).__name__}, not a list")
+        raise _wrong(value, where + field, "a list")
     return value
 
 
-def _str(value: object, where: str) -> str:
+def _str(value: object, where: str, field: str = "") -> str:
     if not isinstance(value, str):
-        raise MalformedPod(f"{where} is {type(value).__name__}, not a string")
+        raise _wrong(value, where + field, "a string")
     return value
 
 
-@dataclass(frozen=True)
-class EnvVar:
-    index: int
-    name: str
-    value: str | None  # None: set through valueFrom, unknown at admission
+class Container(NamedTuple):
+    """One container. Env entries are indexed by name up front; a value is checked when read,
+    as the webhook reads only its own few variables (the API server validates the rest).
+    A named tuple: built for every container of every admitted pod."""
 
-
-@dataclass(frozen=True)
-class Container:
     field: str  # "containers" or "initContainers"
-    index: int
+    position: int  # in that list
     name: str
-    env: tuple[EnvVar, ...]
-    has_env: bool
-    resources: Mapping[str, Any]
+    env: list[dict[str, Any]]
+    named: Mapping[str, list[int]]  # env positions by name, in order
+    gpus: int | None  # the nvidia.com/gpu resource (limits, else requests), if any
     raw: Mapping[str, Any]
 
     @property
     def path(self) -> str:
-        return f"/spec/{self.field}/{self.index}"
+        return f"/spec/{self.field}/{self.position}"
 
     @property
-    def where(self) -> str:
-        return f"spec.{self.field}[{self.index}]"
+    def has_env(self) -> bool:
+        return self.raw.get("env") is not None
+
+    def at(self, position: int) -> str | None:
+        """The value of the env entry at `position`; None when it comes from valueFrom."""
+        entry = self.env[position]
+        value = entry.get("value")
+        if value is None:
+            return None if "valueFrom" in entry else ""
+        if not isinstance(value, str):
+            raise _wrong(
+                value, f"spec.{self.field}[{self.position}].env[{position}].value", "a string"
+            )
+        return value
 
     def value(self, name: str) -> str | None:
         """The env value in effect (the last entry of that name wins), None if unset."""
-        found = [e for e in self.env if e.name == name]
-        return found[-1].value if found else None
+        found = self.named.get(name)
+        return self.at(found[-1]) if found else None
 
     def sets(self, name: str) -> bool:
-        return any(e.name == name for e in self.env)
+        return name in self.named
 
-    def values(self) -> dict[str, str]:
-        """Literal env values in effect, by name (valueFrom entries left out)."""
-        return {e.name: e.value for e in self.env if e.value is not None}
+    def values(self) -> Mapping[str, str]:
+        """Literal env values in effect, by name (valueFrom entries left out), read on use."""
+        return _Values(self)
 
-    def gpu_resource(self) -> int | None:
-        """The `nvidia.com/gpu` count from limits (else requests), None if neither has one."""
-        for section in ("limits", "requests"):
-            quantity = _mapping(self.resources.get(section), f"{self.where}.resources.{section}")
-            if nvidia.RESOURCE in quantity:
-                text = str(quantity[nvidia.RESOURCE]).strip()
-                if not (text.isascii() and text.isdigit()):
-                    raise MalformedPod(
-                        f"{self.where}.resources.{section}[{nvidia.RESOURCE}] is {text!r}, "
-                        "not a whole number"
-                    )
-                return int(text)
-        return None
+
+class _Values(Mapping[str, str]):
+    def __init__(self, container: Container) -> None:
+        self.container = container
+
+    def __getitem__(self, name: str) -> str:
+        value = self.container.value(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (n for n in self.container.named if self.container.value(n) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The env list and its positions by name (the loop every admission runs per entry)."""
+    entries = _list(raw, where, ".env")
+    named: dict[str, list[int]] = {}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise _wrong(e, f"{where}.env[{i}]", "an object")
+        name = e.get("name")
+        if not isinstance(name, str):
+            raise _wrong(name, f"{where}.env[{i}].name", "a string")
+        named.setdefault(name, []).append(i)
+    return entries, named
+
+
+def _gpus(resources: dict[str, Any], where: str) -> int | None:
+    for section in ("limits", "requests"):
+        quantity = _mapping(resources.get(section), where, f".resources.{section}")
+        if nvidia.RESOURCE in quantity:
+            text = str(quantity[nvidia.RESOURCE]).strip()
+            if not (text.isascii() and text.isdigit()):
+                raise MalformedPod(
+                    f"{where}.resources.{section}[{nvidia.RESOURCE}] is {text!r}, "
+                    "not a whole number"
+                )
+            return int(text)
+    return None
 
 
 def _container(raw: object, field: str, index: int) -> Container:
     where = f"spec.{field}[{index}]"
     body = _mapping(raw, where)
-    env: list[EnvVar] = []
-    for i, entry in enumerate(_list(body.get("env"), f"{where}.env")):
-        e = _mapping(entry, f"{where}.env[{i}]")
-        name = _str(e.get("name"), f"{where}.env[{i}].name")
-        value = e.get("value")
-        if value is None and "valueFrom" not in e:
-            value = ""
-        env.append(
-            EnvVar(i, name, None if value is None else _str(value, f"{where}.env[{i}].value"))
-        )
-    resources = _mapping(body.get("resources"), f"{where}.resources")
+    env, named = _env(body.get("env"), where)
     return Container(
         field=field,
-        index=index,
-        name=_str(body.get("name"), f"{where}.name"),
-        env=tuple(env),
-        has_env=body.get("env") is not None,
-        resources=resources,
+        position=index,
+        name=_str(body.get("name"), where, ".name"),
+        env=env,
+        named=named,
+        gpus=_gpus(_mapping(body.get("resources"), where, ".resources"), where),
         raw=body,
     )
 
@@ -132,16 +166,17 @@ class Pod:
         metadata = _mapping(pod.get("metadata"), "metadata")
         annotations = _mapping(metadata.get("annotations"), "metadata.annotations")
         for key, value in annotations.items():
-            _str(value, f"metadata.annotations[{key}]")
+            if not isinstance(value, str):
+                raise _wrong(value, f"metadata.annotations[{key}]", "a string")
         spec = _mapping(pod.get("spec"), "spec")
-        containers = tuple(
+        containers = [
             _container(raw_container, field, i)
             for field in CONTAINER_LISTS
-            for i, raw_container in enumerate(_list(spec.get(field), f"spec.{field}"))
-        )
-        if not any(c.field == "containers" for c in containers):
+            for i, raw_container in enumerate(_list(spec.get(field), "spec.", field))
+        ]
+        if not spec.get("containers"):
             raise MalformedPod("spec.containers is empty: a pod needs at least one container")
-        return cls(pod, annotations, containers, spec)
+        return cls(pod, annotations, tuple(containers), spec)
 
     @property
     def mirror(self) -> bool:

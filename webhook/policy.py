@@ -26,6 +26,7 @@ namespace's hand-written NVIDIA_VISIBLE_DEVICES is trusted.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +68,21 @@ class Policy:
     rules: tuple[Rule, ...] = field(default=(Rule(),))
 
     def excluded(self, namespace: str) -> bool:
-        return any(fnmatch.fnmatchcase(namespace, p) for p in self.excluded_namespaces)
+        return _excluded(self.excluded_namespaces, namespace)
 
     def rule(self, namespace: str) -> Rule | None:
-        return next((r for r in self.rules if r.matches(namespace)), None)
+        return _first_rule(self.rules, namespace)
+
+
+@functools.lru_cache(maxsize=4096)
+def _excluded(patterns: tuple[str, ...], namespace: str) -> bool:
+    return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _first_rule(rules: tuple[Rule, ...], namespace: str) -> Rule | None:
+    """Cached: a cluster has few namespaces, and every admission asks."""
+    return next((r for r in rules if r.matches(namespace)), None)
 
 
 # --- reading the file: each key has one reader, which names the key, the value and what it takes

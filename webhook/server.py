@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -68,7 +71,8 @@ def create_app(
         else:
             status, reply, outcome = review.answer(body, sources.decide)
         if outcome in ("denied", "invalid"):
-            log.info("%s: %s", outcome, reply.get("response", reply))
+            status: dict[str, Any] = reply["response"]["status"] if "response" in reply else reply
+            log.info("%s (%s): %s", outcome, status.get("code"), status.get("message"))
         metrics.observe(outcome, time.perf_counter() - started)
         return _json(status, reply)
 
@@ -110,3 +114,16 @@ def create_app(
         Route("/metrics", metrics_endpoint),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def run(app: Starlette, host: str, port: int, context: ssl.SSLContext, log_level: str) -> None:
+    """Serve `app` over TLS with `context`, the live context certificates reload into.
+
+    One event loop, no access log (per-request logging costs as much as the mutation).
+    """
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
+    )
+    config.load()
+    config.ssl = context
+    uvicorn.Server(config).run()

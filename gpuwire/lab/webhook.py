@@ -31,10 +31,15 @@ class WebhookProcess:
         return "".join(self.log)
 
 
+WEBHOOK = (sys.executable, "-m", "gpuwire.cli", "webhook", "serve", "--host", "127.0.0.1")
+
+
 @contextmanager
-def serving(args: Sequence[str], timeout: float = 30.0) -> Iterator[WebhookProcess]:
-    """`gpuwire webhook serve` on 127.0.0.1 with `args`, until the block ends."""
-    command = [sys.executable, "-m", "gpuwire.cli", "webhook", "serve", "--host", "127.0.0.1"]
+def serving(
+    args: Sequence[str], timeout: float = 30.0, command: Sequence[str] = WEBHOOK
+) -> Iterator[WebhookProcess]:
+    """`gpuwire webhook serve` on 127.0.0.1 with `args` (or another uvicorn `command`, such
+    as a benchmark's baseline server), until the block ends."""
     process = subprocess.Popen(
         [*command, "--port", "0", *args],
         stdout=subprocess.PIPE,
