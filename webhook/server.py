@@ -71,8 +71,8 @@ def create_app(
         else:
             status, reply, outcome = review.answer(body, sources.decide)
         if outcome in ("denied", "invalid"):
-            status: dict[str, Any] = reply["response"]["status"] if "response" in reply else reply
-            log.info("%s (%s): %s", outcome, status.get("code"), status.get("message"))
+            why: dict[str, Any] = reply["response"]["status"] if "response" in reply else reply
+            log.info("%s (%s): %s", outcome, why.get("code"), why.get("message"))
         metrics.observe(outcome, time.perf_counter() - started)
         return _json(status, reply)
 
