@@ -188,7 +188,9 @@ def test_a_malformed_pod_is_a_denial_naming_the_field(http: httpx.Client) -> Non
 
 def test_oversized_bodies_get_413_and_the_server_keeps_serving(http: httpx.Client) -> None:
     big = b"x" * (5 << 20)
-    assert http.post("/mutate", content=big).status_code == 413
+    refused = http.post("/mutate", content=big)
+    assert refused.status_code == 413
+    assert refused.json()["message"] == f"body over {4 << 20} bytes"
 
     def chunks() -> Iterator[bytes]:  # no content-length: cut off while streaming
         for _ in range(6):

@@ -104,7 +104,7 @@ def label(outcome: Outcome) -> str:
     return "mutated" if outcome.patch else "unchanged"
 
 
-def _status(code: int, message: str) -> dict[str, Any]:
+def status(code: int, message: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Status",
@@ -119,7 +119,7 @@ def answer(body: bytes, decide: Callable[[Review], Outcome]) -> tuple[int, dict[
     try:
         review = parse(body)
     except BadReview as exc:
-        return 400, _status(400, str(exc)), "invalid"
+        return 400, status(400, str(exc)), "invalid"
     if review.kind != "Pod" or review.operation != "CREATE":
         outcome = Outcome(skipped=f"{review.operation} {review.kind or 'object'} is not handled")
     else:

@@ -67,7 +67,8 @@ def create_app(
         started = time.perf_counter()
         body = await _body(request)
         if body is None:
-            status, reply, outcome = 413, {"message": f"body over {MAX_BODY} bytes"}, "invalid"
+            reply = review.status(413, f"body over {MAX_BODY} bytes")
+            status, outcome = 413, "invalid"
         else:
             status, reply, outcome = review.answer(body, sources.decide)
         if outcome in ("denied", "invalid"):
