@@ -212,16 +212,20 @@ class _Parser:
         self.fail(COUNT, "is not a GPU count")
         return None
 
-    def min_memory(self, value: str) -> int | None:
+    def size(self, key: str, text: str, mib: Callable[[str], int], unsized: str) -> int | None:
+        """`text` in whole MiB (rounded by `mib`), at least 1."""
         try:
-            mib = quantity.mib_at_least(value)
+            found = mib(text)
         except quantity.QuantityError:
-            self.fail(MIN_MEMORY, "is not a memory size")
+            self.fail(key, unsized)
             return None
-        if mib <= 0:
-            self.fail(MIN_MEMORY, "is not more than zero")
+        if found <= 0:
+            self.fail(key, "is less than 1 MiB")
             return None
-        return mib
+        return found
+
+    def min_memory(self, value: str) -> int | None:
+        return self.size(MIN_MEMORY, value, quantity.mib_at_least, "is not a memory size")
 
     def capabilities(self, value: str) -> str | None:
         unknown = [c for c in _items(value) if c not in (*nvidia.CAPABILITIES, "all")]
@@ -242,15 +246,9 @@ class _Parser:
         if text.endswith("%"):
             percent = self.percent(MEMORY_LIMIT, text)
             return MemoryLimit(percent=percent) if percent is not None else None
-        try:
-            mib = quantity.mib_at_most(text)
-        except quantity.QuantityError:
-            self.fail(MEMORY_LIMIT, "is neither a memory size nor a percentage")
-            return None
-        if mib <= 0:
-            self.fail(MEMORY_LIMIT, "is less than 1 MiB")
-            return None
-        return MemoryLimit(mib=mib)
+        unsized = "is neither a memory size nor a percentage"
+        mib = self.size(MEMORY_LIMIT, text, quantity.mib_at_most, unsized)
+        return MemoryLimit(mib=mib) if mib is not None else None
 
     def cores_limit(self, value: str) -> int | None:
         text = value.strip()

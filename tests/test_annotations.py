@@ -96,7 +96,7 @@ def test_count_none_and_case() -> None:
             "gpuwire.io/gpu-min-memory: '40' is not a memory size; accepted: a size",
         ),
         ({a.MIN_MEMORY: "40GB"}, "'40GB' is not a memory size"),
-        ({a.MIN_MEMORY: "0Gi"}, "'0Gi' is not more than zero"),
+        ({a.MIN_MEMORY: "0Gi"}, "'0Gi' is less than 1 MiB"),
         (
             {a.CAPABILITIES: "compute,cuda"},
             "'compute,cuda' has unknown capability cuda; accepted: all",

@@ -4,8 +4,7 @@ list/watch stand-in (tests/apiserver.py), and the webhook serving from it."""
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import yaml
 from gpuwire import annotations as a
 from gpuwire.lab.webhook import serving
 from tests.apiserver import ApiServer
-from tests.webhook_support import EXAMPLES, client, container, make_files, pod
+from tests.webhook_support import EXAMPLES, client, container, eventually, make_files, pod
 from webhook.review import request_for
 from webhook.watch import NodeWatch
 
@@ -24,14 +23,6 @@ NODES: list[dict[str, Any]] = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text
 
 def node(name: str) -> dict[str, Any]:
     return copy.deepcopy(next(n for n in NODES if n["metadata"]["name"] == name))
-
-
-def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import json
 import shutil
 import socket
 import ssl
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,15 @@ from certs import pki
 from gpuwire import annotations as a
 from gpuwire import grant
 from gpuwire.lab.webhook import serving
-from tests.webhook_support import K8S_VERSION, Files, client, container, make_files, pod
+from tests.webhook_support import (
+    K8S_VERSION,
+    Files,
+    client,
+    container,
+    eventually,
+    make_files,
+    pod,
+)
 from webhook.review import request_for
 
 
@@ -55,14 +62,6 @@ def patched(p: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     mutated: dict[str, Any] = jsonpatch.apply_patch(p, ops)
     kubernetes_validate.validate(mutated, K8S_VERSION, strict=True)
     return mutated
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 GPU_POD = pod({a.MODEL: "H100", a.COUNT: "all"}, [container("trainer")])
@@ -269,7 +268,7 @@ def test_rotated_files_take_effect_without_a_restart(tmp_path: Path) -> None:
 
         # certificate: a new CA and serving pair published the way the kubelet updates a Secret
         pki.generate(tmp_path / "tls", ["localhost", "127.0.0.1"])
-        wait_for(lambda: handshake_ca(served.url, files.tls.ca), "the new certificate")
+        eventually(lambda: handshake_ca(served.url, files.tls.ca), "the new certificate")
         assert not handshake_ca(served.url, old_ca)
 
         with client(served, files.tls.ca) as fresh:
@@ -283,19 +282,19 @@ def test_rotated_files_take_effect_without_a_restart(tmp_path: Path) -> None:
                 env = {e["name"]: e["value"] for e in mutated["spec"]["containers"][0]["env"]}
                 return str(env[grant.ENV]).startswith(key_id + ":")
 
-            wait_for(lambda: signed_by("2024-02"), "the new grant key")
+            eventually(lambda: signed_by("2024-02"), "the new grant key")
 
             # policy: a broken file keeps the last good one, a fixed file takes effect
             two = request_for(pod({a.COUNT: "2"}), "ml-research")
             assert answer(fresh, two)["response"]["allowed"] is True
             files.policy.write_text("devicePlugin: [oops\n")
-            wait_for(
+            eventually(
                 lambda: metric(fresh, 'gpuwire_webhook_reload_failures{source="policy"}') == 1,
                 "the failed policy reload",
             )
             assert answer(fresh, two)["response"]["allowed"] is True
             files.policy.write_text("devicePlugin: false\n")
-            wait_for(lambda: not answer(fresh, two)["response"]["allowed"], "the new policy")
+            eventually(lambda: not answer(fresh, two)["response"]["allowed"], "the new policy")
             assert served.process.poll() is None
             assert served.pid == pid
     assert "policy" in served.output()
@@ -311,7 +310,7 @@ def test_not_ready_without_a_grant_key_until_one_arrives(tmp_path: Path) -> None
         response = answer(http, request_for(GPU_POD, "ml-research"))["response"]
         assert response["warnings"] == ["no grant key loaded: GPUWIRE_GRANT not written"]
         (files.keys / "2024-03").write_text("late\n")
-        wait_for(lambda: http.get("/readyz").status_code == 200, "readiness")
+        eventually(lambda: http.get("/readyz").status_code == 200, "readiness")
 
 
 def test_bad_start_up_files_are_refused_with_the_reason(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import shutil
 import ssl
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 import jsonpatch
 import kubernetes_validate
+import pytest
 
 from certs import pki
 from gpuwire import grant
@@ -107,6 +110,15 @@ def env(p: dict[str, Any], name: str = "app") -> dict[str, str]:
         if c["name"] == name:
             return {e["name"]: e.get("value", "") for e in c.get("env", [])}
     raise KeyError(name)
+
+
+def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait for something a background loop (a reload, a watch) makes true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def verifies(value: str, namespace: str, name: str, devices: str, caps: str | None) -> bool:
