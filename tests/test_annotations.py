@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -138,6 +141,17 @@ def test_every_problem_is_reported_at_once() -> None:
     with pytest.raises(AnnotationError) as caught:
         parse({a.COUNT: "two", a.MEMORY_LIMIT: "20", a.MODEL: "A100"})
     assert [p.annotation for p in caught.value.problems] == [a.COUNT, a.MEMORY_LIMIT]
+
+
+def test_the_grammar_is_standard_library_only() -> None:
+    """It is contract: the node side may import it on the container-start path."""
+    code = (
+        "import sys, gpuwire.annotations, gpuwire.limits, gpuwire.quantity;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('webhook', 'yaml', 'starlette', 'kubernetes', 'jsonpatch', 'prometheus_client')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_unknown_gpuwire_annotations_are_reported_others_ignored() -> None:

@@ -163,6 +163,11 @@ def test_a_plugin_container_cannot_also_choose_its_gpus(
     assert denial.code == 400
 
 
+def test_a_zero_gpu_resource_is_no_gpu() -> None:
+    mutated, _ = admit(pod({}, [container(gpus=0)]))
+    assert env(mutated) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
 def test_requests_only_count_as_a_gpu_resource() -> None:
     c = {**container(), "resources": {"requests": {"nvidia.com/gpu": "1"}}}
     mutated, _ = admit(pod({}, [c]))

@@ -153,7 +153,7 @@ class _Mutation:
                     f"{', '.join(unknown)}, which this pod does not have; accepted: {names}",
                 )
             return set(request.containers)
-        with_resource = {c.name for c in self.pod.containers if c.gpus is not None}
+        with_resource = {c.name for c in self.pod.containers if c.gpus}
         if with_resource or not request.asks:
             return with_resource
         return {c.name for c in self.pod.app_containers}
@@ -178,7 +178,7 @@ class _Mutation:
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
         resource = c.gpus
-        if resource is not None:
+        if resource:  # nvidia.com/gpu: 0 asks the plugin for nothing
             self.check_plugin(c, request, resource)
             return _Devices(grant.PLUGIN_DEVICES, resource)
         if request.uuids:
