@@ -10,7 +10,7 @@ framework honours them, but a process that ignores them is not stopped.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 DEFAULT_PROFILE = "hami"
@@ -131,7 +131,11 @@ class Profile:
     summary: str
     render: Callable[[Limits, Mapping[str, str]], dict[str, str]]
     # Hand-written variables that would lift this profile's limits; removed where it applies.
-    escapes: re.Pattern[str] | None = None
+    escapes: re.Pattern[str] | None = None  # whole names, one per line (re.MULTILINE)
+
+    def escaping(self, names: Iterable[str]) -> list[str]:
+        """Those of `names` that would lift this profile's limits (one regex pass for all)."""
+        return self.escapes.findall("\n".join(names)) if self.escapes else []
 
 
 PROFILES: dict[str, Profile] = {
@@ -143,7 +147,8 @@ PROFILES: dict[str, Profile] = {
             "HAMi-core: CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT",
             _hami,
             re.compile(
-                r"^(CUDA_DEVICE_MEMORY_LIMIT_\d+|CUDA_DEVICE_SM_LIMIT_\d+|CUDA_DISABLE_CONTROL)$"
+                r"^(?:CUDA_DEVICE_MEMORY_LIMIT_\d+|CUDA_DEVICE_SM_LIMIT_\d+|CUDA_DISABLE_CONTROL)$",
+                re.MULTILINE,
             ),
         ),
         Profile(

@@ -22,12 +22,20 @@ def test_hami_writes_mib_with_m_suffix_and_forces_the_core_limit() -> None:
 
 
 def test_hami_escapes_are_the_variables_that_lift_its_limits() -> None:
-    escapes = limits.PROFILES["hami"].escapes
-    assert escapes is not None
-    for name in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT_3", "CUDA_DISABLE_CONTROL"):
-        assert escapes.match(name), name
-    assert not escapes.match("CUDA_DEVICE_MEMORY_LIMIT")
-    assert not escapes.match("CUDA_DEVICE_MEMORY_LIMIT_X")
+    names = [
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "CUDA_DEVICE_MEMORY_LIMIT",
+        "CUDA_DEVICE_SM_LIMIT_3",
+        "CUDA_DEVICE_MEMORY_LIMIT_X",
+        "CUDA_DISABLE_CONTROL",
+        "XCUDA_DISABLE_CONTROL",
+    ]
+    assert limits.PROFILES["hami"].escaping(names) == [
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "CUDA_DEVICE_SM_LIMIT_3",
+        "CUDA_DISABLE_CONTROL",
+    ]
+    assert limits.PROFILES["mps"].escaping(names) == []
 
 
 def test_mps_writes_a_limit_per_device_ordinal() -> None:

@@ -270,8 +270,7 @@ class _Mutation:
                 if profile.enforced:
                     raise Denied(400, f"{key}: {request.given[key]!r}: {exc}") from exc
                 self.warnings.append(f"{key}: profile {name!r} skipped: {exc}")
-            if profile.escapes:
-                env.update({n: None for n in c.named if profile.escapes.match(n)})
+            env.update(dict.fromkeys(profile.escaping(c.named)))
         return env
 
     def other_container(self, c: Container) -> list[Op]:
