@@ -120,7 +120,10 @@ def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[
         name = e.get("name")
         if not isinstance(name, str):
             raise _wrong(name, f"{where}.env[{i}].name", "a string")
-        named.setdefault(name, []).append(i)
+        if name in named:
+            named[name].append(i)
+        else:
+            named[name] = [i]
     return entries, named
 
 

@@ -26,7 +26,6 @@ namespace's hand-written NVIDIA_VISIBLE_DEVICES is trusted.
 from __future__ import annotations
 
 import fnmatch
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,23 +65,24 @@ class Policy:
     gpu_count: Count = "all"
     void_unrequested: bool = True
     rules: tuple[Rule, ...] = field(default=(Rule(),))
+    # namespace → (excluded, rule): a cluster has few namespaces, and every admission asks
+    _seen: dict[str, tuple[bool, Rule | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def _lookup(self, namespace: str) -> tuple[bool, Rule | None]:
+        found = self._seen.get(namespace)
+        if found is None:
+            excluded = any(fnmatch.fnmatchcase(namespace, p) for p in self.excluded_namespaces)
+            rule = next((r for r in self.rules if r.matches(namespace)), None)
+            found = self._seen[namespace] = (excluded, rule)
+        return found
 
     def excluded(self, namespace: str) -> bool:
-        return _excluded(self.excluded_namespaces, namespace)
+        return self._lookup(namespace)[0]
 
     def rule(self, namespace: str) -> Rule | None:
-        return _first_rule(self.rules, namespace)
-
-
-@functools.lru_cache(maxsize=4096)
-def _excluded(patterns: tuple[str, ...], namespace: str) -> bool:
-    return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
-
-
-@functools.lru_cache(maxsize=4096)
-def _first_rule(rules: tuple[Rule, ...], namespace: str) -> Rule | None:
-    """Cached: a cluster has few namespaces, and every admission asks."""
-    return next((r for r in rules if r.matches(namespace)), None)
+        return self._lookup(namespace)[1]
 
 
 # --- reading the file: each key has one reader, which names the key, the value and what it takes
