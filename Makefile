@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck unit system-deps venv clean
+.PHONY: test demo lint typecheck unit system-deps venv clean protos
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ unit: venv
 	$(BIN)/pytest
 
 test: system-deps lint typecheck unit
+
+# Stubs of deviceplugin/api/*.proto, with the grpcio-tools pinned in constraints.txt.
+protos: venv
+	$(BIN)/python -m deviceplugin.api.generate
 
 demo: system-deps venv
 	$(BIN)/python scripts/demo.py

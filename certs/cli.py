@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import logging
+import os
+import re
+import signal
+import threading
+from pathlib import Path
 
-from certs import pki
+import urllib3
+from kubernetes import client, config
+
+from certs import files, grantkey, pki, reconcile, rotation
+from certs.cluster import Cluster
+from certs.reconcile import Target
+
+log = logging.getLogger("gpuwire.certs")
+# What the webhook server reads: never the CA key.
+SERVED_FILES = (pki.CA_FILE, pki.CERT_FILE, pki.KEY_FILE)
+# After a failed check a long-running `ensure` retries sooner than its interval.
+RETRY_SECONDS = 30
 
 
 def _days(value: str) -> dt.timedelta:
@@ -71,3 +89,118 @@ def generate(argv: list[str]) -> int:
         parser.exit(1, f"gpuwire certs generate: cannot write --out {args.out!r}: {exc}\n")
     print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(args.host)}")
     return 0
+
+
+def _interval(value: str) -> float:
+    match = re.fullmatch(r"(\d+)([smh]?)", value)
+    if not match or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration: a whole number ≥ 1 with an optional unit s, m or h"
+        )
+    return int(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def ensure(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire certs ensure",
+        description="Create or renew the webhook's TLS Secret and set the caBundle of its "
+        "MutatingWebhookConfiguration; safe to run from several replicas at once.",
+    )
+    parser.add_argument("--namespace", required=True, help="namespace of the Service and Secret")
+    parser.add_argument("--service", required=True, help="the webhook's Service")
+    parser.add_argument("--secret", required=True, help="Secret (kubernetes.io/tls) to keep")
+    parser.add_argument(
+        "--webhook-config", required=True, help="MutatingWebhookConfiguration whose caBundle to set"
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="default: in-cluster when run in a pod, else $KUBECONFIG or ~/.kube/config",
+    )
+    parser.add_argument("--cluster-domain", default=pki.CLUSTER_DOMAIN)
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="also write ca.crt, tls.crt, tls.key here (all at once) for the webhook server",
+    )
+    parser.add_argument(
+        "--grant-key-secret",
+        metavar="NAME",
+        help="also put a random grant key into this Secret if it holds none",
+    )
+    parser.add_argument(
+        "--interval",
+        type=_interval,
+        metavar="DURATION",
+        help="keep running, checking every DURATION (e.g. 10m); default: check once and exit",
+    )
+    _add_lifetimes(parser)
+    args = parser.parse_args(argv)
+    hosts = pki.service_hosts(args.service, args.namespace, args.cluster_domain)
+    try:
+        for host in hosts:
+            pki.check_host(host)
+    except pki.PKIError as exc:
+        parser.exit(2, f"gpuwire certs ensure: {exc}\n")
+    try:
+        cluster = Cluster(_api_client(args.kubeconfig))
+    except config.ConfigException as exc:
+        source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the default sources"
+        parser.exit(2, f"gpuwire certs ensure: no cluster credentials from {source}: {exc}\n")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpuwire certs: %(message)s")
+    target = Target(args.namespace, args.service, args.secret, args.webhook_config)
+    settings = rotation.Settings(tuple(hosts), args.ca_days, args.days, args.key_type)
+    stop = threading.Event()
+    if args.interval:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while True:
+        ok = _run_once(cluster, target, settings, args.out, args.grant_key_secret)
+        if args.interval is None:
+            return 0 if ok else 1
+        if stop.wait(args.interval if ok else min(args.interval, RETRY_SECONDS)):
+            return 0
+
+
+def _run_once(
+    cluster: Cluster,
+    target: Target,
+    settings: rotation.Settings,
+    out: str | None,
+    grant_key_secret: str | None,
+) -> bool:
+    now = dt.datetime.now(dt.UTC)
+    try:
+        data = reconcile.reconcile(cluster, target, settings, now)
+        if grant_key_secret:
+            grantkey.ensure_grant_key(cluster, target.namespace, grant_key_secret, now)
+        if out and files.publish(Path(out), {n: data[n] for n in SERVED_FILES}):
+            log.info("wrote %s to %s", ", ".join(SERVED_FILES), out)
+    except (reconcile.ReconcileError, pki.PKIError, OSError) as exc:
+        log.error("%s", exc)
+        return False
+    except client.ApiException as exc:
+        log.error("kube-apiserver answered %s %s: %s", exc.status, exc.reason, _message(exc))
+        return False
+    except urllib3.exceptions.HTTPError as exc:
+        log.error("cannot reach the kube-apiserver: %s", exc)
+        return False
+    return True
+
+
+def _api_client(kubeconfig: str | None) -> client.ApiClient:
+    configuration = client.Configuration()
+    if kubeconfig is None and config.incluster_config.SERVICE_HOST_ENV_NAME in os.environ:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    return client.ApiClient(configuration)
+
+
+def _message(exc: client.ApiException) -> str:
+    """The Status message the kube-apiserver sent, else the raw body."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(exc.body)

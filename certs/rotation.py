@@ -2,11 +2,14 @@
 
 The Secret holds `ca.crt` (the trust bundle: the current CA first, then older CAs that have
 not expired), `ca.key` (the current CA's key), and the serving pair `tls.crt`/`tls.key`.
-One rule keeps every request working through a rollover: a serving certificate that clients
-trust is only replaced by one whose CA the webhook configuration already trusts. So a CA
-rollover takes three steps, each a separate write that any replica may make or repeat:
-add the new CA to the bundle, publish the bundle as the `caBundle`, then reissue the serving
-certificate from the new CA. The old CA stays in the bundle until it expires.
+Two rules keep every request working, whichever certificate a replica still serves: a new
+serving certificate is written only once the webhook configuration trusts its CA (or trusts
+nothing alive yet: a fresh install), and a CA leaves the bundle only when it expires (a
+serving certificate never outlives its CA). So a CA rollover takes three steps, each a
+separate write that any replica may make or repeat: add the new CA to the bundle, publish the
+bundle as the `caBundle`, then reissue the serving certificate from the new CA. CAs the
+`caBundle` trusts now stay in the bundle even when the Secret has lost them (deleted to force
+a rotation), since replicas may still serve certificates they signed.
 """
 
 from __future__ import annotations
@@ -79,14 +82,17 @@ def next_change(
         change.updates[CA_KEY_FILE] = ca.key_pem()
     else:
         ca = material.ca
-    trust = (ca.cert, *(c for c in material.trust if c != ca.cert and _alive(c, now)))
+    kept = [c for c in (*material.trust, *published) if c != ca.cert and _alive(c, now)]
+    trust = (ca.cert, *dict.fromkeys(kept))
     if trust != material.trust:
         change.updates[pki.CA_FILE] = pki.bundle_pem(trust)
-        if not ca_reason:
+        if any(c not in trust for c in material.trust) and not ca_reason:
             change.reasons.append("expired CA dropped from the trust bundle")
+        if any(c not in material.trust for c in published if c in trust):
+            change.reasons.append("CAs the caBundle trusts kept in the trust bundle")
     problem = material.problems.get(pki.KEY_FILE) or material.problems.get(pki.CERT_FILE)
     serving_reason = _serving_reason(material.serving, problem, ca, settings, now)
-    if serving_reason and _may_replace(material.serving, ca, published, now):
+    if serving_reason and _may_replace(ca, published, now):
         serving = pki.issue(ca, settings.hosts, now, settings.lifetime, settings.key_type)
         change.updates[pki.CERT_FILE] = serving.cert_pem()
         change.updates[pki.KEY_FILE] = serving.key_pem()
@@ -124,19 +130,10 @@ def _serving_reason(
     return None
 
 
-def _may_replace(
-    serving: pki.Issued | None,
-    ca: pki.Issued,
-    published: Sequence[x509.Certificate],
-    now: dt.datetime,
-) -> bool:
-    """Replacing is safe when nothing trusted is served now, or the new issuer is published."""
-    working = (
-        serving is not None
-        and _alive(serving.cert, now)
-        and any(pki.issued_by(serving.cert, p) for p in published)
-    )
-    return not working or ca.cert in published
+def _may_replace(ca: pki.Issued, published: Sequence[x509.Certificate], now: dt.datetime) -> bool:
+    """Safe when clients trust the new issuer already, or trust nothing that is alive."""
+    alive = [p for p in published if _alive(p, now)]
+    return not alive or ca.cert in alive
 
 
 def _alive(cert: x509.Certificate, now: dt.datetime) -> bool:
@@ -146,7 +143,7 @@ def _alive(cert: x509.Certificate, now: dt.datetime) -> bool:
 def _read_certs(
     data: Mapping[str, bytes], name: str, problems: dict[str, str]
 ) -> tuple[x509.Certificate, ...]:
-    if name not in data:
+    if not data.get(name):  # absent, or empty as in a Secret that waits for its pair
         return ()
     try:
         return tuple(pki.load_certs(data[name], name))
@@ -162,7 +159,7 @@ def _pair(
     problems: dict[str, str],
 ) -> pki.Issued | None:
     """The first certificate with its key from `key_name`, when both are there and match."""
-    if not certs or key_name not in data:
+    if not certs or not data.get(key_name):
         return None
     try:
         key = pki.load_key(data[key_name], key_name)

@@ -7,37 +7,42 @@ a pod author can neither add a mount whose source is in that host directory (tha
 hostPath volume, which Pod Security `baseline` forbids) nor replay one: the first sandbox
 that starts with a token claims it, and another sandbox presenting it is refused. The token's
 content is MAC'd with the grant keys, so a file planted elsewhere proves nothing either.
+The node side imports this module on every container start; what only reading or writing
+a token needs (json, hmac) is imported there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
-import re
-import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 from gpuwire.grant import KeyRing
+from gpuwire.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 DEFAULT_DIR = "/var/lib/gpuwire/allocations"
 CONTAINER_DIR = "/run/gpuwire/allocations"
 
-_TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+def _is_token(text: str) -> bool:
+    """32 lowercase hex digits."""
+    return len(text) == 32 and all(c in "0123456789abcdef" for c in text)
 
 
 class AllocationError(ValueError):
     """A token that does not prove an allocation."""
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(Record):
+    __slots__ = _fields = ("token", "resource", "devices")
     token: str
     resource: str
     devices: tuple[str, ...]  # physical GPU UUIDs, sorted
+
+    def __init__(self, token: str, resource: str, devices: tuple[str, ...]) -> None:
+        self._set(token=token, resource=resource, devices=devices)
 
     def message(self) -> bytes:
         fields = ("gpuwire-alloc-v1", self.token, self.resource, ",".join(self.devices))
@@ -45,6 +50,9 @@ class Allocation:
 
 
 def _mac(keys: KeyRing, key_id: str, allocation: Allocation) -> str:
+    import hashlib
+    import hmac
+
     return hmac.new(keys.keys[key_id], allocation.message(), hashlib.sha256).hexdigest()
 
 
@@ -52,6 +60,9 @@ def write(
     directory: str | os.PathLike[str], resource: str, uuids: Iterable[str], keys: KeyRing
 ) -> Allocation:
     """Record an allocation; returns it (its token names the file and the container mount)."""
+    import json
+    import secrets
+
     allocation = Allocation(secrets.token_hex(16), resource, tuple(sorted(set(uuids))))
     key_id = keys.signing_id
     body = {
@@ -61,9 +72,10 @@ def write(
         "mac": _mac(keys, key_id, allocation),
     }
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = Path(directory, allocation.token)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body))
+    path = os.path.join(directory, allocation.token)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(body))
     os.replace(tmp, path)
     return allocation
 
@@ -75,15 +87,18 @@ def container_path(token: str) -> str:
 def token_of(destination: str) -> str | None:
     """The token a container mount destination carries, if it is an allocation mount."""
     parent, _, token = destination.rstrip("/").rpartition("/")
-    return token if parent == CONTAINER_DIR and _TOKEN.match(token) else None
+    return token if parent == CONTAINER_DIR and _is_token(token) else None
 
 
 def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Allocation:
     """The allocation behind `token`, verified; AllocationError says why not."""
-    if not _TOKEN.match(token):
+    import hmac
+    import json
+
+    if not _is_token(token):
         raise AllocationError(f"malformed allocation token {token!r}")
     try:
-        fd = os.open(Path(directory, token), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(directory, token), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
         raise AllocationError(
             f"allocation {token} not found on this node ({exc.strerror})"
@@ -107,11 +122,12 @@ def claim(directory: str | os.PathLike[str], token: str, sandbox: str) -> None:
 
     Containers of one sandbox (restarts, several containers) may present it again.
     """
-    path = Path(directory, f"{token}.claim")
+    path = os.path.join(directory, f"{token}.claim")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
-        owner = path.read_text()
+        with open(path) as f:
+            owner = f.read()
         if owner != sandbox:
             raise AllocationError(
                 f"allocation {token} belongs to sandbox {owner[:12]}, not {sandbox[:12]}"
@@ -123,5 +139,8 @@ def claim(directory: str | os.PathLike[str], token: str, sandbox: str) -> None:
 
 def remove(directory: str | os.PathLike[str], token: str) -> None:
     """Forget an allocation (the plugin sweeps tokens of pods that are gone)."""
+    import contextlib
+
     for name in (token, f"{token}.claim"):
-        Path(directory, name).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, name))

@@ -3,43 +3,82 @@
 A request string selects devices the way libnvidia-container does (reference
 nvidia-runtime.md 1.1): `void`/empty/unset is not a GPU container, `none` is a GPU
 container with no GPU, `all` is every GPU, otherwise a list of indices, UUIDs or PCI bus ids.
+The types are `gpuwire.record` values: this module is on the container-start path.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from enum import Enum
+from gpuwire.record import Choice, Record
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(Record):
     """One GPU as discovery (procfs, NVML or the simulated node) reports it."""
 
+    __slots__ = _fields = (
+        "index",
+        "minor",
+        "uuid",
+        "pci_bus_id",
+        "product",
+        "memory_mib",
+        "numa_node",
+        "nvlinks",
+    )
     index: int
     minor: int
     uuid: str
     pci_bus_id: str  # 0000:07:00.0
     product: str  # NVIDIA A100-SXM4-80GB
-    memory_mib: int = 0  # 0 where the source does not say (procfs)
-    numa_node: int = -1  # -1: unknown
-    nvlinks: tuple[tuple[int, int], ...] = field(default=())  # (peer index, link count)
+    memory_mib: int  # 0 where the source does not say (procfs)
+    numa_node: int  # -1: unknown
+    nvlinks: tuple[tuple[int, int], ...]  # (peer index, link count)
+
+    def __init__(
+        self,
+        index: int,
+        minor: int,
+        uuid: str,
+        pci_bus_id: str,
+        product: str,
+        memory_mib: int = 0,
+        numa_node: int = -1,
+        nvlinks: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        self._set(
+            index=index,
+            minor=minor,
+            uuid=uuid,
+            pci_bus_id=pci_bus_id,
+            product=product,
+            memory_mib=memory_mib,
+            numa_node=numa_node,
+            nvlinks=nvlinks,
+        )
 
     def links_to(self, peer: int) -> int:
         return sum(count for index, count in self.nvlinks if index == peer)
 
 
-class Kind(Enum):
-    VOID = "void"  # not a GPU container: inject nothing
-    NONE = "none"  # driver files and control devices, no GPU
-    ALL = "all"
-    LIST = "list"
+class Kind(Choice):
+    __slots__ = ()
+    VOID: Kind  # not a GPU container: inject nothing
+    NONE: Kind  # driver files and control devices, no GPU
+    ALL: Kind
+    LIST: Kind
 
 
-@dataclass(frozen=True)
-class Request:
+Kind.VOID, Kind.NONE, Kind.ALL, Kind.LIST = (
+    Kind(name, name.lower()) for name in ("VOID", "NONE", "ALL", "LIST")
+)
+
+
+class Request(Record):
+    __slots__ = _fields = ("kind", "entries")
     kind: Kind
-    entries: tuple[str, ...] = ()
+    entries: tuple[str, ...]
+
+    def __init__(self, kind: Kind, entries: tuple[str, ...] = ()) -> None:
+        self._set(kind=kind, entries=entries)
 
     def canonical(self) -> str:
         """The form a grant signs: the kind, or the sorted unique entries."""
@@ -65,16 +104,23 @@ class UnknownDevice(LookupError):
     """A requested device that this node does not have."""
 
 
-_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _hex(text: str, longest: int) -> bool:
+    return 0 < len(text) <= longest and all(c in _HEX for c in text)
 
 
 def normalise_bus_id(value: str) -> str | None:
     """`7:0.0`, `07:00.0`, `00000000:07:00.0` → `0000:07:00.0`; None if not a bus id."""
-    m = _BUS_ID.match(value)
-    if not m:
+    head, dot, fn = value.rpartition(".")
+    parts = head.split(":")
+    if not dot or len(fn) != 1 or fn not in "01234567" or len(parts) not in (2, 3):
         return None
-    domain, bus, dev, fn = m.groups()
-    return f"{int(domain or '0', 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
+    domain, bus, dev = ["0", *parts] if len(parts) == 2 else parts
+    if not (_hex(domain, 8) and _hex(bus, 2) and _hex(dev, 2)):
+        return None
+    return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
 def select(request: Request, devices: list[Device] | tuple[Device, ...]) -> tuple[Device, ...]:

@@ -6,20 +6,19 @@ device request and the canonical capabilities. Namespace and container name come
 CRI annotations on the node, so a grant copied into another namespace or container is void.
 Keys are files in a directory (a mounted Secret), one key each, named by key id; every key
 verifies, the newest-named one signs, which is how keys rotate without a failed start.
+Imports are kept to what the node side needs on every container start (see gpuwire.record).
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import hmac
 import os
-import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
 from gpuwire import devices, nvidia
+from gpuwire.record import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 ENV = "GPUWIRE_GRANT"
 DEFAULT_KEY_DIR = "/etc/gpuwire/keys"
@@ -32,21 +31,33 @@ SUBJECT_ANNOTATIONS = (
     ("io.kubernetes.pod.namespace", "io.kubernetes.container.name"),
 )
 
-_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_KEY_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def _is_key_id(name: str) -> bool:
+    """`[A-Za-z0-9][A-Za-z0-9._-]{0,62}`: a key file name, never a Secret volume's `..data`."""
+    return (
+        0 < len(name) <= 63 and name[0].isalnum() and name.isascii() and set(name) <= _KEY_ID_CHARS
+    )
 
 
 class GrantError(ValueError):
     """A grant that cannot be made or read (no key, malformed value)."""
 
 
-@dataclass(frozen=True)
-class Subject:
+class Subject(Record):
     """What a grant binds, each field in canonical form."""
 
+    __slots__ = _fields = ("namespace", "container", "devices", "capabilities")
     namespace: str
     container: str
     devices: str
     capabilities: str
+
+    def __init__(self, namespace: str, container: str, devices: str, capabilities: str) -> None:
+        self._set(
+            namespace=namespace, container=container, devices=devices, capabilities=capabilities
+        )
 
     @classmethod
     def of(cls, namespace: str, container: str, visible: str | None, caps: str | None) -> Subject:
@@ -77,9 +88,12 @@ def subject_names(annotations: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-@dataclass(frozen=True)
-class KeyRing:
+class KeyRing(Record):
+    __slots__ = _fields = ("keys",)
     keys: Mapping[str, bytes]
+
+    def __init__(self, keys: Mapping[str, bytes]) -> None:
+        self._set(keys=keys)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> KeyRing:
@@ -90,9 +104,10 @@ class KeyRing:
         except FileNotFoundError:
             return cls({})
         for name in names:
-            path = Path(directory, name)
-            if _KEY_ID.match(name) and path.is_file():
-                secret = path.read_bytes().strip()
+            path = os.path.join(directory, name)
+            if _is_key_id(name) and os.path.isfile(path):
+                with open(path, "rb") as f:
+                    secret = f.read().strip()
                 if secret:
                     keys[name] = secret
         return cls(keys)
@@ -104,6 +119,9 @@ class KeyRing:
         return max(self.keys)
 
     def mac(self, key_id: str, subject: Subject) -> str:
+        import hashlib
+        import hmac
+
         return hmac.new(self.keys[key_id], subject.message(), hashlib.sha256).hexdigest()
 
     def sign(self, subject: Subject) -> str:
@@ -115,6 +133,8 @@ class KeyRing:
         key_id, sep, mac = value.partition(":")
         if not sep or key_id not in self.keys:
             return False
+        import hmac
+
         return hmac.compare_digest(self.mac(key_id, subject), mac)
 
     def explain(self, value: str, subject: Subject) -> str:
@@ -138,6 +158,8 @@ def _describe(subject: Subject) -> str:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="gpuwire grant",
         description="Print the GPUWIRE_GRANT line the webhook would write for a container.",

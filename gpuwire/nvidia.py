@@ -80,6 +80,15 @@ BINARIES: dict[str, tuple[str, ...]] = {
 # display the graphics libs).
 IMPLIES: dict[str, tuple[str, ...]] = {"video": ("compute",), "display": ("graphics",)}
 
+# Links libnvidia-container adds in the container besides the SONAME ones
+# (`symlink_libraries`): (link name, target); `{version}` is the driver version. Each is
+# made only when its target is one of the libraries mounted.
+EXTRA_LINKS = (
+    ("libcuda.so", "libcuda.so.1"),
+    ("libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1"),
+    ("libGLX_indirect.so.0", "libGLX_nvidia.so.{version}"),
+)
+
 # Where the container gets libraries: Debian-family rootfs (has /etc/debian_version) or not.
 LIBDIR_DEBIAN = "usr/lib/x86_64-linux-gnu"
 LIBDIR_DEBIAN_32 = "usr/lib/i386-linux-gnu"

@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import uuid as uuidlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuwire import nvidia
@@ -72,7 +72,12 @@ class Inventory:
         return tuple(g.device for g in self.gpus)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        gpus = [
+            {"device": g.device.as_dict(), "compute_capability": g.compute_capability}
+            for g in self.gpus
+        ]
+        body = {"driver_version": self.driver_version, "cuda_version": self.cuda_version}
+        return json.dumps({**body, "gpus": gpus}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> Inventory:

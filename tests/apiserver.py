@@ -10,7 +10,8 @@ Deliberate limits: no authn/authz or admission; server-side apply answers 415 an
 strategic merge is merge patch plus merge-by-key of the lists in MERGE_KEYS, no `$` directives;
 `limit`/`continue` are ignored (the whole list comes back, as from the watch cache) and list
 ignores `resourceVersion`; finalizers and grace periods are ignored (delete is immediate, a
-namespace goes with its contents); no deletecollection; validation covers names and labels.
+namespace goes with its contents); no deletecollection, no `sendInitialEvents` (watch-list);
+validation covers names and labels, not the schema (a wrongly typed field is stored as sent).
 """
 
 from __future__ import annotations
@@ -189,10 +190,14 @@ def field_selector(text: str, res: Resource) -> Match:
     return lambda obj: all((_field(obj, path) == value) == want for path, value, want in checks)
 
 
-def _field(obj: Obj, path: str) -> str:
-    value: Any = obj
+def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def _field(obj: Obj, path: str) -> str:
+    value = _get(obj, path)
     return "" if value is None else json.dumps(value) if isinstance(value, bool) else str(value)
 
 
@@ -220,7 +225,7 @@ def _merge_list(current: list[Any], patch: list[Any], key: str) -> list[Any]:
     merged = list(current)
     for item in patch:
         keyed = isinstance(item, dict) and key in item
-        at = [i for i, old in enumerate(merged) if keyed and old.get(key) == item[key]]
+        at = [i for i, old in enumerate(merged) if keyed and _get(old, key) == item[key]]
         if at:
             merged[at[0]] = merge_patch(merged[at[0]], item, strategic=True)
         else:
@@ -310,7 +315,9 @@ class ApiServer:
         self._http = _HttpServer(self)
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         fast_exit = {"poll_interval": 0.05}
-        self._thread = threading.Thread(target=self._http.serve_forever, kwargs=fast_exit)
+        self._thread = threading.Thread(
+            target=self._http.serve_forever, kwargs=fast_exit, daemon=True
+        )
 
     def __enter__(self) -> ApiServer:
         self._thread.start()
@@ -369,7 +376,8 @@ class ApiServer:
         self._delete(self._resource(resource), namespace, name, None)
 
     def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
-        """Answer the next `times` requests for `method` ("*": any) on `path` (a glob)."""
+        """Answer the next `times` requests for `method` on `path` (a glob, no query) with a
+        Status of code `status`. `method` "*" is any, "WATCH" a GET with watch=true."""
         with self._lock:
             self._faults.append(Fault(method, path, status, times))
 
@@ -398,10 +406,11 @@ class ApiServer:
     # Verbs: each checks its input, then changes the store under the lock (an RLock: patch calls
     # update), recording every change in the history.
 
-    def _fault(self, method: str, path: str) -> None:
+    def _fault(self, method: str, path: str, query: dict[str, str]) -> None:
+        verb = "WATCH" if method == "GET" and query.get("watch") in ("true", "1") else method
         with self._lock:
             for fault in self._faults:
-                if fault.method in ("*", method) and fnmatch.fnmatchcase(path, fault.path):
+                if fault.method in ("*", method, verb) and fnmatch.fnmatchcase(path, fault.path):
                     fault.times -= 1
                     self._faults = [f for f in self._faults if f.times > 0]
                     raise StatusError(fault.status, f"injected fault ({fault.status})")
@@ -652,7 +661,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.api.requests.append(Request(self.command, url.path, query, content_type))
         try:
             raw = self._body()
-            self.api._fault(self.command, url.path)
+            self.api._fault(self.command, url.path, query)
             try:
                 body = json.loads(raw) if raw else None
             except ValueError as e:
@@ -668,11 +677,12 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
     def _body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY or "chunked" in self.headers.get("Transfer-Encoding", ""):
+        length = self.headers.get("Content-Length") or "0"
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "")
+        if not length.isdigit() or int(length) > MAX_BODY or chunked:
             self.close_connection = True
             raise StatusError(413, f"a request body needs a Content-Length of at most {MAX_BODY}")
-        return self.rfile.read(length)
+        return self.rfile.read(int(length))
 
     def _route(
         self, method: str, parts: list[str], query: dict[str, str], ctype: str, body: Any

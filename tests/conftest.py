@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,14 @@ def sim_node(tmp_path: Path) -> tuple[Path, sim.Inventory]:
     inventory = sim.make_inventory(gpus=4)
     sim.write_node(root, inventory)
     return root, inventory
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A short temporary directory for unix sockets: a socket path has at most 107 bytes,
+    which pytest's tmp_path (named after the test) can exceed."""
+    with tempfile.TemporaryDirectory(prefix="gw-") as directory:
+        yield Path(directory)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -290,22 +291,18 @@ def test_watch_resumes_from_a_version_and_sees_every_change_in_order(core: Any) 
 
 def test_watch_without_a_version_starts_with_the_current_state(core: Any) -> None:
     core.create_node({"metadata": {"name": "gpu-1"}})
-    seen: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, str]] = []
     stream = new_watch()
-
-    def watch_nodes() -> None:
-        for event in stream.stream(core.list_node, timeout_seconds=10):
-            seen.append((event["type"], event["object"].metadata.name, 0))
-            if len(seen) == 1:
-                core.create_node({"metadata": {"name": "gpu-2"}})
-            if len(seen) == 2:
-                stream.stop()
-
-    watch_nodes()
-    assert [(kind, name) for kind, name, _ in seen] == [("ADDED", "gpu-1"), ("ADDED", "gpu-2")]
+    for event in stream.stream(core.list_node, timeout_seconds=10):
+        seen.append((event["type"], event["object"].metadata.name))
+        if len(seen) == 1:  # the state is in; what changes next follows on the same stream
+            core.create_node({"metadata": {"name": "gpu-2"}})
+        else:
+            stream.stop()
+    assert seen == [("ADDED", "gpu-1"), ("ADDED", "gpu-2")]
 
 
-def test_watch_from_a_compacted_version_gets_410_expired(core: Any) -> None:
+def test_watch_from_a_compacted_version_gets_410_expired() -> None:
     with ApiServer(history=3) as small, small.client() as api_client:
         nodes = core_v1(api_client)
         start = nodes.list_node().metadata.resource_version
@@ -322,7 +319,6 @@ def test_watch_from_a_compacted_version_gets_410_expired(core: Any) -> None:
         recent = nodes.list_node().metadata.resource_version
         small.compact()
         nodes.create_node({"metadata": {"name": "gpu-9"}})
-        assert caught.type is ApiException
         with pytest.raises(ApiException, match="Expired"):
             events(nodes.list_node, 1, resource_version=start)
         assert events(nodes.list_node, 1, resource_version=recent)[0][:2] == ("ADDED", "gpu-9")
@@ -383,23 +379,26 @@ def test_closed_watches_are_resumed_by_the_client_from_the_last_version(
     assert resumed == [start, first["metadata"]["resourceVersion"]]
 
 
-def test_leaving_the_context_ends_open_watches(api: ApiServer) -> None:
-    ended = threading.Event()
+def test_leaving_the_context_ends_open_watches() -> None:
+    failures: list[Exception] = []
+    with ApiServer() as server, server.client() as api_client:
+        core = core_v1(api_client)
+        start = core.list_node().metadata.resource_version
 
-    def watch_forever() -> None:
-        with ApiServer() as server, server.client() as api_client:
-            stream = new_watch()
-            threading.Timer(0.2, server.__exit__, args=(None, None, None)).start()
+        def watch_nodes() -> None:  # no timeout: it would watch, and reconnect, for ever
             try:
-                for _ in stream.stream(core_v1(api_client).list_node, resource_version="1"):
+                for _ in new_watch().stream(core.list_node, resource_version=start):
                     pass
-            except Exception:  # the client's reconnect finds nothing listening
-                pass
-            ended.set()
+            except Exception as e:  # the reconnect finds nothing listening
+                failures.append(e)
 
-    thread = threading.Thread(target=watch_forever, daemon=True)
-    thread.start()
-    assert ended.wait(60)
+        thread = threading.Thread(target=watch_nodes, daemon=True)
+        thread.start()
+        while not any(r.query.get("watch") for r in server.requests):
+            time.sleep(0.01)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert "Connection refused" in str(failures)
 
 
 @pytest.mark.parametrize(
@@ -493,6 +492,8 @@ def test_bad_list_parameters_are_400(api: ApiServer, query: str, message: str) -
         ),
         ("PUT", "/api/v1/namespaces/default", b'{"metadata": {"name": "other"}}', {}, 400),
         ("GET", "/api/v1/namespaces/default/secrets/s/status", b"", {}, 404),
+        ("GET", "/", b"", {}, 404),
+        ("GET", "/apis/apps/v1/deployments", b"", {}, 404),
         ("POST", "/api/v1/namespaces?dryRun=All", b'{"metadata": {"name": "a"}}', {}, 400),
     ],
 )
@@ -508,11 +509,14 @@ def test_malformed_requests_are_4xx_and_change_nothing(
 def test_injected_faults_and_the_request_log(api: ApiServer, core: Any) -> None:
     api.fail("GET", "/api/v1/nodes", 503, times=2)
     api.fail("*", "/api/v1/namespaces/*/secrets/*", 500)
+    api.fail("WATCH", "/api/v1/nodes", 500)
     for _ in range(2):
         assert failure(core.list_node)["reason"] == "ServiceUnavailable"
     assert core.list_node().items == []
     assert failure(lambda: core.read_namespaced_secret("s", "default"))["code"] == 500
     assert failure(lambda: core.read_namespaced_secret("s", "default"))["code"] == 404
+    with pytest.raises(ApiException, match="500"):
+        events(core.list_node, 1)
     core.create_node({"metadata": {"name": "gpu-1"}})
     core.patch_node("gpu-1", {"metadata": {"labels": {"a": "b"}}})
     core.patch_node("gpu-1", [{"op": "remove", "path": "/metadata/labels/a"}])
@@ -520,6 +524,7 @@ def test_injected_faults_and_the_request_log(api: ApiServer, core: Any) -> None:
     assert log == [("GET", "/api/v1/nodes", "")] * 3 + [
         ("GET", "/api/v1/namespaces/default/secrets/s", ""),
         ("GET", "/api/v1/namespaces/default/secrets/s", ""),
+        ("GET", "/api/v1/nodes", ""),  # the failed watch
         ("POST", "/api/v1/nodes", ""),  # the client sends JSON without saying so
         ("PATCH", "/api/v1/nodes/gpu-1", "application/strategic-merge-patch+json"),
         ("PATCH", "/api/v1/nodes/gpu-1", "application/json-patch+json"),

@@ -23,6 +23,9 @@ class World:
     data: dict[str, bytes] = field(default_factory=dict)
     published: list[x509.Certificate] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    # Every serving certificate the Secret has held: replicas that have not synced yet may
+    # still serve any of them.
+    served: list[x509.Certificate] = field(default_factory=list)
 
     def step(self, now: dt.datetime) -> bool:
         material = rotation.Material.parse(self.data)
@@ -30,6 +33,8 @@ class World:
         if change is not None:
             self.data.update(change.updates)
             self.log.extend(change.reasons)
+            if pki.CERT_FILE in change.updates:
+                self.served.append(self.serving())
             return True
         if list(material.trust) != self.published:
             self.published = list(material.trust)
@@ -44,16 +49,22 @@ class World:
             if not self.step(now):
                 return self.log[start:]
             if self.published:
-                assert self.trusted(now), f"a client would fail after: {self.log[-1]}"
+                for cert in self.served:
+                    alive = cert.not_valid_after_utc > now
+                    assert not alive or self.trusts(cert), f"a request fails after: {self.log[-1]}"
         raise AssertionError(f"no fixed point: {self.log[start:]}")
 
     def serving(self) -> x509.Certificate:
         return pki.load_certs(self.data[pki.CERT_FILE], "tls.crt")[0]
 
+    def trusts(self, cert: x509.Certificate) -> bool:
+        return any(pki.issued_by(cert, ca) for ca in self.published)
+
     def trusted(self, now: dt.datetime) -> bool:
+        """The Secret's serving certificate is valid now and chains to the caBundle."""
         cert = self.serving()
         alive = cert.not_valid_before_utc <= now < cert.not_valid_after_utc
-        return alive and any(pki.issued_by(cert, ca) for ca in self.published)
+        return alive and self.trusts(cert)
 
 
 def installed() -> World:
@@ -122,6 +133,21 @@ def test_three_and_a_half_years_of_renewals_and_one_ca_rollover_never_break_a_re
     assert steps[dropped + 1] == "publish 1 CA(s)"
     assert dropped > rollover
     assert old_ca not in world.published
+    assert pki.issued_by(world.serving(), world.published[0])
+
+
+def test_deleting_the_secret_rotates_everything_while_old_certificates_stay_trusted() -> None:
+    world = installed()
+    old_ca = world.published[0]
+    world.data.clear()  # `kubectl delete secret` to force a new CA
+    log = world.settle(T0 + DAY)  # settle() checks every certificate served so far
+    assert [line.split(" (")[0] for line in log] == [
+        "new CA",
+        "CAs the caBundle trusts kept in the trust bundle",
+        "publish 2 CA(s)",
+        "new serving certificate",
+    ]
+    assert world.published[1:] == [old_ca]
     assert pki.issued_by(world.serving(), world.published[0])
 
 

@@ -1,0 +1,102 @@
+"""Allocate: the checks that refuse a bad request, and the answer for one container. Pure.
+
+The answer always carries the proof of allocation (`gpuwire.allocation`): a read-only mount
+of the token file the plugin wrote, which the runtime side verifies and takes the devices
+from, plus `NVIDIA_VISIBLE_DEVICES` with the physical GPUs' UUIDs for tools that read it.
+Optional strategies add `DeviceSpec`s (the kubelet then creates the device nodes and cgroup
+rules itself, e.g. for the static CPU manager) and CDI device names (for runtimes that
+inject through CDI, named as `gpuwire cdi generate` names them: by UUID or by index).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from deviceplugin.api import api_pb2
+from deviceplugin.resources import REPLICA_SEPARATOR, Resource
+from gpuwire import allocation, nvidia
+from gpuwire.devices import Device
+
+CDI_NAMES = ("none", "uuid", "index")
+
+
+class AllocateError(ValueError):
+    """A device request the plugin refuses; the message names the device and why."""
+
+
+@dataclass(frozen=True)
+class Strategies:
+    device_specs: bool = False
+    cdi: str = "none"  # one of CDI_NAMES
+    cdi_kind: str = nvidia.CDI_KIND
+    dev_root: str = "/"
+
+
+def granted(resource: Resource, ids: Sequence[str], unhealthy: Collection[str]) -> list[Device]:
+    """The physical GPUs behind a container's device IDs, by index; AllocateError if any ID
+    is unknown, repeated or unhealthy, or the request is too large for a shared GPU."""
+    if not ids:
+        raise AllocateError(f"empty request: no {resource.name} device IDs")
+    if resource.shared and resource.fail_requests_greater_than_one and len(ids) > 1:
+        raise AllocateError(
+            f"request for '{resource.name}: {len(ids)}' too large: "
+            "maximum request size for shared resources is 1"
+        )
+    gpus: dict[str, Device] = {}
+    seen: set[str] = set()
+    for device_id in ids:
+        gpu = resource.gpu_of(device_id)
+        if gpu is None:
+            form = (
+                f"<uuid>{REPLICA_SEPARATOR}<0-{resource.replicas - 1}>"
+                if resource.shared
+                else "<uuid>"
+            )
+            raise AllocateError(
+                f"unknown device {device_id!r}: not a {resource.name} device of this node "
+                f"(IDs are {form} of its {len(resource.gpus)} GPUs)"
+            )
+        if device_id in seen:
+            raise AllocateError(f"device {device_id!r} is requested twice")
+        if gpu.uuid in unhealthy:
+            raise AllocateError(f"device {device_id!r} (GPU {gpu.index}, {gpu.uuid}) is unhealthy")
+        seen.add(device_id)
+        gpus[gpu.uuid] = gpu
+    return sorted(gpus.values(), key=lambda g: g.index)
+
+
+def response(
+    gpus: Sequence[Device],
+    token: str,
+    allocation_dir: str,
+    strategies: Strategies,
+    control_nodes: Sequence[str] = (),
+) -> api_pb2.ContainerAllocateResponse:
+    """The answer for one container. `control_nodes`: names under /dev that exist on the host
+    (nvidiactl, nvidia-uvm, ...), passed through as DeviceSpecs with the GPUs' own nodes."""
+    answer = api_pb2.ContainerAllocateResponse(
+        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus)},
+        mounts=[
+            api_pb2.Mount(
+                container_path=allocation.container_path(token),
+                host_path=os.path.join(allocation_dir, token),
+                read_only=True,
+            )
+        ],
+    )
+    if strategies.device_specs:
+        for name in [*control_nodes, *(f"nvidia{g.minor}" for g in gpus)]:
+            answer.devices.append(
+                api_pb2.DeviceSpec(
+                    container_path=f"/dev/{name}",
+                    host_path=os.path.join(strategies.dev_root, "dev", name),
+                    permissions="rw",
+                )
+            )
+    if strategies.cdi != "none":
+        for g in gpus:
+            name = g.uuid if strategies.cdi == "uuid" else str(g.index)
+            answer.cdi_devices.append(api_pb2.CDIDevice(name=f"{strategies.cdi_kind}={name}"))
+    return answer

@@ -1,0 +1,278 @@
+"""`gpuwire device-plugin serve`, `gpuwire node label`, `gpuwire node advertise`: argparse
+shells around `plugin`, `labeler` and `config`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from deviceplugin import config as settings
+from deviceplugin.resources import resource_name_error
+
+
+def _typed(
+    parse: Callable[[Any], Any], convert: Callable[[str], Any] = str
+) -> Callable[[str], Any]:
+    """An argparse type from a config parser, so a flag and a file key accept the same."""
+
+    def to_value(text: str) -> Any:
+        try:
+            return parse(convert(text))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    return to_value
+
+
+def _xid_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _number(text: str) -> float | str:
+    return text if text == "never" else float(text)
+
+
+def _add_source_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
+    parser.add_argument(
+        "--resource", type=_typed(settings.as_resource), help="default resource name"
+    )
+    parser.add_argument(
+        "--replicas", type=_typed(settings.as_count, int), help="time-slicing replicas per GPU"
+    )
+    parser.add_argument(
+        "--rename-by-default",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="advertise shared GPUs as <resource>.shared",
+    )
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node",
+        dest="node_name",
+        metavar="NAME",
+        help="Node object to write (default $NODE_NAME, else the hostname)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="default: in-cluster service account, else ~/.kube/config",
+    )
+
+
+def _overrides(args: argparse.Namespace, fields: tuple[str, ...]) -> dict[str, Any]:
+    return {f: getattr(args, f) for f in fields if getattr(args, f, None) is not None}
+
+
+def _load(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, fields: tuple[str, ...]
+) -> settings.Config:
+    try:
+        return settings.load(args.config, _overrides(args, fields))
+    except settings.ConfigError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}\n")
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+SERVE_FIELDS = (
+    "kubelet_dir",
+    "sim",
+    "resource",
+    "replicas",
+    "fail_requests_greater_than_one",
+    "rename_by_default",
+    "device_specs",
+    "cdi",
+    "cdi_kind",
+    "dev_root",
+    "ignored_xids",
+    "recover_after",
+    "pre_start_check",
+    "allocation_dir",
+    "grant_key_dir",
+    "sweep_interval",
+    "sweep_grace",
+    "labels",
+    "label_interval",
+    "node_name",
+    "kubeconfig",
+)
+
+
+def serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire device-plugin serve",
+        description="Serve the kubelet device plugin API for this node's GPUs.",
+    )
+    _add_source_flags(parser)
+    parser.add_argument(
+        "--kubelet-dir", help=f"device plugin directory (default {settings.KUBELET_DIR})"
+    )
+    parser.add_argument(
+        "--fail-requests-greater-than-one",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="refuse a request for more than one shared GPU",
+    )
+    parser.add_argument(
+        "--device-specs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also answer Allocate with DeviceSpecs for /dev/nvidia*",
+    )
+    parser.add_argument(
+        "--cdi",
+        type=_typed(settings.as_cdi),
+        help="also answer with CDI device names: none, uuid or index",
+    )
+    parser.add_argument("--cdi-kind", help="CDI kind of those names (default nvidia.com/gpu)")
+    parser.add_argument("--dev-root", help="host root of DeviceSpec paths (default: the host root)")
+    parser.add_argument(
+        "--ignore-xids",
+        dest="ignored_xids",
+        type=_typed(settings.as_xids, _xid_list),
+        metavar="LIST",
+        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
+    )
+    parser.add_argument(
+        "--recover-after",
+        type=_typed(settings.as_recovery, _number),
+        metavar="SECONDS",
+        help="quiet seconds after which an unhealthy GPU is healthy again, or never (default 300)",
+    )
+    parser.add_argument(
+        "--pre-start-check",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask the kubelet for PreStartContainer; refuse starts on unhealthy GPUs",
+    )
+    parser.add_argument("--allocation-dir", help="where allocation tokens are written")
+    parser.add_argument("--grant-key-dir", help="keys that MAC the allocation tokens")
+    parser.add_argument(
+        "--sweep-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
+    )
+    parser.add_argument("--sweep-grace", type=_typed(settings.as_seconds, float), metavar="SECONDS")
+    parser.add_argument(
+        "--labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also keep this node's GPU labels up to date",
+    )
+    parser.add_argument(
+        "--label-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
+    )
+    _add_node_flags(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    config = _load(parser, args, SERVE_FIELDS)
+    _logging(args.log_level)
+    from deviceplugin import plugin
+
+    stop = _stop_on_signals()
+    try:
+        plugin.run(config, stop)
+    except Exception as exc:  # NVML missing, kubelet dir unwritable: say so and exit
+        logging.getLogger("gpuwire").error("device plugin stopped: %s", exc)
+        return 1
+    return 0
+
+
+def label(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire node label", description="Write this node's GPU labels and GPU annotation."
+    )
+    _add_source_flags(parser)
+    _add_node_flags(parser)
+    parser.add_argument("--watch", action="store_true", help="keep them up to date")
+    parser.add_argument(
+        "--interval",
+        dest="label_interval",
+        type=_typed(settings.as_seconds, float),
+        metavar="SECONDS",
+        help="with --watch: how often to look again (default 60)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the labels, write nothing")
+    args = parser.parse_args(argv)
+    config = _load(
+        parser,
+        args,
+        (
+            "sim",
+            "resource",
+            "replicas",
+            "rename_by_default",
+            "node_name",
+            "kubeconfig",
+            "label_interval",
+        ),
+    )
+    _logging("INFO" if args.watch else "WARNING")
+    from deviceplugin import labeler, labels
+    from deviceplugin.discovery import open_discovery
+
+    discovery = open_discovery(config.sim)
+
+    def unreachable() -> frozenset[str]:
+        """Without the plugin's health state: the GPUs the driver no longer reaches."""
+        return frozenset(d.uuid for d in node.devices if not discovery.alive(d.uuid))
+
+    try:
+        node = discovery.discover()
+        if args.dry_run:
+            wanted = labeler.wanted(config, node)
+            wanted[labels.GPUS_ANNOTATION] = labels.gpus_annotation(node)
+            print(json.dumps(wanted, indent=2, sort_keys=True))
+            return 0
+        if args.watch:
+            labeler.run(config, discovery, _stop_on_signals(), unreachable)
+            return 0
+        name = labeler.node_name(config.node_name)
+        patch = labeler.label_once(
+            labeler.core_api(config.kubeconfig), name, config, node, unreachable()
+        )
+        print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
+        return 0
+    finally:
+        discovery.close()
+
+
+def advertise(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire node advertise",
+        description="Patch an extended resource's capacity into a node's status "
+        "(for clusters that do not run the device plugin).",
+    )
+    parser.add_argument("--resource", default="nvidia.com/gpu")
+    parser.add_argument("--count", type=int, required=True)
+    _add_node_flags(parser)
+    args = parser.parse_args(argv)
+    error = resource_name_error(args.resource)
+    if error:
+        parser.exit(2, f"{parser.prog}: --resource {error}\n")
+    if args.count < 0:
+        parser.exit(2, f"{parser.prog}: --count {args.count}: expected 0 or more\n")
+    from deviceplugin import labeler
+
+    name = labeler.node_name(args.node_name)
+    ops = labeler.advertise(labeler.core_api(args.kubeconfig), name, args.resource, args.count)
+    status = "already advertised" if ops is None else json.dumps(ops)
+    print(f"node {name}: {args.resource}={args.count}: {status}")
+    return 0

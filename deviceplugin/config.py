@@ -1,0 +1,210 @@
+"""The plugin's settings: defaults, a YAML config file, then command-line flags on top.
+
+The file mirrors NVIDIA's where the idea is the same (`version: v1`, `resources` with
+`pattern`/`name`, `sharing.timeSlicing.{replicas,failRequestsGreaterThanOne,renameByDefault}`).
+A bad key or value is refused with the key, the value and what is accepted; nothing starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceplugin.allocate import CDI_NAMES
+from deviceplugin.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
+from deviceplugin.resources import Rule, resource_name_error
+from gpuwire import allocation, grant, nvidia
+
+KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+MAX_REPLICAS = 1000  # keeps `<uuid>::<n>` within the kubelet's 63-character ID limit
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it, its value and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Config:
+    kubelet_dir: str = KUBELET_DIR
+    sim: str | None = None  # simulated node root; None: NVML
+    resource: str = nvidia.RESOURCE
+    rules: tuple[Rule, ...] = ()  # per-model resource names, first match wins
+    replicas: int = 1
+    fail_requests_greater_than_one: bool = False
+    rename_by_default: bool = False  # shared GPUs advertised as <resource>.shared
+    device_specs: bool = False
+    cdi: str = "none"
+    cdi_kind: str = nvidia.CDI_KIND
+    dev_root: str | None = None  # where DeviceSpec host paths live; None: the host root
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    recover_after: float | None = DEFAULT_RECOVER_AFTER
+    pre_start_check: bool = False
+    allocation_dir: str = allocation.DEFAULT_DIR
+    grant_key_dir: str = grant.DEFAULT_KEY_DIR
+    sweep_interval: float = 60.0
+    sweep_grace: float = 300.0
+    labels: bool = False
+    label_interval: float = 60.0
+    node_name: str | None = None
+    kubeconfig: str | None = None
+
+    @property
+    def default_resource(self) -> str:
+        """The name GPUs get when no rule matches them."""
+        if self.rename_by_default and self.replicas > 1:
+            return f"{self.resource}.shared"
+        return self.resource
+
+
+def as_text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a non-empty string")
+    return value
+
+
+def as_flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false")
+    return value
+
+
+def as_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_REPLICAS:
+        raise ValueError(f"expected a whole number from 1 to {MAX_REPLICAS}")
+    return value
+
+
+def as_seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError("expected a number of seconds, 0 or more")
+    return float(value)
+
+
+def as_recovery(value: Any) -> float | None:
+    """Seconds above 0 (0 would mean a GPU is never seen unhealthy), or `never`."""
+    if value == "never":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError("expected a number of seconds above 0, or never")
+    return float(value)
+
+
+def as_xids(value: Any) -> frozenset[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value
+    ):
+        raise ValueError("expected a list of XID numbers, e.g. [13, 31, 43]")
+    return frozenset(value)
+
+
+def as_resource(value: Any) -> str:
+    name = as_text(value)
+    error = resource_name_error(name)
+    if error:
+        raise ValueError(error)
+    return name
+
+
+def as_cdi(value: Any) -> str:
+    if value not in CDI_NAMES:
+        raise ValueError(f"expected one of {', '.join(CDI_NAMES)}")
+    return str(value)
+
+
+def as_rules(value: Any) -> tuple[Rule, ...]:
+    if not isinstance(value, list):
+        raise ValueError("expected a list of {pattern, name[, replicas]}")
+    rules = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not {"pattern", "name"} <= set(item):
+            raise ValueError(f"entry {i}: expected {{pattern, name[, replicas]}}")
+        unknown = set(item) - {"pattern", "name", "replicas"}
+        if unknown:
+            raise ValueError(f"entry {i}: unknown key {sorted(unknown)[0]!r}")
+        replicas = as_count(item["replicas"]) if "replicas" in item else None
+        rules.append(Rule(as_text(item["pattern"]), as_resource(item["name"]), replicas))
+    return tuple(rules)
+
+
+# config file key (dotted path) → (Config field, parser)
+FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "kubeletDir": ("kubelet_dir", as_text),
+    "resourceName": ("resource", as_resource),
+    "resources": ("rules", as_rules),
+    "sharing.timeSlicing.replicas": ("replicas", as_count),
+    "sharing.timeSlicing.failRequestsGreaterThanOne": ("fail_requests_greater_than_one", as_flag),
+    "sharing.timeSlicing.renameByDefault": ("rename_by_default", as_flag),
+    "allocate.deviceSpecs": ("device_specs", as_flag),
+    "allocate.cdi": ("cdi", as_cdi),
+    "allocate.cdiKind": ("cdi_kind", as_text),
+    "allocate.devRoot": ("dev_root", as_text),
+    "allocate.allocationDir": ("allocation_dir", as_text),
+    "allocate.grantKeyDir": ("grant_key_dir", as_text),
+    "allocate.preStartCheck": ("pre_start_check", as_flag),
+    "health.ignoreXids": ("ignored_xids", as_xids),
+    "health.recoverAfter": ("recover_after", as_recovery),
+    "sweep.interval": ("sweep_interval", as_seconds),
+    "sweep.grace": ("sweep_grace", as_seconds),
+    "labels.enabled": ("labels", as_flag),
+    "labels.interval": ("label_interval", as_seconds),
+}
+
+
+def _flatten(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and path not in FILE_KEYS:
+            out.update(_flatten(value, f"{path}."))
+        else:
+            out[path] = value
+    return out
+
+
+def parse(text: str, source: str = "config") -> dict[str, Any]:
+    """Config fields from a YAML document; ConfigError names the bad key and value."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    version = raw.pop("version", "v1")
+    if version != "v1":
+        raise ConfigError(f"{source}: version {version!r} is not supported: expected v1")
+    fields = {}
+    for key, value in _flatten(raw).items():
+        if key not in FILE_KEYS:
+            known = ", ".join(["version", *FILE_KEYS])
+            raise ConfigError(f"{source}: unknown key {key!r}; known keys: {known}")
+        name, convert = FILE_KEYS[key]
+        try:
+            fields[name] = convert(value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {key}: {value!r}: {exc}") from None
+    return fields
+
+
+def load(path: str | None, overrides: Mapping[str, Any]) -> Config:
+    """Defaults, then the file at `path` (if any), then `overrides` (flags that were given)."""
+    fields: dict[str, Any] = {}
+    if path is not None:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        fields = parse(text, path)
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(Config(), **fields)
+    if config.rename_by_default and config.replicas > 1:
+        error = resource_name_error(config.default_resource)
+        if error:
+            raise ConfigError(f"renameByDefault: {error}")
+    return config

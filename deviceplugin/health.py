@@ -1,0 +1,70 @@
+"""Device health from XID events, with recovery: pure bookkeeping, time passed in.
+
+A critical event makes a device Unhealthy; a device that then stays quiet for the recovery
+period is Healthy again (NVIDIA's plugin never recovers without a restart), provided it
+still answers: the caller asks the driver before it lets a device recover (`due`), so a GPU
+that fell off the bus stays Unhealthy however quiet it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from deviceplugin.discovery import HealthEvent
+
+# Application errors: the GPU is fine (NVIDIA's default ignore list, reference 2.5).
+# 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
+# 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+DEFAULT_RECOVER_AFTER = 300.0
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    recover_after: float | None = DEFAULT_RECOVER_AFTER  # None: never recover
+
+    def critical(self, event: HealthEvent) -> bool:
+        return event.xid is None or event.xid not in self.ignored_xids
+
+
+@dataclass
+class HealthBook:
+    """When each device last had a critical event."""
+
+    policy: HealthPolicy
+    uuids: frozenset[str]
+    last_bad: dict[str, float] = field(default_factory=dict)
+
+    def record(self, events: Iterable[HealthEvent], now: float) -> set[str]:
+        """Apply events; returns the devices they concern (empty if all were ignored)."""
+        hit: set[str] = set()
+        for event in events:
+            if not self.policy.critical(event):
+                continue
+            targets = self.uuids if event.uuid is None else {event.uuid} & self.uuids
+            for uuid in targets:
+                self.last_bad[uuid] = now
+            hit |= targets
+        return hit
+
+    def due(self, now: float) -> set[str]:
+        """Devices whose quiet period has ended: they recover once the driver vouches."""
+        after = self.policy.recover_after
+        if after is None:
+            return set()
+        return {uuid for uuid, t in self.last_bad.items() if now - t >= after}
+
+    def recover(self, uuid: str) -> None:
+        self.last_bad.pop(uuid, None)
+
+    def unhealthy(self) -> frozenset[str]:
+        return frozenset(self.last_bad)
+
+    def next_due(self) -> float | None:
+        """When the next device's quiet period ends (None: nothing to wait for)."""
+        after = self.policy.recover_after
+        if after is None or not self.last_bad:
+            return None
+        return min(self.last_bad.values()) + after

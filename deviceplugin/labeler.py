@@ -1,0 +1,130 @@
+"""Writing GPU labels, the GPU annotation and extended-resource capacity to this node's Node
+object through the `kubernetes` client. Only what changed is patched; a node that already
+carries the right labels costs one GET."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Collection
+from typing import Any
+
+from deviceplugin import labels
+from deviceplugin.config import Config
+from deviceplugin.discovery import Discovery, NodeGpus
+from deviceplugin.resources import assign
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+def core_api(kubeconfig: str | None) -> Any:
+    """CoreV1Api from `kubeconfig`, else the in-cluster service account, else ~/.kube/config."""
+    client: Any = importlib.import_module("kubernetes.client")
+    config: Any = importlib.import_module("kubernetes.config")
+    if kubeconfig:
+        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.CoreV1Api()
+
+
+def node_name(given: str | None) -> str:
+    """The Node to write: as given, else $NODE_NAME (the downward API), else the hostname."""
+    return given or os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
+    resources = assign(node.devices, config.rules, config.default_resource, config.replicas)
+    return labels.labels(node, resources, renamed=config.rename_by_default)
+
+
+def apply(
+    api: Any, name: str, new_labels: dict[str, str], new_annotations: dict[str, str]
+) -> dict[str, Any] | None:
+    """Patch the node's labels and annotations to the wanted ones; returns the patch sent
+    (None: nothing to change)."""
+    meta = api.read_node(name).metadata
+    patch: dict[str, Any] = {}
+    label_changes = labels.changes(
+        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.OWN_PREFIX)
+    )
+    annotation_changes = labels.changes(
+        meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
+    )
+    if label_changes:
+        patch["labels"] = label_changes
+    if annotation_changes:
+        patch["annotations"] = annotation_changes
+    if not patch:
+        return None
+    api.patch_node(name, {"metadata": patch}, _content_type=MERGE_PATCH)
+    log.info(
+        "node %s: patched %s", name, ", ".join(sorted({**label_changes, **annotation_changes}))
+    )
+    return {"metadata": patch}
+
+
+def label_once(
+    api: Any, name: str, config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
+) -> dict[str, Any] | None:
+    return apply(
+        api,
+        name,
+        wanted(config, node),
+        {labels.GPUS_ANNOTATION: labels.gpus_annotation(node, unhealthy)} if node.gpus else {},
+    )
+
+
+def run(
+    config: Config,
+    discovery: Discovery,
+    stop: threading.Event,
+    unhealthy: Callable[[], frozenset[str]] | None = None,
+    api: Any = None,
+) -> None:
+    """Label now, again within a second of a health change, and every `label_interval`
+    (which also puts back labels someone removed) until `stop` is set."""
+    api = api or core_api(config.kubeconfig)
+    name = node_name(config.node_name)
+    node: NodeGpus | None = None
+    last: frozenset[str] | None = None
+    due = 0.0
+    while not stop.is_set():
+        bad = unhealthy() if unhealthy else frozenset()
+        if bad != last or time.monotonic() >= due:
+            try:
+                if node is None or time.monotonic() >= due:
+                    node = discovery.discover()
+                    due = time.monotonic() + config.label_interval
+                label_once(api, name, config, node, bad)
+                last = bad
+            except Exception as exc:  # the API server may be away; try again later
+                log.warning("labeling node %s failed: %s", name, exc)
+        stop.wait(1.0)
+
+
+def advertise(api: Any, name: str, resource: str, count: int) -> list[dict[str, Any]] | None:
+    """Set `status.capacity[resource]` with a JSON patch on the status subresource (the
+    extended-resource PATCH); returns the patch sent, None when it was already so."""
+    status = api.read_node_status(name).status
+    capacity = status.capacity if status is not None else None
+    if capacity is not None and capacity.get(resource) == str(count):
+        return None
+    if status is None:  # a node no kubelet has reported on yet
+        ops = [{"op": "add", "path": "/status", "value": {"capacity": {resource: str(count)}}}]
+    elif capacity is None:
+        ops = [{"op": "add", "path": "/status/capacity", "value": {resource: str(count)}}]
+    else:
+        escaped = resource.replace("~", "~0").replace("/", "~1")
+        ops = [{"op": "add", "path": f"/status/capacity/{escaped}", "value": str(count)}]
+    api.patch_node_status(name, ops, _content_type=JSON_PATCH)
+    return ops

@@ -1,0 +1,147 @@
+"""Node labels and the GPU annotation, computed from what discovery found. Pure.
+
+GPU Feature Discovery's keys (`nvidia.com/...`, reference 2.8) so that existing selectors and
+the webhook keep working, plus gpuwire's own normalised ones (`gpuwire.io/gpu.*`): a model
+token that node affinity can match exactly (`a100`, `h100`, `rtx-4090`), memory in GiB, and
+per-model keys so a node with two models can be selected for either. GFD's keys hold one
+model per node; on a mixed node they describe the model with the most GPUs (ties: the model of
+the lowest index), so they are a function of the inventory and never flip between runs.
+The annotation `gpuwire.io/gpus` lists every GPU (index, uuid, product, memory, NUMA node,
+health) for the webhook, which pins explicit-UUID requests to the node that holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Collection, Sequence
+
+from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.resources import Resource
+from gpuwire import nvidia
+
+NV = nvidia.LABEL_PREFIX
+GW = "gpuwire.io/"
+GPUS_ANNOTATION = GW + "gpus"
+
+# Every GFD key this labeler manages: removed from the node when no longer computed.
+GFD_KEYS = tuple(
+    NV + k
+    for k in (
+        "gpu.product",
+        "gpu.memory",
+        "gpu.count",
+        "gpu.family",
+        "gpu.compute.major",
+        "gpu.compute.minor",
+        "gpu.replicas",
+        "gpu.sharing-strategy",
+        "cuda.driver-version.major",
+        "cuda.driver-version.minor",
+        "cuda.driver-version.revision",
+        "cuda.driver-version.full",
+        "cuda.runtime-version.major",
+        "cuda.runtime-version.minor",
+        "cuda.runtime-version.full",
+    )
+)
+OWN_PREFIX = GW + "gpu."  # every key under it is ours
+
+_BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
+
+
+def model_token(product: str) -> str:
+    """`NVIDIA A100-SXM4-80GB` → `a100`, `NVIDIA GeForce RTX 4090` → `rtx-4090`, `Tesla T4` → `t4`.
+
+    Brand words dropped, then the words up to the first one with a digit, lower case.
+    """
+    words = [w for w in re.split(r"[\s\-_/]+", product) if w]
+    words = [w for w in words if w.lower() not in _BRANDS] or words
+    end = next((i for i, w in enumerate(words) if any(c.isdigit() for c in w)), len(words) - 1)
+    token = "-".join(words[: end + 1]).lower()
+    return re.sub(r"[^a-z0-9-]", "", token).strip("-")[:40] or "unknown"
+
+
+def gib(mib: int) -> int:
+    """MiB → GiB, rounded: an 80 GB H100 reports 81559 MiB and is an `80`."""
+    return round(mib / 1024)
+
+
+def primary(gpus: Sequence[Gpu]) -> Gpu:
+    """The GPU whose model GFD's single-model keys describe."""
+    counts = Counter(g.device.product for g in gpus)
+    first = sorted(gpus, key=lambda g: g.device.index)
+    return max(first, key=lambda g: (counts[g.device.product], -g.device.index))
+
+
+def _version(prefix: str, version: str, parts: Sequence[str]) -> dict[str, str]:
+    out = {f"{prefix}.full": version}
+    for name, value in zip(parts, version.split("."), strict=False):
+        out[f"{prefix}.{name}"] = value
+    return out
+
+
+def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False) -> dict[str, str]:
+    """The labels a node with these GPUs and resources carries (empty: no GPUs)."""
+    if not node.gpus:
+        return {}
+    top = primary(node.gpus)
+    shared = next((r for r in resources if top.device in r.gpus and r.shared), None)
+    major, minor = top.compute_capability
+    product = nvidia.gfd_product(top.device.product)
+    out = {
+        NV + "gpu.product": product + ("-SHARED" if shared and not renamed else ""),
+        NV + "gpu.memory": str(top.device.memory_mib),
+        NV + "gpu.count": str(len(node.gpus)),
+        NV + "gpu.family": nvidia.gfd_family(major, minor),
+        NV + "gpu.compute.major": str(major),
+        NV + "gpu.compute.minor": str(minor),
+        NV + "gpu.replicas": str(shared.replicas if shared else 1),
+        NV + "gpu.sharing-strategy": "time-slicing" if shared else "none",
+        **_version(NV + "cuda.driver-version", node.driver_version, ("major", "minor", "revision")),
+        **_version(NV + "cuda.runtime-version", node.cuda_version, ("major", "minor")),
+    }
+    models = Counter(model_token(g.device.product) for g in node.gpus)
+    out[GW + "gpu.present"] = "true"
+    out[GW + "gpu.count"] = str(len(node.gpus))
+    out[GW + "gpu.model"] = next(iter(models)) if len(models) == 1 else "mixed"
+    out[GW + "gpu.memory"] = str(min(gib(g.device.memory_mib) for g in node.gpus))
+    out[GW + "gpu.nvlink"] = str(any(g.device.nvlinks for g in node.gpus)).lower()
+    for model, count in sorted(models.items()):
+        memory = min(
+            gib(g.device.memory_mib) for g in node.gpus if model_token(g.device.product) == model
+        )
+        out[f"{GW}gpu.model.{model}"] = str(count)
+        out[f"{GW}gpu.model.{model}.memory"] = str(memory)
+    return out
+
+
+def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
+    """`gpuwire.io/gpus`: one object per GPU, by index (compact JSON, stable key order)."""
+    entries = [
+        {
+            "index": g.device.index,
+            "uuid": g.device.uuid,
+            "product": g.device.product,
+            "memory_mib": g.device.memory_mib,
+            "numa_node": g.device.numa_node,
+            "healthy": g.device.uuid not in unhealthy,
+        }
+        for g in sorted(node.gpus, key=lambda g: g.device.index)
+    ]
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def changes(
+    current: dict[str, str], wanted: dict[str, str], owned: Collection[str]
+) -> dict[str, str | None]:
+    """A merge patch for a labels (or annotations) map: what differs, and None for keys we
+    own that are no longer wanted. `owned`: exact keys and prefixes ending in '.'."""
+
+    def ours(key: str) -> bool:
+        return key in owned or any(p.endswith(".") and key.startswith(p) for p in owned)
+
+    patch: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
+    patch.update({k: None for k in current if ours(k) and k not in wanted})
+    return patch

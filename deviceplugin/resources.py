@@ -1,0 +1,108 @@
+"""Which GPUs each advertised resource holds, and the device IDs the kubelet sees for them.
+
+A node advertises one resource (`nvidia.com/gpu`) or, for a mixed node, one per GPU model
+(the first `pattern → name` rule that matches the product name wins; unmatched GPUs keep the
+default name). With time-slicing each GPU appears `replicas` times as `<uuid>::<n>`
+(NVIDIA's ID format), so the scheduler can place that many containers on it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuwire.devices import Device
+
+REPLICA_SEPARATOR = "::"
+# Kubernetes IsExtendedResourceName: a domain-prefixed qualified name, not kubernetes.io.
+_RESOURCE = re.compile(
+    r"^(?P<domain>[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)"
+    r"/(?P<name>[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$"
+)
+
+
+def resource_name_error(name: str) -> str | None:
+    """Why `name` cannot be an extended resource name, or None if it can."""
+    m = _RESOURCE.match(name)
+    if not m:
+        return (
+            f"{name!r} is not an extended resource name: expected <domain>/<name>, "
+            "e.g. nvidia.com/gpu"
+        )
+    if m["domain"] == "kubernetes.io" or m["domain"].endswith(".kubernetes.io"):
+        return f"{name!r}: the kubernetes.io domain is reserved"
+    if len(name) > 63:
+        return f"{name!r} is longer than 63 characters"
+    return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """GPUs whose product name matches `pattern` (fnmatch, case-insensitive) get `name`."""
+
+    pattern: str
+    name: str
+    replicas: int | None = None  # None: the node-wide setting
+
+    def matches(self, product: str) -> bool:
+        return fnmatch.fnmatchcase(product.lower(), self.pattern.lower())
+
+
+@dataclass(frozen=True)
+class Resource:
+    name: str
+    gpus: tuple[Device, ...]
+    replicas: int = 1
+    fail_requests_greater_than_one: bool = False
+
+    @property
+    def shared(self) -> bool:
+        return self.replicas > 1
+
+    def ids_of(self, gpu: Device) -> list[str]:
+        if not self.shared:
+            return [gpu.uuid]
+        return [f"{gpu.uuid}{REPLICA_SEPARATOR}{n}" for n in range(self.replicas)]
+
+    def ids(self) -> list[str]:
+        return [i for gpu in self.gpus for i in self.ids_of(gpu)]
+
+    def gpu_of(self, device_id: str) -> Device | None:
+        """The physical GPU behind a device ID, None if the ID is not one of ours."""
+        uuid, sep, replica = device_id.partition(REPLICA_SEPARATOR)
+        if bool(sep) != self.shared:
+            return None
+        if sep and not (replica.isdigit() and int(replica) < self.replicas):
+            return None
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    @property
+    def socket_name(self) -> str:
+        """The socket file name in the kubelet's device plugin directory."""
+        return "gpuwire-" + self.name.replace("/", "_") + ".sock"
+
+
+def assign(
+    devices: Iterable[Device],
+    rules: Iterable[Rule],
+    default_name: str,
+    replicas: int = 1,
+    fail_requests_greater_than_one: bool = False,
+) -> list[Resource]:
+    """Resources in the order their first GPU appears; a resource without GPUs is left out."""
+    rules = list(rules)
+    groups: dict[str, list[Device]] = {}
+    counts: dict[str, int] = {}
+    for device in sorted(devices, key=lambda d: d.index):
+        rule = next((r for r in rules if r.matches(device.product)), None)
+        name = rule.name if rule else default_name
+        groups.setdefault(name, []).append(device)
+        counts.setdefault(
+            name, replicas if rule is None or rule.replicas is None else rule.replicas
+        )
+    return [
+        Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one)
+        for name, gpus in groups.items()
+    ]

@@ -1,0 +1,86 @@
+"""The node's live health, shared by every resource's server: the thread-safe shell around
+`health.HealthBook`, fed by the discovery source's events, watched by ListAndWatch streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from deviceplugin.discovery import Discovery, HealthEvent
+from deviceplugin.health import HealthBook
+
+log = logging.getLogger(__name__)
+
+
+class HealthState:
+    def __init__(
+        self,
+        book: HealthBook,
+        alive: Callable[[str], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._book = book
+        self._alive = alive
+        self._clock = clock
+        self._cond = threading.Condition()
+
+    def record(self, events: list[HealthEvent]) -> None:
+        with self._cond:
+            was = self._book.unhealthy()
+            hit = self._book.record(events, self._clock())
+            for uuid in sorted(hit - was):
+                why = "; ".join(e.detail for e in events if e.uuid in (uuid, None))
+                log.warning("GPU %s is unhealthy: %s", uuid, why)
+            if hit:
+                self._cond.notify_all()
+
+    def unhealthy(self) -> frozenset[str]:
+        with self._cond:
+            return self._settle()
+
+    def _settle(self) -> frozenset[str]:
+        """Let devices whose quiet period is over recover, if the driver still sees them."""
+        now = self._clock()
+        for uuid in sorted(self._book.due(now)):
+            if self._alive(uuid):
+                self._book.recover(uuid)
+                log.warning("GPU %s is healthy again: no critical event for the quiet period", uuid)
+            else:
+                self._book.record([HealthEvent(uuid, None, "does not answer")], now)
+        return self._book.unhealthy()
+
+    def watch(self, done: Callable[[], bool], poll: float = 1.0) -> Iterator[frozenset[str]]:
+        """The unhealthy set now, then each time it changes, until `done()` (checked at least
+        every `poll` seconds and on every `wake()`)."""
+        last: frozenset[str] | None = None
+        while not done():
+            with self._cond:
+                current = self._settle()
+                if current == last:
+                    due = self._book.next_due()
+                    wait = poll if due is None else min(poll, max(0.0, due - self._clock()))
+                    self._cond.wait(wait)
+                    continue
+            last = current
+            yield current
+
+    def wake(self) -> None:
+        """Make every watcher re-check `done()` now (a stream ended, the server stops)."""
+        with self._cond:
+            self._cond.notify_all()
+
+
+def monitor(discovery: Discovery, state: HealthState, stop: threading.Event) -> None:
+    """Feed the source's health events into `state` until `stop` is set."""
+    while not stop.is_set():
+        try:
+            events = discovery.wait_events(0.25)
+        except Exception:
+            log.exception("health events unavailable; retrying")
+            stop.wait(1.0)
+            continue
+        if events:
+            state.record(events)

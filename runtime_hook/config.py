@@ -1,0 +1,214 @@
+"""The node's gpuwire configuration: `$GPUWIRE_CONFIG`, else /etc/gpuwire/config.toml.
+
+A missing default file means the defaults; a file named by `$GPUWIRE_CONFIG` must exist.
+Unknown keys and bad values are errors naming the file, the key, the value and what is
+accepted, because a typo in `trust` must not silently fall back to another policy.
+
+The shim reads this on every runtime call and the hook on every GPU container start, but
+`tomllib` imports `typing` and `re` (~15 ms here). So the parsed table is kept in a root-only
+cache (`/run/gpuwire`, marshal) together with the exact bytes it was parsed from; it is used
+only while the file still holds those bytes. Validation always runs.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+from gpuwire import allocation, grant
+
+ENV = "GPUWIRE_CONFIG"
+CACHE_DIR = "/run/gpuwire"
+DEFAULT_PATH = "/etc/gpuwire/config.toml"
+DEFAULT_LOG = "/var/log/gpuwire.log"
+DEFAULT_LDCONFIG = "/sbin/ldconfig"
+TRUST_MODES = ("granted", "any")
+
+ABSOLUTE = "an absolute path"
+KEYS = {
+    "root": ABSOLUTE + " (the host root; the three roots below default to it)",
+    "driver-root": ABSOLUTE + " (driver libraries, binaries, firmware)",
+    "dev-root": ABSOLUTE + " (holds dev/nvidia*)",
+    "proc-root": ABSOLUTE + " (holds proc/driver/nvidia)",
+    "trust": " or ".join(repr(m) for m in TRUST_MODES),
+    "grant-key-dir": ABSOLUTE,
+    "allocation-dir": ABSOLUTE,
+    "runtime": "the low-level runtime: a command name or an absolute path",
+    "ldconfig": ABSOLUTE + " to the host's static ldconfig",
+    "hook": ABSOLUTE + " to gpuwire-hook",
+    "log": "'stderr' or " + ABSOLUTE,
+}
+
+
+class Roots:
+    """Where the driver's files, device nodes and procfs live (each defaults to `root`).
+
+    Also `runtime_hook.discovery.Roots`, which reads them.
+    """
+
+    __slots__ = ("dev", "driver", "proc")
+
+    def __init__(
+        self,
+        root: str = "/",
+        *,
+        driver: str | None = None,
+        dev: str | None = None,
+        proc: str | None = None,
+    ) -> None:
+        self.driver = driver or root
+        self.dev = dev or root
+        self.proc = proc or root
+
+    def __repr__(self) -> str:
+        return f"Roots(driver={self.driver!r}, dev={self.dev!r}, proc={self.proc!r})"
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used."""
+
+
+def default_hook() -> str:
+    """The gpuwire-hook beside the running program (a launcher beside a launcher, a console
+    script beside a console script), else beside the interpreter."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "gpuwire-hook")
+    if os.path.basename(sys.argv[0]).startswith("gpuwire") and os.access(beside, os.X_OK):
+        return beside
+    return os.path.join(os.path.dirname(sys.executable), "gpuwire-hook")
+
+
+class Config:
+    __slots__ = (
+        "allocation_dir",
+        "grant_key_dir",
+        "hook",
+        "ldconfig",
+        "log",
+        "roots",
+        "runtime",
+        "source",
+        "trust",
+    )
+
+    def __init__(
+        self,
+        *,
+        roots: Roots | None = None,
+        trust: str = "granted",
+        grant_key_dir: str = grant.DEFAULT_KEY_DIR,
+        allocation_dir: str = allocation.DEFAULT_DIR,
+        runtime: str = "runc",
+        ldconfig: str = DEFAULT_LDCONFIG,
+        hook: str | None = None,
+        log: str = DEFAULT_LOG,
+        source: str = "defaults",
+    ) -> None:
+        self.roots = roots or Roots("/")
+        self.trust = trust
+        self.grant_key_dir = grant_key_dir
+        self.allocation_dir = allocation_dir
+        self.runtime = runtime
+        self.ldconfig = ldconfig
+        self.hook = hook or default_hook()
+        self.log = log
+        self.source = source
+
+
+def from_table(table: dict[str, object], source: str) -> Config:
+    """Validate a parsed TOML table; every error names the key, value and what is accepted."""
+    for key in table:
+        if key not in KEYS:
+            raise ConfigError(f"{source}: unknown key {key!r}; accepted keys are {', '.join(KEYS)}")
+    values: dict[str, str] = {}
+    for key, value in table.items():
+        if not (isinstance(value, str) and _accepts(key, value)):
+            raise ConfigError(f"{source}: {key} = {value!r} is not accepted: expected {KEYS[key]}")
+        values[key] = value
+    root = values.get("root", "/")
+    return Config(
+        roots=Roots(
+            root,
+            driver=values.get("driver-root"),
+            dev=values.get("dev-root"),
+            proc=values.get("proc-root"),
+        ),
+        trust=values.get("trust", "granted"),
+        grant_key_dir=values.get("grant-key-dir", grant.DEFAULT_KEY_DIR),
+        allocation_dir=values.get("allocation-dir", allocation.DEFAULT_DIR),
+        runtime=values.get("runtime", "runc"),
+        ldconfig=values.get("ldconfig", DEFAULT_LDCONFIG),
+        hook=values.get("hook"),
+        log=values.get("log", DEFAULT_LOG),
+        source=source,
+    )
+
+
+def _accepts(key: str, value: str) -> bool:
+    if "\0" in value:
+        return False
+    if key == "trust":
+        return value in TRUST_MODES
+    if key == "log":
+        return value == "stderr" or value.startswith("/")
+    if key == "runtime":
+        return value != ""
+    return value.startswith("/")
+
+
+def parse_toml(data: bytes, source: str) -> dict[str, object]:
+    import tomllib
+
+    try:
+        return tomllib.loads(data.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+
+
+def _cache_path(st: os.stat_result) -> str:
+    return f"{CACHE_DIR}/config-{st.st_dev}-{st.st_ino}"
+
+
+def _cached(st: os.stat_result, data: bytes) -> dict[str, object] | None:
+    """The table parsed from exactly `data`, from a directory only we can write."""
+    try:
+        directory = os.stat(CACHE_DIR)
+        if directory.st_uid != os.geteuid() or directory.st_mode & 0o022:
+            return None
+        with open(_cache_path(st), "rb") as f:
+            source, table = marshal.load(f)  # noqa: S302 - ours, in a directory only we write
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    return table if source == data and isinstance(table, dict) else None
+
+
+def _remember(st: os.stat_result, data: bytes, table: dict[str, object]) -> None:
+    try:
+        os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
+        path = _cache_path(st)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            marshal.dump((data, table), f)
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # a table marshal cannot hold (TOML dates) or a read-only /run: parse each time
+
+
+def load(path: str | None = None) -> Config:
+    """The configuration from `path`, `$GPUWIRE_CONFIG` or the default file."""
+    explicit = path or os.environ.get(ENV)
+    source = explicit or DEFAULT_PATH
+    try:
+        with open(source, "rb") as f:
+            st, data = os.fstat(f.fileno()), f.read()
+        table = _cached(st, data)
+        if table is None:
+            table = parse_toml(data, source)
+            _remember(st, data, table)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"{source}: no such configuration file") from None
+        return Config()
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
+    return from_table(table, source)

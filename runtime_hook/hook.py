@@ -1,0 +1,114 @@
+"""`gpuwire-hook`: the OCI hooks gpuwire runs. The OCI state JSON arrives on stdin.
+
+- `gpuwire-hook prestart`: the whole injection into a created container, for runtimes
+  configured with a prestart hook (containerd's `base_runtime_spec`, an OCI hooks dir).
+  Exit status 1 fails the container start; the reason goes to stderr (runc shows it) and
+  to the log.
+- `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]...`: the links and ld
+  cache for a container whose devices and mounts the runtime already made (the shim's and
+  CDI's `createContainer` hook). Runs in the container's mount namespace, before pivot_root.
+
+Both must start fast: they run on container start, so imports here are only what the path
+taken needs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from runtime_hook import ocijson
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runtime_hook.spec import Spec
+
+USAGE = "usage: gpuwire-hook prestart | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]...\n"
+
+
+def read_state() -> dict[str, object]:
+    try:
+        state = ocijson.loads(sys.stdin.buffer.read())
+    except ValueError as exc:
+        raise ValueError(f"the OCI state on stdin is not JSON: {exc}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("bundle"), str):
+        raise ValueError("the OCI state on stdin has no bundle")
+    return state
+
+
+def prestart() -> int:
+    from runtime_hook import spec as ocispec
+
+    try:
+        state = read_state()
+        bundle = str(state["bundle"])
+        spec = ocispec.load(bundle)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"gpuwire-hook: {exc}\n")
+        return 1
+    if not ocispec.asks_for_gpu(spec):
+        return 0
+    return inject_into(state, bundle, spec)
+
+
+def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
+    """Decide, log, and apply the edits to the created container `state` describes."""
+    from runtime_hook import config, inject, log, plan
+
+    try:
+        settings = config.load()
+    except config.ConfigError as exc:
+        sys.stderr.write(f"gpuwire-hook: {exc}\n")
+        return 1
+    container = str(state.get("id", "?"))
+    try:
+        decided = plan.make(spec, bundle, settings)
+        message = plan.summary(decided)
+        if message:
+            log.write(settings.log, "gpuwire-hook", container, message)
+        if decided.outcome.error is not None:
+            sys.stderr.write(f"gpuwire-hook: {decided.outcome.error}\n")
+            return 1
+        if decided.edits is not None:
+            pid = state.get("pid")
+            if not isinstance(pid, int):
+                raise ValueError("the OCI state on stdin has no container pid")
+            inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig)
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")
+        sys.stderr.write(f"gpuwire-hook: {exc}\n")
+        return 1
+    return 0
+
+
+def ldcache(args: list[str]) -> int:
+    from runtime_hook import inroot
+    from runtime_hook import ldcache as cache
+    from runtime_hook import spec as ocispec
+    from runtime_hook.edits import parse_ldcache_args
+
+    journal = inroot.Journal()
+    try:
+        ldconfig, folders, links = parse_ldcache_args(args)
+        bundle = str(read_state()["bundle"])
+        rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
+        ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
+        cache.make_links(journal.keep(inroot.open_root(rootfs)), links, journal)
+        if folders:
+            cache.update(rootfs, folders, ldconfig_fd)
+    except (OSError, ValueError, RuntimeError) as exc:
+        journal.undo()
+        sys.stderr.write(f"gpuwire-hook ldcache: {exc}\n")
+        return 1
+    finally:
+        journal.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["prestart"] and len(args) == 1:
+        return prestart()
+    if args[:1] == ["ldcache"]:
+        return ldcache(args[1:])
+    sys.stderr.write(USAGE)
+    return 2

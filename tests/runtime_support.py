@@ -1,0 +1,156 @@
+"""Helpers shared by the runtime tests: container specs as containerd writes them, and keys."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+from gpuwire.grant import KeyRing, Subject
+
+NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
+
+
+def cri_annotations(
+    namespace: str = NAMESPACE, container: str = CONTAINER, sandbox: str = SANDBOX
+) -> dict[str, str]:
+    """The annotations containerd's CRI plugin puts on a Kubernetes container's spec."""
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": sandbox,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.container-name": container,
+    }
+
+
+def container_spec(
+    env: list[str] | dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    bounding: list[str] | None = None,
+) -> dict[str, Any]:
+    entries = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env or [])
+    return {
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "env": ["PATH=/usr/bin:/bin", *entries],
+            "capabilities": {"bounding": bounding or ["CAP_CHOWN", "CAP_KILL"]},
+        },
+        "root": {"path": "rootfs"},
+        "annotations": cri_annotations() if annotations is None else annotations,
+        "mounts": mounts or [],
+    }
+
+
+def write_keys(directory: Path) -> KeyRing:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "2026-06").write_text("node-test-secret\n")
+    return KeyRing.load(directory)
+
+
+def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = NAMESPACE) -> str:
+    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps))
+
+
+def elf32_shared_object(soname: str) -> bytes:
+    """A 32-bit x86 ELF shared object naming `soname` (gpuwire.elfstub writes 64-bit)."""
+    ehdr, phdr, dyn = struct.Struct("<16sHHIIIIIHHHHHH"), struct.Struct("<8I"), struct.Struct("<iI")
+    strtab = b"\0" + soname.encode() + b"\0"
+    dyn_off = ehdr.size + 2 * phdr.size
+    str_off = dyn_off + 4 * dyn.size
+    entries = ((14, 1), (5, str_off), (10, len(strtab)), (0, 0))  # SONAME, STRTAB, STRSZ, NULL
+    dynamic = b"".join(dyn.pack(tag, value) for tag, value in entries)
+    size = str_off + len(strtab)
+    ident = b"\x7fELF" + bytes([1, 1, 1, 0]) + bytes(8)
+    header = ehdr.pack(ident, 3, 3, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 2, 40, 0, 0)
+    load = phdr.pack(1, 0, 0, 0, size, size, 4, 0x1000)
+    dynamic_phdr = phdr.pack(2, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 4, 4)
+    return header + load + dynamic_phdr + dynamic + strtab
+
+
+# What a container prints about its GPU view, one `key: value` line each (busybox sh).
+VIEW_SCRIPT = r"""
+echo "devices: $(cd /dev && echo nvidia*)"
+for d in /dev/nvidia[0-9]*; do
+  [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
+done
+echo "env: $NVIDIA_VISIBLE_DEVICES"
+nvidia-smi 2>&1 | sed 's/^/smi: /'
+lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
+if [ -e $lib ]; then
+  if (echo x >> $lib) 2>/dev/null; then echo "libcuda: writable"; else echo "libcuda: read-only"; fi
+fi
+grep -q libcuda.so.1 /etc/ld.so.cache 2>/dev/null && echo "ldcache: libcuda.so.1"
+true
+"""
+
+
+def view(stdout: str) -> dict[str, list[str]]:
+    """VIEW_SCRIPT's output as key → values."""
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep:
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def granted_view(
+    lab: Lab, indices: tuple[int, ...], control: str = "nvidia-uvm nvidia-uvm-tools"
+) -> dict[str, list[str]]:
+    """What VIEW_SCRIPT prints in a container given GPUs `indices` and the compute and
+    utility files: those nodes (`control` beside them), each opening with ENXIO (allowed by
+    the cgroup, no driver to answer), nvidia-smi listing exactly them, libcuda read-only
+    and in the ld cache."""
+    minors = " ".join(f"nvidia{i}" for i in sorted(indices))
+    return {
+        "devices": [f"{control} {minors} nvidiactl"],
+        **{
+            f"open /dev/nvidia{i}": [f"cat: can't open '/dev/nvidia{i}': No such device or address"]
+            for i in indices
+        },
+        "smi": [
+            f"GPU {n}: {lab.inventory.devices[i].product} (UUID: {lab.uuid(i)})"
+            for n, i in enumerate(sorted(indices))
+        ],
+        "libcuda": ["read-only"],
+        "ldcache": ["libcuda.so.1"],
+    }
+
+
+def shown(seen: dict[str, list[str]], expected: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The part of `seen` that `expected` speaks about, to compare in one assert."""
+    return {key: seen.get(key, []) for key in expected}
+
+
+class Lab:
+    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+
+    def __init__(self, root: Path, gpus: int = 4) -> None:
+        from gpuwire import sim
+
+        self.root = root
+        self.node = root / "node"
+        self.inventory = sim.make_inventory(gpus=gpus)
+        sim.write_node(self.node, self.inventory)
+        self.keys = write_keys(root / "keys")
+        self.allocations = root / "allocations"
+        self.log = root / "gpuwire.log"
+        self.config = root / "config.toml"
+        self.configure()
+
+    def configure(self, **extra: str) -> None:
+        settings = {
+            "root": str(self.node),
+            "grant-key-dir": str(self.root / "keys"),
+            "allocation-dir": str(self.allocations),
+            "log": str(self.log),
+            **extra,
+        }
+        self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
+
+    def uuid(self, index: int) -> str:
+        return self.inventory.devices[index].uuid
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []

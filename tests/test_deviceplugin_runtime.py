@@ -1,0 +1,110 @@
+"""End to end on the simulated node: the device plugin's Allocate answer, as the kubelet
+passes it to the runtime (env and a read-only bind mount), is accepted by gpuwire's runtime
+side in a real runc container, which then sees exactly the allocated GPUs; the same answer
+replayed into another pod's sandbox gets nothing."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin import plugin
+from deviceplugin.api import api_pb2
+from deviceplugin.config import Config
+from gpuwire.lab.rootfs import Bundle
+from tests.conftest import requires_binary, requires_root
+from tests.kubelet import Kubelet
+from tests.runtime_support import VIEW_SCRIPT, Lab, cri_annotations, view
+
+pytestmark = [requires_root(), requires_binary("runc")]
+
+HOOK = str(Path(sys.executable).parent / "gpuwire-hook")
+SHIM = str(Path(sys.executable).parent / "gpuwire-runtime")
+
+
+@pytest.fixture
+def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    lab = Lab(tmp_path / "lab")
+    monkeypatch.setenv("GPUWIRE_CONFIG", str(lab.config))  # the shim reads it
+    return lab
+
+
+@pytest.fixture
+def kubelet(lab: Lab, socket_dir: Path) -> Iterator[Kubelet]:
+    """A kubelet with the device plugin registered, on the lab's node and keys."""
+    config = Config(
+        kubelet_dir=str(socket_dir),
+        sim=str(lab.node),
+        allocation_dir=str(lab.allocations),
+        grant_key_dir=str(lab.root / "keys"),
+    )
+    stop = threading.Event()
+    with Kubelet(socket_dir) as k:
+        thread = threading.Thread(target=plugin.run, args=(config, stop))
+        thread.start()
+        try:
+            yield k
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+
+
+def container(
+    lab: Lab, answer: api_pb2.ContainerAllocateResponse, delivery: str, sandbox: str = "5" * 64
+) -> Bundle:
+    """A container spec as containerd writes it from the kubelet's run options."""
+    path = lab.root / f"bundle-{uuid.uuid4().hex[:8]}"
+    bundle = Bundle.create(
+        path, ["sh", "-c", VIEW_SCRIPT], dict(answer.envs), cri_annotations(sandbox=sandbox)
+    )
+    bundle.spec["mounts"] += [
+        {
+            "destination": m.container_path,
+            "type": "bind",
+            "source": m.host_path,
+            "options": ["rbind", "ro" if m.read_only else "rw"],
+        }
+        for m in answer.mounts
+    ]
+    if delivery == "prestart":
+        hook = {
+            "path": HOOK,
+            "args": ["gpuwire-hook", "prestart"],
+            "env": [f"GPUWIRE_CONFIG={lab.config}"],
+        }
+        bundle.spec["hooks"] = {"prestart": [hook]}
+    bundle.save()
+    return bundle
+
+
+@pytest.mark.parametrize("delivery", ["prestart", "shim"])
+def test_allocated_gpus_and_only_those_reach_the_container(
+    lab: Lab, kubelet: Kubelet, delivery: str
+) -> None:
+    ids, answer = kubelet.admit("nvidia.com/gpu", 2)
+    index = {d.uuid: d.index for d in lab.inventory.devices}
+    granted = sorted(ids, key=index.__getitem__)
+    out = container(lab, answer, delivery).run(runtime=SHIM if delivery == "shim" else "runc")
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["smi"] == [
+        f"GPU {n}: NVIDIA A100-SXM4-80GB (UUID: {gpu})" for n, gpu in enumerate(granted)
+    ]
+    nodes = " ".join(sorted(f"nvidia{index[g]}" for g in granted))
+    assert seen["devices"] == [f"nvidia-uvm nvidia-uvm-tools {nodes} nvidiactl"]
+
+
+def test_answer_replayed_in_another_sandbox_gets_no_gpu(lab: Lab, kubelet: Kubelet) -> None:
+    _, answer = kubelet.admit("nvidia.com/gpu", 1)
+    first = container(lab, answer, "prestart").run()
+    assert first.returncode == 0, first.stderr
+    assert len(view(first.stdout)["smi"]) == 1
+    replay = container(lab, answer, "prestart", sandbox="7" * 64).run()
+    assert replay.returncode == 0, replay.stderr
+    assert view(replay.stdout)["devices"] == ["nvidia*"]  # nothing injected
+    assert "belongs to sandbox 555555555555" in lab.log_lines()[-1]

@@ -1,0 +1,221 @@
+"""Proof with real runc on the simulated node: the prestart hook and the shim.
+
+Each container prints its GPU view (tests/runtime_support.VIEW_SCRIPT). A granted device
+node opens with ENXIO (the cgroup allows it, no driver answers); one the cgroup denies
+would give EPERM; one not injected does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwire import allocation
+from gpuwire.lab.rootfs import Bundle
+from runtime_hook import launcher
+from tests.conftest import requires_binary, requires_root
+from tests.runtime_support import (
+    VIEW_SCRIPT,
+    Lab,
+    cri_annotations,
+    grant_for,
+    view,
+)
+
+pytestmark = [requires_root(), requires_binary("runc")]
+
+BIN = Path(sys.executable).parent
+HOOK, SHIM = str(BIN / "gpuwire-hook"), str(BIN / "gpuwire-runtime")
+ENXIO = "cat: can't open '/dev/nvidia{}': No such device or address"
+DELIVERIES = ("prestart", "shim")
+
+
+@pytest.fixture
+def lab(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Lab:
+    lab = Lab(tmp_path / "lab")
+    monkeypatch.setenv("GPUWIRE_CONFIG", str(lab.config))  # the shim inherits it
+    return lab
+
+
+def make_bundle(
+    lab: Lab,
+    env: dict[str, str],
+    annotations: dict[str, str] | None = None,
+    *,
+    delivery: str,
+    script: str = VIEW_SCRIPT,
+    mounts: list[dict[str, Any]] | None = None,
+) -> Bundle:
+    path = lab.root / f"bundle-{uuid.uuid4().hex[:8]}"
+    bundle = Bundle.create(path, ["sh", "-c", script], env, cri_annotations() | (annotations or {}))
+    if delivery == "prestart":
+        bundle.spec["hooks"] = {
+            "prestart": [
+                {
+                    "path": HOOK,
+                    "args": ["gpuwire-hook", "prestart"],
+                    "env": [f"GPUWIRE_CONFIG={lab.config}"],
+                }
+            ]
+        }
+    bundle.spec["mounts"] += mounts or []
+    bundle.save()
+    return bundle
+
+
+def run(bundle: Bundle, delivery: str) -> subprocess.CompletedProcess[str]:
+    return bundle.run(runtime=SHIM if delivery == "shim" else "runc")
+
+
+def granted_env(lab: Lab, visible: str, caps: str = "") -> dict[str, str]:
+    env = {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible, caps)}
+    if caps:
+        env["NVIDIA_DRIVER_CAPABILITIES"] = caps
+    return env
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_granted_container_sees_exactly_its_gpus(lab: Lab, delivery: str) -> None:
+    out = run(make_bundle(lab, granted_env(lab, "1,3"), delivery=delivery), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia1 nvidia3 nvidiactl"]
+    assert seen["open /dev/nvidia1"] == [ENXIO.format(1)]  # allowed by the cgroup
+    assert seen["open /dev/nvidia3"] == [ENXIO.format(3)]
+    assert seen["smi"] == [
+        f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})",
+        f"GPU 1: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(3)})",
+    ]
+    assert seen["libcuda"] == ["read-only"]
+    assert seen["ldcache"] == ["libcuda.so.1"]  # busybox has no ldconfig: the host's ran
+    if delivery == "shim":  # the shim also finalises the env the process sees
+        assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
+    assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_image_with_visible_devices_all_and_no_grant_gets_no_gpu(lab: Lab, delivery: str) -> None:
+    bundle = make_bundle(lab, {"NVIDIA_VISIBLE_DEVICES": "all"}, delivery=delivery)
+    out = run(bundle, delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["devices"] == ["nvidia*"]  # the glob matched nothing
+    assert "libcuda" not in seen
+    assert "ldcache" not in seen
+    assert seen["env"] == ["void" if delivery == "shim" else "all"]
+    (line,) = lab.log_lines()
+    assert line.endswith(
+        "team-a/trainer: no GPU: NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES= not "
+        "honoured: no GPUWIRE_GRANT, no device-plugin allocation, and the container is not "
+        'privileged (trust = "granted")'
+    )
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_allocation_token_is_honoured_once_per_sandbox(lab: Lab, delivery: str) -> None:
+    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
+    mount = {  # as the kubelet mounts the device plugin's Allocate response
+        "destination": allocation.container_path(token),
+        "type": "bind",
+        "source": f"{lab.allocations}/{token}",
+        "options": ["rbind", "ro"],
+    }
+    env = {"NVIDIA_VISIBLE_DEVICES": "plugin"}
+    first = run(make_bundle(lab, env, delivery=delivery, mounts=[mount]), delivery)
+    assert view(first.stdout)["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(2)})"]
+    again = run(make_bundle(lab, env, delivery=delivery, mounts=[mount]), delivery)
+    assert view(again.stdout)["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl"]
+    thief = make_bundle(
+        lab, env, cri_annotations(sandbox="7" * 64), delivery=delivery, mounts=[mount]
+    )
+    stolen = run(thief, delivery)
+    assert stolen.returncode == 0, stolen.stderr
+    assert view(stolen.stdout)["devices"] == ["nvidia*"]
+    assert f"allocation {token} belongs to sandbox 555555555555" in lab.log_lines()[-1]
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_unknown_device_fails_the_start_with_a_clear_message(lab: Lab, delivery: str) -> None:
+    out = run(make_bundle(lab, granted_env(lab, "0,9"), delivery=delivery), delivery)
+    assert out.returncode != 0
+    assert "unknown device '9': this node has 0 (GPU-" in out.stderr
+    assert "cannot start: unknown device '9'" in lab.log_lines()[-1]
+
+
+def test_shim_through_create_and_start_as_containerd_drives_it(lab: Lab) -> None:
+    bundle = make_bundle(lab, granted_env(lab, "0", "utility"), delivery="shim")
+    cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+    create = subprocess.Popen(
+        [
+            SHIM,
+            "--log",
+            str(lab.root / "runc.log"),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle.path),
+            cid,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert create.wait(timeout=60) == 0, create.stderr.read() if create.stderr else ""
+        subprocess.run(["runc", "start", cid], check=True, capture_output=True)
+        assert create.stdout is not None
+        seen = view(create.stdout.read())  # EOF when the container exits
+    finally:
+        subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
+    assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(0)})"]
+    assert seen["devices"] == ["nvidia0 nvidiactl"]  # utility only: no uvm
+
+
+def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None:
+    bundle = make_bundle(lab, granted_env(lab, "5"), delivery="shim")
+    log = lab.root / "runc-log.json"
+    out = subprocess.run(
+        [
+            SHIM,
+            "--log",
+            str(log),
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            str(bundle.path),
+            f"gpuwire-{uuid.uuid4().hex[:12]}",
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 1
+    assert '"level": "error"' in log.read_text()
+    assert "gpuwire: unknown device '5'" in log.read_text()
+
+
+def test_isolated_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
+    """`python -m runtime_hook.launcher DIR` writes -IS launchers; the hook is the one beside."""
+    shim_path, hook_path = launcher.install(str(tmp_path / "libexec"))
+    bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
+    out = bundle.run(runtime=shim_path)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})"]
+    (hook,) = written_hooks(bundle)
+    assert hook["path"] == hook_path
+    assert Path(hook_path).read_text().startswith(f"#!{sys.executable} -IS\n")
+
+
+def written_hooks(bundle: Bundle) -> list[dict[str, Any]]:
+    spec = json.loads((bundle.path / "config.json").read_text())
+    hooks: list[dict[str, Any]] = spec["hooks"]["createContainer"]
+    return hooks
