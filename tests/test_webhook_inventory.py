@@ -11,10 +11,16 @@ from typing import Any
 import pytest
 import yaml
 
+from deviceplugin import labels as plugin_labels
+from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.resources import assign
 from gpuwire import annotations as a
+from gpuwire import sim
 from gpuwire.lab.webhook import serving
 from tests.apiserver import ApiServer
 from tests.webhook_support import EXAMPLES, client, container, eventually, make_files, pod
+from webhook import inventory
+from webhook.placement import place
 from webhook.review import request_for
 from webhook.watch import NodeWatch
 
@@ -151,3 +157,41 @@ def test_not_ready_while_the_api_server_is_away(tmp_path: Path) -> None:
         ready = http.get("/readyz")
         assert (ready.status_code, ready.text) == (503, "node inventory not synced yet")
         assert http.get("/healthz").status_code == 200
+
+
+def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
+    """The node labels and `gpuwire.io/gpus` annotation of deviceplugin/labels.py are the
+    inventory's input: a contract between two components, checked here."""
+    found = sim.make_inventory(gpus=8, products=("NVIDIA H100 80GB HBM3",))
+    gpus = NodeGpus(
+        found.driver_version,
+        found.cuda_version,
+        tuple(Gpu(g.device, g.compute_capability) for g in found.gpus),
+    )
+    sick = found.gpus[3].device.uuid
+    labelled = plugin_labels.labels(gpus, assign(gpus.devices, [], "nvidia.com/gpu"))
+    annotation = plugin_labels.gpus_annotation(gpus, unhealthy={sick})
+    assert plugin_labels.GPUS_ANNOTATION == inventory.GPUS_ANNOTATION
+    obj = {
+        "kind": "Node",
+        "metadata": {
+            "name": "n1",
+            "labels": {**labelled, "kubernetes.io/hostname": "host-n1"},
+            "annotations": {plugin_labels.GPUS_ANNOTATION: annotation},
+        },
+    }
+    node_view = inventory.node_from_object(obj)
+    assert node_view is not None
+    assert (node_view.product, node_view.memory_mib, node_view.count) == (
+        "NVIDIA-H100-80GB-HBM3",
+        81559,
+        8,
+    )
+    assert [g.uuid for g in node_view.gpus] == [g.device.uuid for g in found.gpus]
+    assert [g.healthy for g in node_view.gpus] == [g.device.uuid != sick for g in found.gpus]
+    placed = place(
+        parse({"gpuwire.io/gpu-uuid": sick, "gpuwire.io/gpu-model": "h100"}),
+        inventory.Inventory((node_view,)),
+    )
+    assert placed.devices == (sick,)
+    assert placed.warnings == (f"{sick} on node n1 is reported unhealthy",)
