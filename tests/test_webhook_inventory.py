@@ -190,7 +190,7 @@ def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
     assert [g.uuid for g in node_view.gpus] == [g.device.uuid for g in found.gpus]
     assert [g.healthy for g in node_view.gpus] == [g.device.uuid != sick for g in found.gpus]
     placed = place(
-        parse({"gpuwire.io/gpu-uuid": sick, "gpuwire.io/gpu-model": "h100"}),
+        a.parse({a.UUID: sick, a.MODEL: "h100"}),
         inventory.Inventory((node_view,)),
     )
     assert placed.devices == (sick,)
