@@ -7,8 +7,6 @@ kubelet-device-plugin.md (2.8). A second vendor is a sibling module, not an edit
 
 from __future__ import annotations
 
-import functools
-
 VENDOR = "nvidia"
 RESOURCE = "nvidia.com/gpu"
 LABEL_PREFIX = "nvidia.com/"
@@ -109,7 +107,6 @@ class CapabilityError(ValueError):
     """A driver capability outside the supported set."""
 
 
-@functools.lru_cache(maxsize=256)  # the webhook asks on every admission, with few values
 def parse_capabilities(value: str | None) -> tuple[str, ...]:
     """NVIDIA_DRIVER_CAPABILITIES → the capabilities it selects, in canonical (sorted) order.
 

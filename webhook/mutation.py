@@ -14,6 +14,7 @@ and the tests call it directly. The rules, in the order a container meets them:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ VISIBLE = nvidia.VISIBLE_DEVICES_ENV
 CAPS = nvidia.CAPABILITIES_ENV
 VOID = devices.Kind.VOID.value
 NO_RULE = Rule(match=(), annotations=False)
+# Few distinct values, asked on every admission (the contract module stays import-light).
+_capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ class _Mutation:
 
     def capabilities(self, request: GpuRequest) -> str:
         caps = request.capabilities or self.policy.capabilities
-        extra = sorted(set(nvidia.parse_capabilities(caps)) - set(self.rule.capabilities))
+        extra = sorted(set(_capabilities(caps)) - set(self.rule.capabilities))
         if extra:
             value = request.given.get(keys.CAPABILITIES, f"unset (policy default {caps})")
             raise Denied(
