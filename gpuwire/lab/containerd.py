@@ -9,7 +9,6 @@ instance made, by pid and by path.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -18,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run
+from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run, stop
 
 CRI = "io.containerd.grpc.v1.cri"
+RUNC_SHIM = "io.containerd.runc.v2"
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Container:
     image: str = ""
     args: tuple[str, ...] = ()
     spec: Path | None = None
+    runtime: str = RUNC_SHIM  # the shim containerd starts (a handler's runtime_type)
     runc_binary: str | None = None  # containerd's runc shim runs this instead of runc
     annotations: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
@@ -154,6 +155,8 @@ class Containerd(Closing):
             f"{self.home}/runc",
             "--fifo-dir",
             f"{self.home}/fifo",
+            "--runtime",
+            container.runtime,
         ]
         if container.runc_binary:
             argv += ["--runc-binary", container.runc_binary]
@@ -167,9 +170,12 @@ class Containerd(Closing):
             return [*argv, "--config", str(container.spec), cid]
         return [*argv, container.image, cid, *container.args]
 
-    def run(self, container: Container, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a container to completion under a fresh id; it is gone afterwards either way."""
-        cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+    def run(
+        self, container: Container, timeout: float = 60, cid: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a container to completion under `cid` (default: a fresh id); it is gone
+        afterwards either way."""
+        cid = cid or f"gpuwire-{uuid.uuid4().hex[:12]}"
         try:
             return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
         finally:
@@ -188,12 +194,7 @@ class Containerd(Closing):
             return
         for cid in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
             self.remove(cid)
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, timeout=15)
 
     def close(self) -> None:
         """Stop, then remove the namespace's cgroups and the home directory."""
