@@ -220,8 +220,10 @@ def decode(text: str, source: str = "record") -> ContainerRecord:
         version = raw.pop("version")
         if version != VERSION:
             raise RecordError(f"{source}: record version {version!r}: expected {VERSION}")
-        raw["gpus"] = tuple(raw["gpus"])
-        raw["capabilities"] = tuple(raw["capabilities"])
+        for name in ("gpus", "capabilities"):
+            if not isinstance(raw[name], list):
+                raise TypeError(f"{name} is not a list")
+            raw[name] = tuple(raw[name])
         record = ContainerRecord(**raw)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise RecordError(f"{source}: not a gpuwire container record ({exc})") from None
