@@ -3,17 +3,23 @@
 A missing default file means the defaults; a file named by `$GPUWIRE_CONFIG` must exist.
 Unknown keys and bad values are errors naming the file, the key, the value and what is
 accepted, because a typo in `trust` must not silently fall back to another policy.
+
+The shim reads this on every runtime call and the hook on every GPU container start, but
+`tomllib` imports `typing` and `re` (~15 ms here). So the parsed table is kept in a root-only
+cache (`/run/gpuwire`, marshal) together with the exact bytes it was parsed from; it is used
+only while the file still holds those bytes. Validation always runs.
 """
 
 from __future__ import annotations
 
+import marshal
 import os
 import sys
 
 from gpuwire import allocation, grant
-from runtime_hook.discovery import Roots
 
 ENV = "GPUWIRE_CONFIG"
+CACHE_DIR = "/run/gpuwire"
 DEFAULT_PATH = "/etc/gpuwire/config.toml"
 DEFAULT_LOG = "/var/log/gpuwire.log"
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
@@ -35,12 +41,40 @@ KEYS = {
 }
 
 
+class Roots:
+    """Where the driver's files, device nodes and procfs live (each defaults to `root`).
+
+    Also `runtime_hook.discovery.Roots`, which reads them.
+    """
+
+    __slots__ = ("dev", "driver", "proc")
+
+    def __init__(
+        self,
+        root: str = "/",
+        *,
+        driver: str | None = None,
+        dev: str | None = None,
+        proc: str | None = None,
+    ) -> None:
+        self.driver = driver or root
+        self.dev = dev or root
+        self.proc = proc or root
+
+    def __repr__(self) -> str:
+        return f"Roots(driver={self.driver!r}, dev={self.dev!r}, proc={self.proc!r})"
+
+
 class ConfigError(ValueError):
     """A configuration file that cannot be used."""
 
 
 def default_hook() -> str:
-    """gpuwire-hook installed beside this interpreter (the same package installation)."""
+    """The gpuwire-hook beside the running program (a launcher beside a launcher, a console
+    script beside a console script), else beside the interpreter."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "gpuwire-hook")
+    if os.path.basename(sys.argv[0]).startswith("gpuwire") and os.access(beside, os.X_OK):
+        return beside
     return os.path.join(os.path.dirname(sys.executable), "gpuwire-hook")
 
 
@@ -122,14 +156,42 @@ def _accepts(key: str, value: str) -> bool:
     return value.startswith("/")
 
 
-def parse(data: bytes, source: str) -> Config:
-    import tomllib  # only when a file exists: it costs more than the rest of a hook run
+def parse_toml(data: bytes, source: str) -> dict[str, object]:
+    import tomllib
 
     try:
-        table = tomllib.loads(data.decode())
+        return tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    return from_table(table, source)
+
+
+def _cache_path(st: os.stat_result) -> str:
+    return f"{CACHE_DIR}/config-{st.st_dev}-{st.st_ino}"
+
+
+def _cached(st: os.stat_result, data: bytes) -> dict[str, object] | None:
+    """The table parsed from exactly `data`, from a directory only we can write."""
+    try:
+        directory = os.stat(CACHE_DIR)
+        if directory.st_uid != os.geteuid() or directory.st_mode & 0o022:
+            return None
+        with open(_cache_path(st), "rb") as f:
+            source, table = marshal.load(f)  # noqa: S302 - ours, in a directory only we write
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    return table if source == data and isinstance(table, dict) else None
+
+
+def _remember(st: os.stat_result, data: bytes, table: dict[str, object]) -> None:
+    try:
+        os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
+        path = _cache_path(st)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            marshal.dump((data, table), f)
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass  # a table marshal cannot hold (TOML dates) or a read-only /run: parse each time
 
 
 def load(path: str | None = None) -> Config:
@@ -138,11 +200,15 @@ def load(path: str | None = None) -> Config:
     source = explicit or DEFAULT_PATH
     try:
         with open(source, "rb") as f:
-            data = f.read()
+            st, data = os.fstat(f.fileno()), f.read()
+        table = _cached(st, data)
+        if table is None:
+            table = parse_toml(data, source)
+            _remember(st, data, table)
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"{source}: no such configuration file") from None
         return Config()
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read: {exc.strerror}") from None
-    return parse(data, source)
+    return from_table(table, source)

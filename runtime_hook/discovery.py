@@ -25,31 +25,11 @@ import stat
 from gpuwire import nvidia
 from gpuwire.devices import Device, normalise_bus_id
 from runtime_hook import elf, inroot
+from runtime_hook.config import Roots as Roots  # re-exported: where discovery reads
 
 
 class DiscoveryError(RuntimeError):
     """The driver is missing or its procfs entries cannot be read."""
-
-
-class Roots:
-    """Where the driver's files, device nodes and procfs live (each defaults to `root`)."""
-
-    __slots__ = ("dev", "driver", "proc")
-
-    def __init__(
-        self,
-        root: str = "/",
-        *,
-        driver: str | None = None,
-        dev: str | None = None,
-        proc: str | None = None,
-    ) -> None:
-        self.driver = driver or root
-        self.dev = dev or root
-        self.proc = proc or root
-
-    def __repr__(self) -> str:
-        return f"Roots(driver={self.driver!r}, dev={self.dev!r}, proc={self.proc!r})"
 
 
 class HostFile:

@@ -14,15 +14,20 @@ taken needs.
 
 from __future__ import annotations
 
-import json
 import sys
+
+from runtime_hook import ocijson
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runtime_hook.spec import Spec
 
 USAGE = "usage: gpuwire-hook prestart | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]...\n"
 
 
 def read_state() -> dict[str, object]:
     try:
-        state = json.load(sys.stdin)
+        state = ocijson.loads(sys.stdin.buffer.read())
     except ValueError as exc:
         raise ValueError(f"the OCI state on stdin is not JSON: {exc}") from None
     if not isinstance(state, dict) or not isinstance(state.get("bundle"), str):
@@ -31,20 +36,32 @@ def read_state() -> dict[str, object]:
 
 
 def prestart() -> int:
-    from runtime_hook import config, inject, log, plan
     from runtime_hook import spec as ocispec
+
+    try:
+        state = read_state()
+        bundle = str(state["bundle"])
+        spec = ocispec.load(bundle)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"gpuwire-hook: {exc}\n")
+        return 1
+    if not ocispec.asks_for_gpu(spec):
+        return 0
+    return inject_into(state, bundle, spec)
+
+
+def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
+    """Decide, log, and apply the edits to the created container `state` describes."""
+    from runtime_hook import config, inject, log, plan
 
     try:
         settings = config.load()
     except config.ConfigError as exc:
         sys.stderr.write(f"gpuwire-hook: {exc}\n")
         return 1
-    container = "?"
+    container = str(state.get("id", "?"))
     try:
-        state = read_state()
-        container = str(state.get("id", "?"))
-        bundle = str(state["bundle"])
-        decided = plan.make(ocispec.load(bundle), bundle, settings)
+        decided = plan.make(spec, bundle, settings)
         message = plan.summary(decided)
         if message:
             log.write(settings.log, "gpuwire-hook", container, message)

@@ -13,9 +13,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
 
 from runtime_hook import syscalls
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 # For names we have just created in a directory we hold: no link may intervene.

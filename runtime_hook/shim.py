@@ -1,12 +1,12 @@
 """`gpuwire-runtime`: an OCI runtime in front of runc, for containerd's `BinaryName`.
 
 On `create` (and `run`, create and start in one) it edits `<bundle>/config.json` (devices
-with cgroup allow rules, read-only mounts, the final env, the hardened ld-cache hook), then,
-like every other subcommand,
-execs the real runtime (`runtime` in the config, runc by default) with the arguments it
-was given, untouched. Parsing follows NVIDIA's runtime (nvidia-runtime.md 4.1): `create`
-(or `run`) anywhere in the arguments except as the value of `--bundle`/`-b`; the bundle from
-`--bundle`, `-bundle` or `-b`, with `=` or a space, else the current directory.
+with cgroup allow rules, read-only mounts, the final env, the hardened ld-cache hook); then,
+as for every other subcommand, it execs the real runtime (`runtime` in the config, runc by
+default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
+(nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
+of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
+else the current directory.
 
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that
@@ -53,12 +53,13 @@ def report_failure(args: list[str], message: str) -> None:
     log_file = flag_value(args, ("--log", "-log"))
     if not log_file:
         return
-    import json
     import time
+
+    from runtime_hook import ocijson
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if flag_value(args, ("--log-format", "-log-format")) == "json":
-        entry = json.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
+        entry = ocijson.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
     else:
         entry = f'time="{stamp}" level=error msg="gpuwire: {message}"'
     try:
@@ -70,11 +71,14 @@ def report_failure(args: list[str], message: str) -> None:
 
 def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     """Decide on the bundle's spec and write its edits (or its refusal) into config.json."""
-    from runtime_hook import edits, log, plan
     from runtime_hook import spec as ocispec
-    from runtime_hook.trust import REFUSED
 
     spec = ocispec.load(bundle)
+    if not ocispec.asks_for_gpu(spec):
+        return
+    from runtime_hook import edits, log, plan
+    from runtime_hook.trust import REFUSED
+
     decided = plan.make(spec, bundle, settings)
     message = plan.summary(decided)
     if message:

@@ -14,8 +14,10 @@ exactly what the process sees, whichever occurrence its libc would have picked.
 
 from __future__ import annotations
 
-import json
 import os
+
+from gpuwire import allocation, devices, nvidia
+from runtime_hook import ocijson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,8 +29,11 @@ if TYPE_CHECKING:
 
 
 def load(bundle: str) -> Spec:
-    with open(os.path.join(bundle, "config.json"), "rb") as f:
-        spec: Spec = json.load(f)
+    path = os.path.join(bundle, "config.json")
+    with open(path, "rb") as f:
+        spec = ocijson.loads(f.read())
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} is not a JSON object")
     return spec
 
 
@@ -39,7 +44,7 @@ def save(bundle: str, spec: Spec) -> None:
     mode = os.stat(path).st_mode & 0o7777
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     with os.fdopen(fd, "w") as f:
-        json.dump(spec, f)
+        f.write(ocijson.dumps(spec))
     os.replace(tmp, path)
 
 
@@ -65,6 +70,17 @@ def conflicting_env(spec: Spec, keys: tuple[str, ...]) -> dict[str, list[str]]:
         if key in keys:
             seen.setdefault(key, []).append(value)
     return {k: v for k, v in seen.items() if len(set(v)) > 1}
+
+
+def asks_for_gpu(spec: Spec) -> bool:
+    """Whether a container could get a GPU at all: NVIDIA_VISIBLE_DEVICES not void, or a
+    device-plugin allocation mounted. Every other container is left alone at once, without
+    reading the node config (most containers on a node that runs the hook for all)."""
+    visible = env(spec).get(nvidia.VISIBLE_DEVICES_ENV)
+    if devices.parse_request(visible).kind is not devices.Kind.VOID:
+        return True
+    prefix = allocation.CONTAINER_DIR + "/"
+    return any(str(m.get("destination", "")).startswith(prefix) for m in mounts(spec))
 
 
 def annotations_of(spec: Spec) -> dict[str, str]:

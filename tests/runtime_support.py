@@ -95,6 +95,34 @@ def view(stdout: str) -> dict[str, list[str]]:
     return out
 
 
+def granted_view(
+    lab: Lab, indices: tuple[int, ...], control: str = "nvidia-uvm nvidia-uvm-tools"
+) -> dict[str, list[str]]:
+    """What VIEW_SCRIPT prints in a container given GPUs `indices` and the compute and
+    utility files: those nodes (`control` beside them), each opening with ENXIO (allowed by
+    the cgroup, no driver to answer), nvidia-smi listing exactly them, libcuda read-only
+    and in the ld cache."""
+    minors = " ".join(f"nvidia{i}" for i in sorted(indices))
+    return {
+        "devices": [f"{control} {minors} nvidiactl"],
+        **{
+            f"open /dev/nvidia{i}": [f"cat: can't open '/dev/nvidia{i}': No such device or address"]
+            for i in indices
+        },
+        "smi": [
+            f"GPU {n}: {lab.inventory.devices[i].product} (UUID: {lab.uuid(i)})"
+            for n, i in enumerate(sorted(indices))
+        ],
+        "libcuda": ["read-only"],
+        "ldcache": ["libcuda.so.1"],
+    }
+
+
+def shown(seen: dict[str, list[str]], expected: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The part of `seen` that `expected` speaks about, to compare in one assert."""
+    return {key: seen.get(key, []) for key in expected}
+
+
 class Lab:
     """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
 

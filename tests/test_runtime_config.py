@@ -89,3 +89,45 @@ def test_named_file_must_exist(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cfg.ENV, "/nonexistent/node.toml")
     with pytest.raises(ConfigError, match=r"/nonexistent/node\.toml: no such configuration file"):
         cfg.load()
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "cache"
+    monkeypatch.setattr(cfg, "CACHE_DIR", str(directory))
+    return directory
+
+
+def test_parsed_table_is_reused_only_for_the_same_bytes(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, 'trust = "any"\n')
+    assert cfg.load(path).trust == "any"
+    assert oct(cache_dir.stat().st_mode & 0o777) == "0o700"
+
+    def no_parsing(data: bytes, source: str) -> dict[str, object]:
+        raise AssertionError("parsed again")
+
+    with monkeypatch.context() as m:
+        m.setattr(cfg, "parse_toml", no_parsing)
+        assert cfg.load(path).trust == "any"  # from the cache
+    Path(path).write_text('trust = "granted"\n')  # same size, same inode, same second
+    assert cfg.load(path).trust == "granted"
+
+
+def test_cache_in_a_directory_others_can_write_is_ignored(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, 'trust = "any"\n')
+    cfg.load(path)
+    cache_dir.chmod(0o777)
+    parsed = []
+    original = cfg.parse_toml
+
+    def counting(data: bytes, source: str) -> dict[str, object]:
+        parsed.append(source)
+        return original(data, source)
+
+    monkeypatch.setattr(cfg, "parse_toml", counting)
+    assert cfg.load(path).trust == "any"
+    assert parsed == [path]

@@ -7,6 +7,7 @@ would give EPERM; one not injected does not exist.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import uuid
@@ -17,6 +18,7 @@ import pytest
 
 from gpuwire import allocation
 from gpuwire.lab.rootfs import Bundle
+from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
 from tests.runtime_support import (
     VIEW_SCRIPT,
@@ -199,3 +201,21 @@ def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None
     assert out.returncode == 1
     assert '"level": "error"' in log.read_text()
     assert "gpuwire: unknown device '5'" in log.read_text()
+
+
+def test_isolated_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
+    """`python -m runtime_hook.launcher DIR` writes -IS launchers; the hook is the one beside."""
+    shim_path, hook_path = launcher.install(str(tmp_path / "libexec"))
+    bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
+    out = bundle.run(runtime=shim_path)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})"]
+    (hook,) = written_hooks(bundle)
+    assert hook["path"] == hook_path
+    assert Path(hook_path).read_text().startswith(f"#!{sys.executable} -IS\n")
+
+
+def written_hooks(bundle: Bundle) -> list[dict[str, Any]]:
+    spec = json.loads((bundle.path / "config.json").read_text())
+    hooks: list[dict[str, Any]] = spec["hooks"]["createContainer"]
+    return hooks

@@ -42,11 +42,15 @@ def snapshot(root: Path) -> dict[str, tuple[str, int, str]]:
     return out
 
 
-def host_mounts() -> set[str]:
-    return {
-        " ".join(line.split()[3:5])
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-    }
+def host_mounts(scope: Path) -> set[str]:
+    """Host mounts at or under `scope`: the test's own tree, where any escape would land.
+    (The rest of the host's table changes with whatever else runs on the machine.)"""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        root, mountpoint = line.split()[3:5]
+        if mountpoint == str(scope) or mountpoint.startswith(f"{scope}/"):
+            found.add(f"{root} {mountpoint}")
+    return found
 
 
 @pytest.fixture
@@ -79,11 +83,11 @@ def test_symlinked_rootfs_dirs_never_reach_the_host(
 ) -> None:
     bundle = make_bundle(lab, granted_env(lab, "0"), delivery=delivery)
     swap_for_link(bundle.path / "rootfs", inside, ATTACKS[attack](host_dir))
-    before, mounts, node = snapshot(host_dir), host_mounts(), snapshot(lab.node)
+    before, mounts, node = snapshot(host_dir), host_mounts(lab.root.parent), snapshot(lab.node)
     out = run(bundle, delivery)
     assert out.returncode == 0, out.stderr
     assert snapshot(host_dir) == before
-    assert host_mounts() == mounts
+    assert host_mounts(lab.root.parent) == mounts
     assert snapshot(lab.node) == node
     seen = view(out.stdout)  # inside, the link resolves in the rootfs, and works
     assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(0)})"]
@@ -99,13 +103,13 @@ RUNC_DEV_LINKS = {"fd", "ptmx", "stdin", "stdout", "stderr"}
 def test_symlinked_dev_never_reaches_the_host(lab: Lab, host_dir: Path, delivery: str) -> None:
     bundle = make_bundle(lab, granted_env(lab, "2"), delivery=delivery)
     swap_for_link(bundle.path / "rootfs", "dev", str(host_dir))
-    before, mounts = snapshot(host_dir), host_mounts()
+    before, mounts = snapshot(host_dir), host_mounts(lab.root.parent)
     out = run(bundle, delivery)
     assert out.returncode == 0, out.stderr
     after = snapshot(host_dir)
     assert set(after) - set(before) <= RUNC_DEV_LINKS
     assert all(after[name][0] == "l" for name in set(after) - set(before))
-    assert host_mounts() == mounts
+    assert host_mounts(lab.root.parent) == mounts
     seen = view(out.stdout)  # the nodes went to the container's /dev, inside the rootfs
     assert seen["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl"]
     assert seen["open /dev/nvidia2"] == [
@@ -139,12 +143,12 @@ def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
     bundle = make_bundle(lab, granted_env(lab, "0,1"), delivery="prestart")
     rootfs = bundle.path / "rootfs"
     (rootfs / "usr/bin/nvidia-smi").mkdir(parents=True)  # binaries are mounted after libs
-    before, mounts, node = snapshot(rootfs), host_mounts(), snapshot(lab.node)
+    before, mounts, node = snapshot(rootfs), host_mounts(lab.root.parent), snapshot(lab.node)
     out = run(bundle, "prestart")
     assert out.returncode != 0
     assert "cannot mount over 'nvidia-smi'" in out.stderr
     assert snapshot(rootfs) == before
-    assert host_mounts() == mounts
+    assert host_mounts(lab.root.parent) == mounts
     assert snapshot(lab.node) == node
     assert "injection failed: cannot mount over 'nvidia-smi'" in lab.log_lines()[-1]
 
@@ -152,14 +156,14 @@ def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
 def test_failed_ldcache_hook_fails_the_start_and_undoes_its_links(lab: Lab) -> None:
     lab.configure(ldconfig="/bin/busybox")  # static, but exits 127 as "ldconfig": fails late
     bundle = make_bundle(lab, granted_env(lab, "0"), delivery="shim")
-    mounts, node = host_mounts(), snapshot(lab.node)
+    mounts, node = host_mounts(lab.root.parent), snapshot(lab.node)
     out = run(bundle, "shim")
     assert out.returncode != 0
     assert "gpuwire-hook ldcache: ldconfig in" in out.stderr
     libdir = bundle.path / "rootfs/usr/lib/x86_64-linux-gnu"
     assert not (libdir / "libcuda.so.1").is_symlink()
     assert not (libdir / "libcuda.so").is_symlink()
-    assert host_mounts() == mounts
+    assert host_mounts(lab.root.parent) == mounts
     assert snapshot(lab.node) == node
 
 

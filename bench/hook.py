@@ -1,0 +1,210 @@
+"""Container start with and without GPU injection, side by side, on real runc and containerd.
+
+    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd]
+
+runc: every case is `runc run` of a busybox container running `true` on the simulated node,
+timed from exec to exit (deletion untimed); cases take turns so that drift on the machine
+hits them alike. The baseline is plain runc; the others add gpuwire:
+
+- the prestart hook (`gpuwire-hook prestart` in the spec, as `base_runtime_spec` does),
+  for a container that asks for no GPU and for one granted a GPU;
+- the shim (`gpuwire-runtime run`), likewise; a granted container also runs the ld-cache
+  createContainer hook;
+- the same GPU start through pip's console script instead of the `-IS` launcher.
+
+Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
+(`python -IS -c pass`) is printed as the floor any Python hook pays.
+
+containerd: a private containerd (gpuwire.lab.containerd) starts the busybox image through
+containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
+reading it) and with the `-IS` launcher of gpuwire-runtime as `--runc-binary` (containerd's
+`BinaryName`), asking for no GPU and for one granted GPU. `start` times `ctr run --detach`
+(create and start: what a kubelet waits for); `run` times `ctr run --rm` of `true` (also
+the exit and the two deletes: every runtime call containerd makes for a container).
+Goal: at most 25 ms added median start through containerd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from bench.common import Summary, report, summarise
+from gpuwire.lab.containerd import Container, Containerd
+from gpuwire.lab.image import NAME, write_layout_tar
+from gpuwire.lab.rootfs import Bundle
+from runtime_hook import launcher
+from tests.runtime_support import Lab, cri_annotations, grant_for
+
+CONSOLE_SCRIPTS = Path(sys.executable).parent
+
+
+class Case:
+    """One way of starting the container: its bundle, runtime and pristine config.json."""
+
+    def __init__(self, name: str, bundle: Bundle, runtime: str) -> None:
+        self.name = name
+        self.bundle = bundle
+        self.runtime = runtime
+        self.config = (bundle.path / "config.json").read_text()
+        self.seconds: list[float] = []
+
+    def run_once(self) -> None:
+        (self.bundle.path / "config.json").write_text(self.config)  # the shim edits it
+        cid = f"gpuwire-bench-{uuid.uuid4().hex[:12]}"
+        start = time.perf_counter()
+        out = subprocess.run(
+            [self.runtime, "run", "--bundle", str(self.bundle.path), cid],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        self.seconds.append(time.perf_counter() - start)
+        subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{self.name}: {out.stderr.strip()}")
+
+
+def make_cases(lab: Lab, libexec: str) -> list[Case]:
+    hook = f"{libexec}/gpuwire-hook"
+    shim = f"{libexec}/gpuwire-runtime"
+    gpu = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
+
+    def bundle(name: str, env: dict[str, str], prestart: str | None = None) -> Bundle:
+        made = Bundle.create(lab.root / name, ["true"], env, cri_annotations())
+        if prestart:
+            made.spec["hooks"] = {
+                "prestart": [
+                    {
+                        "path": prestart,
+                        "args": ["gpuwire-hook", "prestart"],
+                        "env": [f"GPUWIRE_CONFIG={lab.config}"],
+                    }
+                ]
+            }
+            made.save()
+        return made
+
+    return [
+        Case("runc (baseline)", bundle("plain", {}), "runc"),
+        Case("prestart hook, no GPU", bundle("hook-void", {}, hook), "runc"),
+        Case("prestart hook, 1 GPU", bundle("hook-gpu", gpu, hook), "runc"),
+        Case("shim, no GPU", bundle("shim-void", {}), shim),
+        Case("shim, 1 GPU", bundle("shim-gpu", gpu), shim),
+        Case(
+            "hook via console script, 1 GPU",
+            bundle("script-gpu", gpu, str(CONSOLE_SCRIPTS / "gpuwire-hook")),
+            "runc",
+        ),
+    ]
+
+
+def interpreter_floor(runs: int) -> Summary:
+    seconds = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-IS", "-c", "pass"], check=True)
+        seconds.append(time.perf_counter() - start)
+    return summarise("python -IS -c pass", seconds)
+
+
+def runc_half(runs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
+        lab = Lab(Path(tmp) / "lab")
+        os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
+        launcher.install(f"{tmp}/libexec")
+        cases = make_cases(lab, f"{tmp}/libexec")
+        for case in cases:  # warm caches (page cache, the config cache) untimed
+            case.run_once()
+            case.seconds.clear()
+        for _ in range(runs):
+            for case in cases:
+                case.run_once()
+    base, *others = (summarise(c.name, c.seconds) for c in cases)
+    print(report(f"container start on runc, {runs} runs each", base, others))
+    print()
+    print(added(base, others))
+    floor = interpreter_floor(runs)
+    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook)")
+
+
+def added(base: Summary, others: list[Summary]) -> str:
+    return "\n".join(
+        f"{s.name:32} +{s.p50_ms - base.p50_ms:6.1f} ms median over {base.name}" for s in others
+    )
+
+
+def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bool) -> float:
+    start = time.perf_counter()
+    out = containerd.ctr(*containerd.run_argv(container, cid, detach=detach), check=False)
+    elapsed = time.perf_counter() - start
+    if detach:
+        containerd.remove(cid)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cid}: {out.stderr.strip()}")
+    return elapsed
+
+
+def containerd_half(runs: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(Path(tmp) / "lab")
+        launcher.install(f"{tmp}/libexec")
+        shim = f"{tmp}/libexec/gpuwire-runtime"
+        granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
+        annotations = cri_annotations()
+        variants = {
+            "runc": Container(NAME, ("true",), annotations=annotations, env=granted),
+            "gpuwire-runtime, no GPU": Container(
+                NAME, ("true",), runc_binary=shim, annotations=annotations
+            ),
+            "gpuwire-runtime, 1 GPU": Container(
+                NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
+            ),
+        }
+        with Containerd.create() as containerd:
+            containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
+            containerd.import_image(write_layout_tar(lab.root / "busybox.tar"))
+            samples: dict[tuple[str, bool], list[float]] = {}
+            for n in range(runs + 1):  # round 0 warms caches and is not counted
+                for name, container in variants.items():
+                    for detach in (True, False):
+                        cid = f"bench-{uuid.uuid4().hex[:12]}"
+                        elapsed = _timed(containerd, container, cid, detach=detach)
+                        if n:
+                            samples.setdefault((name, detach), []).append(elapsed)
+    for detach, what in ((True, "start (ctr run --detach)"), (False, "run (ctr run --rm true)")):
+        base, *others = (summarise(name, samples[(name, detach)]) for name in variants)
+        print(report(f"containerd, {what}, {runs} runs each", base, others))
+        print()
+        print(added(base, others))
+        print()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--only", choices=("runc", "containerd"))
+    args = parser.parse_args()
+    tools = {"runc": ("runc",), "containerd": ("runc", "containerd", "ctr")}[
+        args.only or "containerd"
+    ]
+    missing = [tool for tool in tools if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        raise SystemExit(f"needs root and {', '.join(tools)} (missing: {', '.join(missing)})")
+    if args.only != "containerd":
+        runc_half(args.runs)
+        print()
+    if args.only != "runc":
+        containerd_half(args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

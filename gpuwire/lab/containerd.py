@@ -1,0 +1,202 @@
+"""A private containerd: its own config, root, state, sockets, runc root and namespace.
+
+Nothing is shared with the host's containerd or with another test running beside this one:
+every path lives under one temporary directory, containers get unique ids in a unique
+namespace (so their cgroups are `/<namespace>/<id>`), and `close` removes exactly what this
+instance made, by pid and by path.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run
+
+CRI = "io.containerd.grpc.v1.cri"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount, as `ctr run --mount` and `podman run -v` take it."""
+
+    source: Path
+    destination: str
+
+
+@dataclass(frozen=True)
+class Container:
+    """What `ctr run` starts: `image` running `args`, or, with `spec`, that OCI spec file
+    whole (`ctr run --config`, the way CRI starts from a `base_runtime_spec`)."""
+
+    image: str = ""
+    args: tuple[str, ...] = ()
+    spec: Path | None = None
+    runc_binary: str | None = None  # containerd's runc shim runs this instead of runc
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def base_config(home: Path, *, cri: bool = False) -> str:
+    """A version-2 config whose every path (sockets included) is under `home`.
+
+    The CRI plugin stays off unless asked for (it is only needed to validate runtime
+    handlers); when on, its CNI dirs and stream port are private too.
+    """
+    text = f"""version = 2
+root = "{home}/root"
+state = "{home}/state"
+temp = "{home}/tmp"
+disabled_plugins = [{"" if cri else f'"{CRI}"'}]
+
+[grpc]
+  address = "{home}/containerd.sock"
+
+[ttrpc]
+  address = "{home}/containerd.sock.ttrpc"
+
+[debug]
+  address = "{home}/debug.sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{home}/opt"
+"""
+    if cri:
+        text += f"""
+[plugins."{CRI}"]
+  stream_server_port = "0"
+  [plugins."{CRI}".cni]
+    bin_dir = "{home}/cni/bin"
+    conf_dir = "{home}/cni/net.d"
+"""
+    return text
+
+
+@dataclass
+class Containerd(Closing):
+    home: Path
+    namespace: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
+    process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def create(cls, *, cri: bool = False) -> Containerd:
+        """A configured, not yet started, instance. The home is short: socket paths must
+        fit in 108 bytes."""
+        home = Path(tempfile.mkdtemp(prefix="gwctd-", dir="/tmp"))
+        (home / "tmp").mkdir()
+        (home / "config.toml").write_text(base_config(home, cri=cri))
+        return cls(home)
+
+    @property
+    def config(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def address(self) -> Path:
+        return self.home / "containerd.sock"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "containerd.log"
+
+    def start(self, env: Mapping[str, str] | None = None, timeout: float = 30) -> None:
+        """Run containerd with `config`; return once it answers. Shims, and so the runtime
+        binaries they run, inherit `env` (how gpuwire-runtime finds its config)."""
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                ["containerd", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise LabError(f"containerd exited {self.process.returncode}: {self._log_tail()}")
+            if self.address.exists() and self.ctr("version", check=False).returncode == 0:
+                return
+            time.sleep(0.05)
+        raise LabError(f"containerd did not answer within {timeout}s: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+
+    def ctr(
+        self, *args: str, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        ctr = ["ctr", "--address", str(self.address), "--namespace", self.namespace]
+        return run([*ctr, *args], check=check, timeout=timeout)
+
+    def dump(self) -> str:
+        """`containerd config dump`: the config as containerd reads it, imports merged."""
+        return run(["containerd", "--config", str(self.config), "config", "dump"]).stdout
+
+    def import_image(self, layout_tar: Path) -> None:
+        self.ctr("images", "import", str(layout_tar))
+
+    def run_argv(self, container: Container, cid: str, *, detach: bool = False) -> list[str]:
+        """The `ctr run` arguments: runc root and IO fifos private; the container removed on
+        exit, or (`detach`) left to `remove` once `ctr` returns from starting it."""
+        argv = [
+            "run",
+            "--detach" if detach else "--rm",
+            "--runc-root",
+            f"{self.home}/runc",
+            "--fifo-dir",
+            f"{self.home}/fifo",
+        ]
+        if container.runc_binary:
+            argv += ["--runc-binary", container.runc_binary]
+        for key, value in container.annotations.items():
+            argv += ["--annotation", f"{key}={value}"]
+        for m in container.mounts:
+            argv += ["--mount", f"type=bind,src={m.source},dst={m.destination},options=rbind:ro"]
+        for key, value in container.env.items():
+            argv += ["--env", f"{key}={value}"]
+        if container.spec:
+            return [*argv, "--config", str(container.spec), cid]
+        return [*argv, container.image, cid, *container.args]
+
+    def run(self, container: Container, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a container to completion under a fresh id; it is gone afterwards either way."""
+        cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+        try:
+            return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
+        finally:
+            self.remove(cid)
+
+    def remove(self, cid: str) -> None:
+        """Kill and delete container `cid` and its task, if it exists."""
+        if self.ctr("containers", "info", cid, check=False).returncode == 0:
+            self.ctr("tasks", "kill", "--signal", "SIGKILL", cid, check=False)
+            self.ctr("tasks", "delete", "--force", cid, check=False)
+            self.ctr("containers", "delete", cid, check=False)
+
+    def stop(self) -> None:
+        """Remove this instance's containers, then stop containerd (by its pid)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        for cid in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
+            self.remove(cid)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def close(self) -> None:
+        """Stop, then remove the namespace's cgroups and the home directory."""
+        self.stop()
+        remove_cgroups(self.namespace)
+        remove_home(self.home)
