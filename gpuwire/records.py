@@ -143,15 +143,15 @@ def pod_identity(annotations: Mapping[str, str]) -> tuple[str, str, str, str]:
 
 def process_start(pid: int, proc: str = "/proc") -> int | None:
     """The start time of process `pid` in clock ticks after boot (`stat` field 22), or None
-    when there is no such process."""
+    when there is no such process, or only its zombie (dead, not yet reaped)."""
     try:
         with open(f"{proc}/{pid}/stat", "rb") as f:
-            stat = f.read()
+            data = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name (field 2) is in parentheses and may hold spaces or ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[19])
+    fields = data[data.rfind(b")") + 2 :].split()
+    return None if fields[0] in (b"Z", b"X") else int(fields[19])
 
 
 def started(
@@ -282,16 +282,23 @@ def remove(root: str, container: str) -> bool:
     return True
 
 
-def running(record: ContainerRecord, host_root: str = "/", proc: str = "/proc") -> bool | None:
-    """Whether `record`'s container still runs: True, False, or None when it cannot be told.
+RUNNING = "running"
+GONE = "gone"
+ABSENT = "absent"  # no runtime state: not created yet, or deleted
+UNKNOWN = "unknown"
+
+
+def status(record: ContainerRecord, host_root: str = "/", proc: str = "/proc") -> str:
+    """Whether `record`'s container still runs: RUNNING, GONE, ABSENT or UNKNOWN.
 
     `host_root` is where the host's filesystem is seen (the runtime's state directory);
-    `proc` must show the host's processes (the agent runs with the host's PID namespace).
+    `proc` must show the host's processes (the agent runs in the host's PID namespace).
     """
     if record.pid is not None:
-        return record.start is not None and process_start(record.pid, proc) == record.start
+        alive = record.start is not None and process_start(record.pid, proc) == record.start
+        return RUNNING if alive else GONE
     if record.state is None:
-        return None
+        return UNKNOWN
     import json
 
     state_file = os.path.join(host_root, record.state.lstrip("/"), "state.json")
@@ -300,10 +307,10 @@ def running(record: ContainerRecord, host_root: str = "/", proc: str = "/proc") 
             state = json.load(f)
         pid, start = int(state["init_process_pid"]), int(state["init_process_start"])
     except FileNotFoundError:
-        return False  # never created, or deleted (`runc run` removes its own state)
+        return ABSENT
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return process_start(pid, proc) == start
+        return UNKNOWN
+    return RUNNING if process_start(pid, proc) == start else GONE
 
 
 class Entry(Record):
@@ -363,14 +370,16 @@ def sweep(
 ) -> tuple[list[ContainerRecord], list[str]]:
     """The records of containers that may still run, and the names of files removed.
 
-    A file older than `grace` seconds goes when its container is gone, or when it is not a
-    record at all (an interrupted write, a foreign file). Younger ones stay: the shim writes
-    its record just before the runtime creates the container.
+    A record goes as soon as its container's init process is gone. A record whose container
+    has no runtime state goes once it is older than `grace` seconds (the shim writes its
+    record just before the runtime creates the container), and so does a file that is not
+    a record at all (an interrupted write, a foreign file).
     """
     live, removed = [], []
     for entry in scan(root):
-        gone = entry.record is None or running(entry.record, host_root, proc) is False
-        if gone and now - entry.mtime >= grace:
+        found = UNKNOWN if entry.record is None else status(entry.record, host_root, proc)
+        old = now - entry.mtime >= grace
+        if found == GONE or (old and (entry.record is None or found == ABSENT)):
             try:
                 os.unlink(os.path.join(root, entry.name))
             except FileNotFoundError:

@@ -17,6 +17,7 @@ import pytest
 
 from gpuwire import records
 from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord, RecordError
+from tests.waiting import until
 
 CONTAINERD = {
     "io.kubernetes.cri.container-type": "container",
@@ -129,14 +130,16 @@ def test_the_init_pid_tells_a_running_container(
 ) -> None:
     alive = record(pid=sleeper.pid)
     assert alive.start == records.process_start(sleeper.pid)
-    assert records.running(alive) is True
+    assert records.status(alive) == records.RUNNING
     assert alive.start is not None
     values: list[Any] = [alive.start - 1 if n == "start" else v for n, v in alive.as_dict().items()]
     reused = ContainerRecord(*values)
-    assert records.running(reused) is False  # the pid now belongs to another process
+    assert records.status(reused) == records.GONE  # the pid now belongs to another process
     sleeper.kill()
+    until(lambda: records.process_start(sleeper.pid) is None)  # a zombie is gone already
+    assert records.status(alive) == records.GONE
     sleeper.wait()
-    assert records.running(alive) is False
+    assert records.status(alive) == records.GONE
 
 
 def test_the_runtime_state_dir_tells_a_running_container(
@@ -144,22 +147,22 @@ def test_the_runtime_state_dir_tells_a_running_container(
 ) -> None:
     state = tmp_path / "runc" / "c1"
     r = record(state=str(state))
-    assert records.running(r) is False  # not created (yet), or deleted
+    assert records.status(r) == records.ABSENT  # not created (yet), or deleted
     state.mkdir(parents=True)
     (state / "state.json").write_text("{garbage")
-    assert records.running(r) is None  # cannot tell: kept
+    assert records.status(r) == records.UNKNOWN  # cannot tell: kept
     start = records.process_start(sleeper.pid)
     (state / "state.json").write_text(
         json.dumps({"id": "c1", "init_process_pid": sleeper.pid, "init_process_start": start})
     )
-    assert records.running(r) is True
+    assert records.status(r) == records.RUNNING
     host = tmp_path / "host"  # the agent sees the host's files under a mount
     (host / "run").mkdir(parents=True)
     (tmp_path / "runc").rename(host / "run" / "runc")
-    assert records.running(record(state="/run/runc/c1"), host_root=str(host)) is True
+    assert records.status(record(state="/run/runc/c1"), str(host)) == records.RUNNING
     sleeper.kill()
     sleeper.wait()
-    assert records.running(record(state="/run/runc/c1"), host_root=str(host)) is False
+    assert records.status(record(state="/run/runc/c1"), str(host)) == records.GONE
 
 
 @pytest.mark.parametrize(
@@ -180,22 +183,27 @@ def test_sweep_removes_what_is_gone_and_keeps_what_may_run(
     root = tmp_path / "containers"
     dead = subprocess.Popen(["true"])
     dead.wait()
+    unreadable = tmp_path / "broken-state"
+    unreadable.mkdir()
+    (unreadable / "state.json").write_text("{")
     records.write(str(root), record("running", pid=sleeper.pid))
-    records.write(str(root), record("dead", pid=dead.pid))
-    records.write(str(root), record("unknown", state=str(tmp_path / "nowhere")))
-    (root / "starting").write_text(records.encode(record("starting", state=str(tmp_path / "s"))))
+    records.write(str(root), record("dead", pid=dead.pid))  # gone at once, however young
+    records.write(str(root), record("never-created", state=str(tmp_path / "nowhere")))
+    records.write(str(root), record("starting", state=str(tmp_path / "s")))
+    records.write(str(root), record("cannot-tell", state=str(unreadable)))
     (root / ".crashed.77.tmp").write_text('{"version":1,"id":"cras')  # a write cut short
     (root / "foreign").write_text("not a record")
     target = tmp_path / "precious"
     target.write_text("keep me")
     (root / "link").symlink_to(target)
-    for name in ("dead", "unknown", ".crashed.77.tmp", "foreign"):
+    for name in ("never-created", "cannot-tell", ".crashed.77.tmp", "foreign"):
         os.utime(root / name, (0, 100.0))  # old enough
-    os.utime(root / "starting", (0, 990.0))  # written 10 s ago: its container may be starting
+    for name in ("dead", "starting", "running"):
+        os.utime(root / name, (0, 990.0))  # written 10 s ago: a container may be starting
     live, removed = records.sweep(str(root), grace=60, now=1000.0)
-    assert sorted(removed) == [".crashed.77.tmp", "dead", "foreign", "link", "unknown"]
-    assert sorted(r.id for r in live) == ["running", "starting"]
-    assert sorted(os.listdir(root)) == ["running", "starting"]
+    assert sorted(removed) == [".crashed.77.tmp", "dead", "foreign", "link", "never-created"]
+    assert sorted(r.id for r in live) == ["cannot-tell", "running", "starting"]
+    assert sorted(os.listdir(root)) == ["cannot-tell", "running", "starting"]
     assert target.read_text() == "keep me"  # the link was removed, not followed
 
 
