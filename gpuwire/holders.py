@@ -126,9 +126,12 @@ class Conflict(Record):
         self._set(kind=kind, gpus=gpus, holders=holders)
 
     def explain(self, gpu_names: Mapping[str, str] | None = None) -> str:
-        """One sentence; `gpu_names` (UUID → `GPU 3`) makes it shorter than UUIDs."""
+        """One sentence; `gpu_names` (UUID → `GPU 3`, in the order to list them) makes it
+        shorter than UUIDs."""
         names = gpu_names or {}
-        gpus = ", ".join(names.get(u, u) for u in self.gpus)
+        order = {uuid: i for i, uuid in enumerate(names)}
+        ordered = sorted(self.gpus, key=lambda u: order.get(u, len(order)))
+        gpus = ", ".join(names.get(u, u) for u in ordered)
         if self.kind == SHARED_GPU:
             return f"{gpus} held by {' and '.join(self.holders)}, and not shared"
         return (
