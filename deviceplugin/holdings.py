@@ -37,6 +37,7 @@ class Settings:
     grace: float = 60.0  # a record younger than this is kept: its container may be starting
     publish: bool = False  # the node annotation
     metrics_port: int | None = None
+    plugin: bool = False  # the agent runs in the device plugin: a plugin allocates here
 
 
 def observe(settings: Settings, gpus: Sequence[Device], now: float) -> holders.NodeHolders:
@@ -48,7 +49,7 @@ def observe(settings: Settings, gpus: Sequence[Device], now: float) -> holders.N
     allocatable: podresources.Allocatable = []
     if os.path.exists(settings.pod_resources):
         assignments, allocatable = podresources.read(settings.pod_resources)
-    return holders.node_holders(gpus, live, assignments, allocatable)
+    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin)
 
 
 class Publisher:

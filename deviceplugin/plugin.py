@@ -4,6 +4,7 @@ resource under the supervisor, and the background jobs (health events, token swe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -95,8 +96,9 @@ def run(
             )
         )
     if holders is not None:
+        inside = dataclasses.replace(holders, plugin=bool(endpoints))
         agent = holdings.job(
-            holders, config.node_name, config.kubeconfig, discovery, health.unhealthy
+            inside, config.node_name, config.kubeconfig, discovery, health.unhealthy
         )
         jobs.append(threading.Thread(target=agent, args=(stop,), name="holders"))
     for job in jobs:

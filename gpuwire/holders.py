@@ -198,15 +198,18 @@ def node_holders(
     records: Iterable[ContainerRecord],
     assignments: Sequence[Assignment],
     allocatable: Sequence[tuple[str, tuple[str, ...]]],
+    plugin: bool = False,
 ) -> NodeHolders:
     """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
-    pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it)."""
+    pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
+    `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
+    pod-resources says."""
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
     on_gpus = [(i, gpu_of(r, i, gpus)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
     holders = merge([*from_records(records), *from_assignments(assignments, gpus)])
-    plugin = any(uuid is not None for _, uuid in on_gpus)
+    plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
 
 

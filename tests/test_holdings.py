@@ -150,6 +150,8 @@ def test_an_all_pod_beside_the_plugin_conflicts_even_before_they_overlap() -> No
     )
     assert "took all GPUs" in conflict.explain()
     assert holders.conflicts(holders.node_holders(GPUS, [all_pod], [], [])) == []  # no plugin
+    known = holders.node_holders(GPUS, [all_pod], [], [], plugin=True)  # the agent is the plugin
+    assert [c.kind for c in holders.conflicts(known)] == [ALL_BESIDE_PLUGIN]
     listed = rec("agent", every, pod="daemon")  # the same GPUs, named one by one
     assert holders.conflicts(holders.node_holders(GPUS, [listed], [], [(RESOURCE, tuple(U))])) == []
 

@@ -47,14 +47,6 @@ def kubeconfig(api: ApiServer, tmp_path: Path) -> str:
     return str(api.write_kubeconfig(tmp_path / "kubeconfig"))
 
 
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def annotation(api: ApiServer) -> holders.NodeHolders | None:
     node = api.get("nodes", NODE)
     assert node is not None
@@ -174,6 +166,41 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
             thread.join(timeout=30)
     with pytest.raises(urllib.error.URLError):  # the endpoint went with the agent
         scrape(port)
+
+
+def test_the_plugin_knows_it_allocates_without_pod_resources(
+    api: ApiServer,
+    kubeconfig: str,
+    sim_node: tuple[Path, sim.Inventory],
+    tmp_path: Path,
+    socket_dir: Path,
+) -> None:
+    root, _ = sim_node
+    config = Config(
+        kubelet_dir=str(socket_dir),
+        sim=str(root),
+        allocation_dir=str(tmp_path / "alloc"),
+        grant_key_dir=str(tmp_path / "keys"),
+        node_name=NODE,
+        kubeconfig=kubeconfig,
+    )
+    settings = holdings.Settings(
+        records_dir=str(tmp_path / "records"),
+        pod_resources=str(socket_dir / "absent.sock"),
+        interval=0.05,
+        publish=True,
+    )
+    stop = threading.Event()
+    with Kubelet(Path(config.kubelet_dir)) as kubelet:
+        thread = threading.Thread(target=plugin.run, args=(config, stop, None, settings))
+        thread.start()
+        try:
+            kubelet.plugin(RESOURCE)
+            until(lambda: annotation(api) is not None)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+    assert annotation(api) == holders.NodeHolders((), (), True)
 
 
 def test_the_annotation_is_written_only_when_it_changes(

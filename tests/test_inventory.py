@@ -55,14 +55,6 @@ def pod(namespace: str, name: str, *, gpus: int = 0, **status: Any) -> Obj:
     }
 
 
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
-
-
 def publish(settings: holdings.Settings, node: str, gpus: Sequence[Device], api: Any) -> None:
     """What the node's agent does on each pass: its holders into the node annotation."""
     holdings.Agent(settings, node, lambda: gpus, frozenset, api).step(1.0)

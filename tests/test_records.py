@@ -9,7 +9,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +35,6 @@ GPU_A, GPU_B = (
     "GPU-aaaaaaaa-0000-0000-0000-000000000000",
     "GPU-bbbbbbbb-0000-0000-0000-000000000000",
 )
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A process standing in for a container's init process."""
-    process = subprocess.Popen(["sleep", "120"])
-    yield process
-    process.kill()
-    process.wait()
 
 
 def record(container: str = "c1", **fields: object) -> ContainerRecord:

@@ -131,7 +131,7 @@ def test_create_records_the_gpus_and_delete_forgets_them(
     assert found.pod_uid == POD["io.kubernetes.cri.sandbox-uid"]
     assert found.gpus == tuple(sorted((lab.uuid(1), lab.uuid(3))))
     assert (found.path, found.whole_node) == (PLUGIN_LESS, False)
-    if delivery == "prestart":  # the hook runs in the created container's namespaces: it knows
+    if delivery == "prestart":  # the hook is handed the created container's pid
         assert found.pid == c.state()["pid"]
     else:  # the shim runs before the container exists: runc's state dir will tell
         assert found.state == f"{c.root}/{c.id}"
