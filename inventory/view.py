@@ -158,7 +158,8 @@ def _node(obj: Obj) -> Node:
     capacity = sum(
         int(v) for k, v in (status.get("capacity") or {}).items() if is_gpu_resource(k) and _int(v)
     )
-    condition = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), {})
+    conditions = status.get("conditions") or ()
+    condition: Obj = next((c for c in conditions if c.get("type") == "Ready"), {})
     ready = condition.get("status", "True") == "True"  # no condition yet: nothing to flag
     return Node(
         _name(obj),
