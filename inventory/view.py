@@ -10,14 +10,13 @@ their containers wait). The input is the API's JSON (dicts), as `kubectl get -o 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwire import holders as holding
+from gpuwire import nodegpus
 
-GPUS_ANNOTATION = "gpuwire.io/gpus"
 GPU_ANNOTATION_PREFIX = "gpuwire.io/gpu"  # the pod annotations that ask for GPUs
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
@@ -128,12 +127,12 @@ def _meta(obj: Obj) -> Obj:
 def _node(obj: Obj) -> Node:
     annotations = _meta(obj).get("annotations") or {}
     problems = []
-    listed: list[_Listed] = []
-    if GPUS_ANNOTATION in annotations:
+    listed: tuple[nodegpus.NodeGpu, ...] = ()
+    if nodegpus.ANNOTATION in annotations:
         try:
-            listed = _gpus(annotations[GPUS_ANNOTATION])
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{GPUS_ANNOTATION} unreadable: {exc}")
+            listed = nodegpus.decode(annotations[nodegpus.ANNOTATION])
+        except ValueError as exc:
+            problems.append(str(exc))
     held: holding.NodeHolders | None = None
     if holding.ANNOTATION in annotations:
         try:
@@ -152,7 +151,7 @@ def _node(obj: Obj) -> Node:
             tuple(held.of_gpu(g.uuid)) if held is not None else (),
             g.uuid in conflicted,
         )
-        for g in listed
+        for g in sorted(listed, key=lambda g: g.index)
     )
     status = obj.get("status") or {}
     capacity = sum(
@@ -176,24 +175,6 @@ def _node(obj: Obj) -> Node:
 
 def _int(value: object) -> bool:
     return str(value).isdigit()
-
-
-class _Listed:
-    """One entry of the `gpuwire.io/gpus` annotation."""
-
-    def __init__(self, entry: Obj) -> None:
-        self.index = int(entry["index"])
-        self.uuid = str(entry["uuid"])
-        self.product = str(entry["product"])
-        self.memory_mib = int(entry["memory_mib"])
-        self.healthy = bool(entry.get("healthy", True))
-
-
-def _gpus(text: str) -> list[_Listed]:
-    entries = json.loads(text)
-    if not isinstance(entries, list):
-        raise ValueError("expected a list")
-    return sorted((_Listed(e) for e in entries), key=lambda g: g.index)
 
 
 def _only_namespace(view: Node, namespace: str) -> Node:
