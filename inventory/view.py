@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwire import annotations as gpu_annotations
 from gpuwire import holders as holding
 from gpuwire import nodegpus
 
-GPU_ANNOTATION_PREFIX = "gpuwire.io/gpu"  # the pod annotations that ask for GPUs
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 Obj = Mapping[str, Any]
@@ -191,7 +191,8 @@ def _only_namespace(view: Node, namespace: str) -> Node:
 
 def _requests(pod: Obj) -> list[str]:
     """What a pod asks for in GPUs, in words (empty: not a GPU pod): GPU resources, else the
-    gpuwire annotations, else a device request in its environment."""
+    gpuwire annotations (if the webhook did not mutate it yet), else a device request in its
+    environment."""
     spec = pod.get("spec") or {}
     containers = spec.get("containers") or ()
     counts: dict[str, int] = {}
@@ -201,12 +202,7 @@ def _requests(pod: Obj) -> list[str]:
                 counts[resource] = counts.get(resource, 0) + int(value)
     if any(counts.values()):
         return [f"{n} {r}" for r, n in sorted(counts.items()) if n]
-    annotations = _meta(pod).get("annotations") or {}
-    asked = [
-        f"{key.partition('/')[2]}={value}"
-        for key, value in sorted(annotations.items())
-        if key.startswith(GPU_ANNOTATION_PREFIX)
-    ]
+    asked = _annotated(_meta(pod).get("annotations") or {})
     if asked:
         return asked
     for c in containers:
@@ -219,6 +215,20 @@ def _requests(pod: Obj) -> list[str]:
             ):
                 return [f"{VISIBLE_DEVICES}={e['value']}"]
     return []
+
+
+def _annotated(annotations: Mapping[str, str]) -> list[str]:
+    """The GPU request of a pod's gpuwire (or HAMi) annotations, as written; `gpu-count: none`
+    asks for driver files, not a GPU."""
+    try:
+        request = gpu_annotations.parse(annotations)
+    except gpu_annotations.AnnotationError:  # the webhook refuses such a pod; say what it has
+        request = gpu_annotations.GpuRequest(
+            given={k: v for k, v in annotations.items() if k in gpu_annotations.KNOWN}
+        )
+    if not request.asks or request.count == "none":
+        return []
+    return [f"{key.rpartition('/')[2]}={value}" for key, value in sorted(request.given.items())]
 
 
 def _is_pending_gpu_pod(pod: Obj) -> bool:

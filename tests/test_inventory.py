@@ -312,6 +312,33 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(
     assert "\x1b[" not in run(cluster, tmp_path, out=Terminal())
 
 
+def test_which_pending_pods_wait_for_a_gpu() -> None:
+    def waiting(name: str, annotations: dict[str, str], env: dict[str, str] | None = None) -> Obj:
+        obj = pod("ns", name)
+        obj["metadata"]["annotations"] = annotations
+        obj["spec"]["containers"][0]["env"] = [
+            {"name": k, "value": v} for k, v in (env or {}).items()
+        ]
+        return obj
+
+    pods = [
+        waiting("counted", {"gpuwire.io/gpu-count": "2", "gpuwire.io/gpu-model": "A100"}),
+        waiting("hami", {"nvidia.com/use-gputype": "H100"}),
+        waiting("typo", {"gpuwire.io/gpu-count": "two"}),  # the webhook denies it; still listed
+        waiting("mutated", {}, {"NVIDIA_VISIBLE_DEVICES": "all"}),
+        waiting("driver-only", {"gpuwire.io/gpu-count": "none"}),
+        waiting("profile-only", {"gpuwire.io/limit-profile": "hami"}),
+        waiting("voided", {}, {"NVIDIA_VISIBLE_DEVICES": "void"}),
+    ]
+    data = json.loads(inventory.report([], pods, output="json"))
+    assert [(p["pod"], p["request"]) for p in data["pending"]] == [
+        ("counted", "gpu-count=2, gpu-model=A100"),
+        ("hami", "use-gputype=H100"),
+        ("mutated", "NVIDIA_VISIBLE_DEVICES=all"),
+        ("typo", "gpu-count=two"),
+    ]
+
+
 def test_the_demo_can_render_api_objects_directly(cluster: ApiServer) -> None:
     text = inventory.report(cluster.objects("nodes"), cluster.objects("pods"))
     assert "team-a/trainer-0" in text
