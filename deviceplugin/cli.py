@@ -89,6 +89,7 @@ def _add_holder_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--records-dir",
         default=records.DEFAULT_DIR,
+        metavar="DIR",
         help=f"the runtime side's container records (default {records.DEFAULT_DIR})",
     )
     parser.add_argument(

@@ -94,7 +94,12 @@ def parser(prog: str = "gpuwire inventory") -> argparse.ArgumentParser:
         help="only the pods of this namespace and the GPUs they hold (totals count all GPUs)",
     )
     p.add_argument(
-        "-o", "--output", type=_output, default="table", help="table (default), wide or json"
+        "-o",
+        "--output",
+        type=_output,
+        default="table",
+        metavar="FORMAT",
+        help="table (default), wide or json",
     )
     p.add_argument("-w", "--watch", action="store_true", help="print again whenever it changes")
     p.add_argument(
