@@ -26,6 +26,7 @@ from gpuwire.devices import Device
 log = logging.getLogger(__name__)
 
 RESYNC = 300.0  # after this long the published value is compared with the node's again
+REDISCOVER = 60.0  # how long the node's GPU list is taken as it is (NVML's is many calls)
 
 
 @dataclass(frozen=True)
@@ -130,12 +131,7 @@ def job(
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
     agent = Agent(
-        settings,
-        labeler.node_name(node_name),
-        lambda: discovery.discover().devices,
-        unhealthy,
-        api,
-        collector,
+        settings, labeler.node_name(node_name), _rediscovered(discovery), unhealthy, api, collector
     )
 
     def run(stop: threading.Event) -> None:
@@ -151,3 +147,16 @@ def job(
                 server.server_close()
 
     return run
+
+
+def _rediscovered(discovery: Discovery) -> Callable[[], Sequence[Device]]:
+    """The node's GPUs, discovered again at most every REDISCOVER seconds."""
+    found: list[tuple[float, tuple[Device, ...]]] = []
+
+    def gpus() -> tuple[Device, ...]:
+        now = time.monotonic()
+        if not found or now - found[0][0] >= REDISCOVER:
+            found[:] = [(now, discovery.discover().devices)]
+        return found[0][1]
+
+    return gpus
