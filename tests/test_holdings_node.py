@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,38 @@ def held(api: ApiServer) -> list[tuple[str, str, int, bool]]:
     return [(h.name, h.path, len(h.gpus), h.whole_node) for h in node.holders] if node else []
 
 
+@pytest.fixture
+def config(
+    kubeconfig: str, sim_node: tuple[Path, sim.Inventory], tmp_path: Path, socket_dir: Path
+) -> Config:
+    """The device plugin on the simulated node, writing to the apiserver stand-in's node."""
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "k1").write_text("secret")
+    return Config(
+        kubelet_dir=str(socket_dir / "dp"),
+        sim=str(sim_node[0]),
+        allocation_dir=str(tmp_path / "alloc"),
+        grant_key_dir=str(tmp_path / "keys"),
+        node_name=NODE,
+        kubeconfig=kubeconfig,
+    )
+
+
+@contextmanager
+def serving(config: Config, settings: holdings.Settings) -> Iterator[Kubelet]:
+    """The plugin with its holders job, registered with a kubelet stand-in; stopped after."""
+    stop = threading.Event()
+    with Kubelet(Path(config.kubelet_dir)) as kubelet:
+        thread = threading.Thread(target=plugin.run, args=(config, stop, None, settings))
+        thread.start()
+        try:
+            kubelet.plugin(RESOURCE)
+            yield kubelet
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+
+
 def patches(api: ApiServer) -> int:
     return sum(1 for r in api.requests if r.method == "PATCH")
 
@@ -78,23 +111,13 @@ def scrape(port: int) -> list[str]:
 
 def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
     api: ApiServer,
-    kubeconfig: str,
+    config: Config,
     sim_node: tuple[Path, sim.Inventory],
     tmp_path: Path,
     socket_dir: Path,
     sleeper: subprocess.Popen[bytes],
 ) -> None:
     root, inventory = sim_node
-    config = Config(
-        kubelet_dir=str(socket_dir / "dp"),
-        sim=str(root),
-        allocation_dir=str(tmp_path / "alloc"),
-        grant_key_dir=str(tmp_path / "keys"),
-        node_name=NODE,
-        kubeconfig=kubeconfig,
-    )
-    (tmp_path / "keys").mkdir()
-    (tmp_path / "keys" / "k1").write_text("secret")
     record_dir = tmp_path / "containers"
     port = free_port()
     settings = holdings.Settings(
@@ -105,101 +128,72 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
         publish=True,
         metrics_port=port,
     )
-    stop = threading.Event()
     with (
-        Kubelet(Path(config.kubelet_dir)) as kubelet,
+        serving(config, settings) as kubelet,
         PodResourcesKubelet(Path(settings.pod_resources), kubelet) as pod_resources,
     ):
-        thread = threading.Thread(target=plugin.run, args=(config, stop, None, settings))
-        thread.start()
-        try:
-            kubelet.plugin(RESOURCE)
-            kubelet.admit(RESOURCE, 2, pod_uid="u-trainer", container="main")
-            pod_resources.add_pod("team-a", "trainer-0", "u-trainer", ["main", "logger"])
-            until(lambda: held(api) == [("team-a/trainer-0", PLUGIN, 2, False)])
-            published = annotation(api)
-            assert published is not None
-            assert (published.plugin, published.shared) == (True, ())
-            # a daemonset-style pod granted every GPU by annotation, on the plugin's node
-            every = [d.uuid for d in inventory.devices]
-            started = records.started(
-                "c-agent",
-                DAEMON,
-                every,
-                path=PLUGIN_LESS,
-                whole_node=True,
-                capabilities=["compute", "utility"],
-                pid=sleeper.pid,
-            )
-            records.write(str(record_dir), started)
-            until(lambda: len(held(api)) == 2)
-            assert held(api) == [
-                ("monitoring/agent-x7k2p", PLUGIN_LESS, 4, True),
-                ("team-a/trainer-0", PLUGIN, 2, False),
-            ]
-            lines = scrape(port)
-            info = [line for line in lines if line.startswith("gpuwire_gpu_info{")]
-            assert len(info) == 4
-            assert f'uuid="{every[0]}"' in info[0]
-            assert 'product="NVIDIA A100-SXM4-80GB"' in info[0]
-            assert sum(line.endswith(" 1.0") for line in lines if "gpu_health{" in line) == 4
-            allocations = [line for line in lines if line.startswith("gpuwire_gpu_allocation{")]
-            assert len(allocations) == 6
-            assert any(
-                'namespace="team-a"' in a and 'pod="trainer-0"' in a and 'path="plugin"' in a
-                for a in allocations
-            )
-            conflicts = [line for line in lines if line.startswith("gpuwire_gpu_conflict{")]
-            kinds = sorted(c.split('kind="')[1].split('"')[0] for c in conflicts)
-            assert kinds == ["all-beside-plugin"] * 4 + ["shared-gpu"] * 2
-            # the daemon's container dies without a delete: swept, published, metrics follow
-            sleeper.kill()
-            sleeper.wait()
-            until(lambda: len(held(api)) == 1)
-            assert not record_dir.joinpath("c-agent").exists()
-            until(lambda: not any("gpu_conflict{" in line for line in scrape(port)))
-            sim.inject_fault(root, every[1], 79)
-            unhealthy = f'gpuwire_gpu_health{{index="1",node="{NODE}",uuid="{every[1]}"}} 0.0'
-            until(lambda: unhealthy in scrape(port))
-        finally:
-            stop.set()
-            thread.join(timeout=30)
+        kubelet.admit(RESOURCE, 2, pod_uid="u-trainer", container="main")
+        pod_resources.add_pod("team-a", "trainer-0", "u-trainer", ["main", "logger"])
+        until(lambda: held(api) == [("team-a/trainer-0", PLUGIN, 2, False)])
+        published = annotation(api)
+        assert published is not None
+        assert (published.plugin, published.shared) == (True, ())
+        # a daemonset-style pod granted every GPU by annotation, on the plugin's node
+        every = [d.uuid for d in inventory.devices]
+        started = records.started(
+            "c-agent",
+            DAEMON,
+            every,
+            path=PLUGIN_LESS,
+            whole_node=True,
+            capabilities=["compute", "utility"],
+            pid=sleeper.pid,
+        )
+        records.write(str(record_dir), started)
+        until(lambda: len(held(api)) == 2)
+        assert held(api) == [
+            ("monitoring/agent-x7k2p", PLUGIN_LESS, 4, True),
+            ("team-a/trainer-0", PLUGIN, 2, False),
+        ]
+        lines = scrape(port)
+        info = [line for line in lines if line.startswith("gpuwire_gpu_info{")]
+        assert len(info) == 4
+        assert f'uuid="{every[0]}"' in info[0]
+        assert 'product="NVIDIA A100-SXM4-80GB"' in info[0]
+        assert sum(line.endswith(" 1.0") for line in lines if "gpu_health{" in line) == 4
+        allocations = [line for line in lines if line.startswith("gpuwire_gpu_allocation{")]
+        assert len(allocations) == 6
+        assert any(
+            'namespace="team-a"' in a and 'pod="trainer-0"' in a and 'path="plugin"' in a
+            for a in allocations
+        )
+        conflicts = [line for line in lines if line.startswith("gpuwire_gpu_conflict{")]
+        kinds = sorted(c.split('kind="')[1].split('"')[0] for c in conflicts)
+        assert kinds == ["all-beside-plugin"] * 4 + ["shared-gpu"] * 2
+        # the daemon's container dies without a delete: swept, published, metrics follow
+        sleeper.kill()
+        sleeper.wait()
+        until(lambda: len(held(api)) == 1)
+        assert not record_dir.joinpath("c-agent").exists()
+        until(lambda: not any("gpu_conflict{" in line for line in scrape(port)))
+        sim.inject_fault(root, every[1], 79)
+        unhealthy = f'gpuwire_gpu_health{{index="1",node="{NODE}",uuid="{every[1]}"}} 0.0'
+        until(lambda: unhealthy in scrape(port))
     with pytest.raises(urllib.error.URLError):  # the endpoint went with the agent
         scrape(port)
 
 
 def test_the_plugin_knows_it_allocates_without_pod_resources(
-    api: ApiServer,
-    kubeconfig: str,
-    sim_node: tuple[Path, sim.Inventory],
-    tmp_path: Path,
-    socket_dir: Path,
+    api: ApiServer, config: Config, tmp_path: Path, socket_dir: Path
 ) -> None:
-    root, _ = sim_node
-    config = Config(
-        kubelet_dir=str(socket_dir),
-        sim=str(root),
-        allocation_dir=str(tmp_path / "alloc"),
-        grant_key_dir=str(tmp_path / "keys"),
-        node_name=NODE,
-        kubeconfig=kubeconfig,
-    )
     settings = holdings.Settings(
         records_dir=str(tmp_path / "records"),
         pod_resources=str(socket_dir / "absent.sock"),
         interval=0.05,
         publish=True,
     )
-    stop = threading.Event()
-    with Kubelet(Path(config.kubelet_dir)) as kubelet:
-        thread = threading.Thread(target=plugin.run, args=(config, stop, None, settings))
-        thread.start()
-        try:
-            kubelet.plugin(RESOURCE)
-            until(lambda: annotation(api) is not None)
-        finally:
-            stop.set()
-            thread.join(timeout=30)
+    with serving(config, settings):
+        until(lambda: annotation(api) is not None)
     assert annotation(api) == holders.NodeHolders((), (), True)
 
 
