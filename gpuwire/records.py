@@ -188,7 +188,10 @@ def runtime_state(runtime_args: list[str], container: str) -> str:
     for i, arg in enumerate(runtime_args):
         name, eq, value = arg.partition("=")
         if name in ("--root", "-root"):
-            root = value if eq else runtime_args[i + 1] if i + 1 < len(runtime_args) else root
+            if eq:
+                root = value
+            elif i + 1 < len(runtime_args):
+                root = runtime_args[i + 1]
             break
     return f"{root.rstrip('/')}/{container}"
 
@@ -218,8 +221,13 @@ def decode(text: str, source: str = "record") -> ContainerRecord:
     try:
         raw = json.loads(text)
         version = raw.pop("version")
-        if version != VERSION:
-            raise RecordError(f"{source}: record version {version!r}: expected {VERSION}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecordError(f"{source}: not a gpuwire container record ({exc})") from None
+    if version != VERSION:
+        raise RecordError(
+            f"{source}: record version {version!r} is not supported: expected {VERSION}"
+        )
+    try:
         for name in ("gpus", "capabilities"):
             if not isinstance(raw[name], list):
                 raise TypeError(f"{name} is not a list")
