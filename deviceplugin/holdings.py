@@ -95,13 +95,20 @@ class Agent:
         self.unhealthy = unhealthy
         self.publisher = Publisher(api, node) if settings.publish else None
         self.metrics = metrics
+        self._conflicts: tuple[holders.Conflict, ...] = ()
 
     def step(self, now: float) -> Snapshot:
         gpus = tuple(self.gpus())
         held = observe(self.settings, gpus, now)
         found = tuple(holders.conflicts(held))
+        names = {g.uuid: f"GPU {g.index}" for g in gpus}
         for conflict in found:
-            log.warning("conflict on node %s: %s", self.node, conflict.explain())
+            if conflict not in self._conflicts:  # once, when it starts; the metric stays
+                log.warning("conflict on node %s: %s", self.node, conflict.explain(names))
+        for conflict in self._conflicts:
+            if conflict not in found:
+                log.info("conflict on node %s is over: %s", self.node, conflict.explain(names))
+        self._conflicts = found
         snapshot = Snapshot(self.node, gpus, self.unhealthy(), held, found, now)
         if self.metrics is not None:
             self.metrics.update(snapshot)

@@ -237,6 +237,31 @@ def test_the_annotation_is_written_only_when_it_changes(
     assert len(held(api)) == 1
 
 
+def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    gpus = sim.make_inventory(gpus=2).devices
+    settings = holdings.Settings(records_dir=str(tmp_path), pod_resources="/nonexistent")
+    agent = holdings.Agent(settings, NODE, lambda: gpus, frozenset)
+    for name in ("c1", "c2"):
+        annotations = {**DAEMON, "io.kubernetes.cri.sandbox-name": name}
+        two = records.started(
+            name, annotations, [gpus[1].uuid], path=PLUGIN_LESS, whole_node=False,
+            capabilities=["compute"], pid=sleeper.pid,
+        )  # fmt: skip
+        records.write(str(tmp_path), two)
+    caplog.set_level("INFO", logger="deviceplugin.holdings")
+    agent.step(1.0)
+    agent.step(2.0)
+    records.remove(str(tmp_path), "c2")
+    agent.step(3.0)
+    what = "GPU 1 held by monitoring/c1 and monitoring/c2, and not shared"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"conflict on node {NODE}: {what}"),
+        ("INFO", f"conflict on node {NODE} is over: {what}"),
+    ]
+
+
 def test_an_old_kubelet_without_allocatable_resources_still_shows_the_plugin(
     tmp_path: Path, socket_dir: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
