@@ -106,6 +106,8 @@ def _join(cells: list[Cell], widths: list[int], paint: Paint) -> str:
 
 def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> list[str]:
     nodes = inventory.nodes
+    if not nodes:
+        return [_summary(inventory) + " (no node lists GPUs or advertises a GPU resource)"]
     gpus = [g for n in nodes for g in n.gpus]
     heads = ["NODE", "GPU", *(["UUID"] if wide else []), "PRODUCT", "MEMORY", "HEALTH", "HOLDERS"]
     fixed = [

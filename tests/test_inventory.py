@@ -339,6 +339,13 @@ def test_which_pending_pods_wait_for_a_gpu() -> None:
     ]
 
 
+def test_a_cluster_without_gpu_nodes_says_so() -> None:
+    node = {"metadata": {"name": "cpu-1"}, "status": {"capacity": {"cpu": "8"}}}
+    assert inventory.report([node], []) == (
+        "cluster: 0/0 GPUs allocated on 0 nodes (no node lists GPUs or advertises a GPU resource)\n"
+    )
+
+
 def test_the_demo_can_render_api_objects_directly(cluster: ApiServer) -> None:
     text = inventory.report(cluster.objects("nodes"), cluster.objects("pods"))
     assert "team-a/trainer-0" in text
