@@ -76,7 +76,8 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     spec = ocispec.load(bundle)
     if not ocispec.asks_for_gpu(spec):
         return
-    from runtime_hook import edits, log, plan
+    from gpuwire import records
+    from runtime_hook import edits, holding, log, plan
     from runtime_hook.trust import REFUSED
 
     decided = plan.make(spec, bundle, settings)
@@ -88,6 +89,8 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     if decided.edits is not None:
         hooks = edits.hooks(decided.edits, settings.hook, settings.ldconfig)
         ocispec.save(bundle, ocispec.apply(spec, decided.edits, hooks))
+        state = records.runtime_state(sys.argv[1:], container)
+        holding.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [])
         ocispec.save(bundle, ocispec.apply(spec, void, []))
@@ -110,6 +113,7 @@ def runtime_path(runtime: str) -> str:
 
 
 def main() -> int:
+    from runtime_hook import holding
     from runtime_hook.config import ConfigError, load
 
     args = sys.argv[1:]
@@ -121,6 +125,8 @@ def main() -> int:
         if create:
             bundle = flag_value(args, BUNDLE_FLAGS) or os.getcwd()
             edit_bundle(bundle, args[-1] if args else "?", settings)
+        elif (gone := holding.deleted(args)) is not None:
+            holding.forget("gpuwire-runtime", settings, gone)
     except (ConfigError, OSError, ValueError, RuntimeError) as exc:
         if create:
             report_failure(args, str(exc))

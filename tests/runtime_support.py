@@ -81,6 +81,7 @@ class Lab:
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
+        self.records = root / "containers"  # what the shim and hook record (gpuwire.records)
         self.config = root / "config.toml"
         self.configure()
 
@@ -90,6 +91,7 @@ class Lab:
             "grant-key-dir": str(self.root / "keys"),
             "allocation-dir": str(self.allocations),
             "log": str(self.log),
+            "records-dir": str(self.records),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))

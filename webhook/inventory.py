@@ -11,7 +11,6 @@ watch, a file) is `watch.py`'s and the CLI's business.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gpuwire import nvidia
+from gpuwire import nodegpus, nvidia
 from gpuwire.annotations import normalise_model
 
 log = logging.getLogger(__name__)
@@ -29,17 +28,8 @@ PRODUCT_LABEL = nvidia.LABEL_PREFIX + "gpu.product"
 MEMORY_LABEL = nvidia.LABEL_PREFIX + "gpu.memory"  # MiB
 COUNT_LABEL = nvidia.LABEL_PREFIX + "gpu.count"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-GPUS_ANNOTATION = "gpuwire.io/gpus"
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    product: str
-    memory_mib: int
-    numa_node: int = -1
-    healthy: bool = True
+GPUS_ANNOTATION = nodegpus.ANNOTATION
+Gpu = nodegpus.NodeGpu
 
 
 @dataclass(frozen=True)
@@ -72,20 +62,9 @@ def _int(value: object) -> int | None:
 def _gpus(node: str, text: str) -> tuple[Gpu, ...]:
     """The node annotation, or nothing (logged) when a node agent wrote something else."""
     try:
-        entries = json.loads(text)
-        return tuple(
-            Gpu(
-                index=int(e["index"]),
-                uuid=str(e["uuid"]),
-                product=str(e["product"]),
-                memory_mib=int(e["memory_mib"]),
-                numa_node=int(e.get("numa_node", -1)),
-                healthy=bool(e.get("healthy", True)),
-            )
-            for e in entries
-        )
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        log.warning("node %s: ignoring malformed %s annotation: %s", node, GPUS_ANNOTATION, exc)
+        return nodegpus.decode(text)
+    except ValueError as exc:
+        log.warning("node %s: ignoring %s", node, exc)
         return ()
 
 
