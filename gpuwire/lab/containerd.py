@@ -145,9 +145,12 @@ class Containerd(Closing):
     def import_image(self, layout_tar: Path) -> None:
         self.ctr("images", "import", str(layout_tar))
 
-    def run_argv(self, container: Container, cid: str, *, detach: bool = False) -> list[str]:
+    def run_argv(
+        self, container: Container, cid: str, *, detach: bool = False, log: Path | None = None
+    ) -> list[str]:
         """The `ctr run` arguments: runc root and IO fifos private; the container removed on
-        exit, or (`detach`) left to `remove` once `ctr` returns from starting it."""
+        exit, or (`detach`) left to `remove` once `ctr` returns from starting it, its output
+        going to the file `log`."""
         argv = [
             "run",
             "--detach" if detach else "--rm",
@@ -160,6 +163,8 @@ class Containerd(Closing):
         ]
         if container.runc_binary:
             argv += ["--runc-binary", container.runc_binary]
+        if log is not None:
+            argv += ["--log-uri", f"file://{log}"]
         for key, value in container.annotations.items():
             argv += ["--annotation", f"{key}={value}"]
         for m in container.mounts:
@@ -180,6 +185,22 @@ class Containerd(Closing):
             return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
         finally:
             self.remove(cid)
+
+    def run_detached(
+        self, container: Container, cid: str, log: Path, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Start a container that keeps running (until `remove` or `close`), its stdout and
+        stderr going to the file `log`."""
+        return self.ctr(*self.run_argv(container, cid, detach=True, log=log), check=False,
+                        timeout=timeout)  # fmt: skip
+
+    def task_status(self, cid: str) -> str:
+        """RUNNING, STOPPED, ... as `ctr tasks ls` says; "" when `cid` has no task."""
+        for line in self.ctr("tasks", "ls", check=False).stdout.splitlines()[1:]:
+            words = line.split()
+            if words and words[0] == cid:
+                return words[-1]
+        return ""
 
     def remove(self, cid: str) -> None:
         """Kill and delete container `cid` and its task, if it exists."""
