@@ -19,6 +19,7 @@ import pytest
 
 from gpuwire import grant
 from gpuwire.lab.view import granted_view, shown
+from scripts.demo import holders
 from scripts.demo.cluster import NODE, RESOURCE, ROOT, Cluster, up
 from scripts.demo.controlplane import unfit
 from scripts.demo.kubelet import Allocation, container_options
@@ -143,7 +144,7 @@ def test_every_verdict_holds_or_says_why_it_was_not_checked(
 
 def seen(outcome: Outcome) -> dict[str, list[str]]:
     (started,) = outcome.containers
-    assert started.exit_code == 0, started.error
+    assert started.running, started.error
     assert started.seen is not None
     return dict(started.seen)
 
@@ -199,16 +200,39 @@ def test_the_mps_pod_gets_its_limits_and_one_gpu(outcomes: dict[str, Outcome]) -
 
 
 @needs_containers
-def test_finished_pods_free_their_gpus_and_report_their_phase(
+def test_running_pods_keep_their_gpus_and_report_their_phase(
     cluster: Cluster, outcomes: dict[str, Outcome]
 ) -> None:
-    assert cluster.kubelet.plugin(RESOURCE).allocated == set()
+    allocated = {
+        d for key in ("two-gpus", "mps") for d in outcomes[key].containers[0].allocations[0].devices
+    }
+    assert cluster.kubelet.plugin(RESOURCE).allocated == allocated
+    assert len(allocated) == 3
     for key in ("all-gpus", "two-gpus", "baked-in", "kube-system", "mps"):
         pod = outcomes[key].pod
         assert pod is not None
         stored = cluster.api.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
         assert stored is not None
-        assert stored["status"]["phase"] == "Succeeded", key
+        assert stored["status"]["phase"] == "Running", key
+
+
+@needs_containers
+def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
+    cluster: Cluster, outcomes: dict[str, Outcome]
+) -> None:
+    taken = holders.take(cluster, list(outcomes.values()))
+    uuids = {d.index: d.uuid for d in cluster.devices}
+    trainer = tuple(sorted(uuids[i] for i in gpus(seen(outcomes["two-gpus"]))))
+    (inference,) = (uuids[i] for i in gpus(seen(outcomes["mps"])))
+    assert taken.held == {
+        ("media", "transcoder", "transcoder"): tuple(sorted(uuids.values())),
+        ("ml-research", "trainer", "trainer"): trainer,
+        ("ml-serving", "inference", "server"): (inference,),
+    }
+    assert {c.kind for c in taken.conflicts} == {"shared-gpu", "all-beside-plugin"}
+    assert "cluster: 4/4 GPUs allocated on 1 node, 4 conflicts" in taken.table
+    assert "ml-research/trainer !" in taken.table
+    assert holders.judge(taken).ok
 
 
 # --- the kubelet step and the scheduler, as functions

@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterable
 
-from scripts.demo import cluster, show
+from scripts.demo import cluster, holders, show
+from scripts.demo.cluster import Step
 from scripts.demo.scenarios import SCENARIOS, play
 
 
@@ -18,29 +20,37 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # unwinds the cluster's context: everything is stopped
 
 
+def say(lines: Iterable[str]) -> None:
+    print("\n".join(lines), flush=True)
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     style = show.Style(sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-    print(style.title("gpuwire demo: pods get GPUs by annotation, on one simulated node") + "\n")
+    say([style.title("gpuwire demo: pods get GPUs by annotation, on one simulated node"), ""])
     try:
         with cluster.up() as running:
-            print("\n".join(show.node(running, style)), flush=True)
-            played = []
-            example = None
+            say(show.node(running, style))
+            results, outcomes, more = [], [], []
             for number, item in enumerate(SCENARIOS, 1):
                 outcome = play(running, item)
-                verdict = item.judge(outcome, running.devices)
-                played.append((item, verdict))
-                lines = show.scenario(number, item, outcome, running.devices, style)
-                print("\n".join(lines), flush=True)
-                if item.key == "two-gpus" and outcome.containers:
-                    example = outcome.containers[0]
-            print("\n".join(show.summary(played, running, style)))
-            print("\n".join(show.by_hand(running, example, style)))
+                outcomes.append(outcome)
+                results.append((item.key, item.expected, item.judge(outcome, running.devices)))
+                say(show.scenario(number, item, outcome, running.devices, style))
+                if item.key == "two-gpus" and outcome.containers[0].argv:
+                    ran = outcome.containers[0]
+                    more.append(
+                        Step(f"the {ran.name} container, as the kubelet step ran it", ran.argv)
+                    )
+            taken = holders.take(running, outcomes)
+            results.append(("inventory", "each pod on its GPUs", holders.judge(taken)))
+            say(show.inventory(len(SCENARIOS) + 1, taken, running, style))
+            say(show.summary(results, running, style))
+            say(show.by_hand(running, [taken.step, *more], style))
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started is stopped and removed", file=sys.stderr)
         return 130
-    return 0 if all(v.ok is not False for _, v in played) else 1
+    return 0 if all(verdict.ok is not False for _, _, verdict in results) else 1
 
 
 if __name__ == "__main__":

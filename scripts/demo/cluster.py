@@ -6,8 +6,10 @@ RuntimeClass; the device plugin (`gpuwire device-plugin serve --sim`) registered
 kubelet stand-in over real unix sockets, labelling the Node; the webhook (`gpuwire webhook
 serve`) over TLS with certificates from `gpuwire certs generate`, watching the Nodes; and, as
 root, a private containerd configured by `gpuwire containerd configure --set-default`, with
-the demo's images. The two stand-ins are the tests' own (tests/apiserver.py,
-tests/kubelet.py): a kube-apiserver and a kubelet are what cannot run here.
+the demo's images. The plugin also runs the node agent's holders job (who holds which GPU,
+from the shim's container records and the kubelet's pod-resources API), for the inventory.
+The stand-ins are the tests' own (tests/apiserver.py, tests/kubelet.py,
+tests/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
 
 `up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
 is interrupted.
@@ -26,7 +28,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,7 @@ from gpuwire.lab.view import VIEW_SCRIPT
 from gpuwire.lab.webhook import serving
 from tests.apiserver import ApiServer
 from tests.kubelet import Kubelet
+from tests.podresources import PodResourcesKubelet
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples/policy.yaml"
@@ -54,14 +57,21 @@ RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"
 BIN = Path(sys.executable).parent
 GPUWIRE = str(BIN / "gpuwire")
 NODE = "gpu-node-0"
+POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /var/lib/kubelet
 RESOURCE = nvidia.RESOURCE
 
-# The demo's images: busybox with the view script as the default command; `cuda` also bakes in
-# the env NVIDIA's CUDA images carry.
+# The demo's images: busybox whose command prints what the container sees of the GPUs
+# (gpuwire.lab.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
+# ends. `cuda` also bakes in the env NVIDIA's CUDA images carry.
 IMAGE = "docker.io/gpuwire/demo:latest"
 CUDA_IMAGE = "docker.io/gpuwire/demo:cuda"
 CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
-VIEW = "/usr/bin/gpu-view"
+VIEWED = "viewed: yes"
+JOB = "/usr/bin/gpu-job"
+SCRIPTS = {
+    "/usr/bin/gpu-view": "#!/bin/sh" + VIEW_SCRIPT,
+    JOB: f"#!/bin/sh\ngpu-view\necho '{VIEWED}'\nexec sleep 86400\n",
+}
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,9 @@ class Cluster:
     workdir: Path
     devices: tuple[Device, ...]
     api: ApiServer
+    kubeconfig: Path
     kubelet: Kubelet
+    pod_resources: PodResourcesKubelet
     webhook_url: str
     ca: Path
     node_config: Path  # the node's gpuwire config (GPUWIRE_CONFIG of the shim)
@@ -122,20 +134,20 @@ def run(steps: list[Step], what: str, argv: Sequence[str]) -> None:
 def containers_unavailable() -> str:
     """Why this machine cannot run the demo's containers, or "" when it can."""
     if os.geteuid() != 0:
-        return "not root: containerd runs containers only as root (run `sudo make demo`)"
+        return "not root: containerd runs containers only as root; `sudo make demo` runs them"
     missing = [b for b in ("containerd", "ctr", "runc") if shutil.which(b) is None]
     if missing:
         return f"{', '.join(missing)} not installed (`make demo` installs them as root)"
     return ""
 
 
-def until(condition: Any, what: str, timeout: float = 30.0) -> Any:
+def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Wait for something another process does; LabError naming `what` after `timeout`."""
     deadline = time.monotonic() + timeout
-    while not (result := condition()):
+    while not condition():
         if time.monotonic() > deadline:
             raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.02)
-    return result
 
 
 def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
@@ -152,6 +164,7 @@ def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
         "root": workdir / "node",
         "grant-key-dir": keys,
         "allocation-dir": workdir / "allocations",
+        "records-dir": workdir / "records",
         "log": log,
     }
     config = workdir / "config.toml"
@@ -183,9 +196,12 @@ def register_node(api: ApiServer) -> None:
 
 
 @contextmanager
-def device_plugin(workdir: Path, kubeconfig: Path, steps: list[Step]) -> Iterator[None]:
-    """`gpuwire device-plugin serve` on the simulated node, labelling the Node, until the
-    block ends (then SIGTERM: it removes its sockets)."""
+def device_plugin(
+    workdir: Path, kubeconfig: Path, steps: list[Step]
+) -> Iterator[Callable[[], bool]]:
+    """`gpuwire device-plugin serve` on the simulated node, labelling the Node and keeping
+    its holders annotation, until the block ends (then SIGTERM: it removes its sockets).
+    Yields a check that it still runs (LabError with its log when it does not)."""
     argv = [
         GPUWIRE, "device-plugin", "serve",
         "--sim", str(workdir / "node"),
@@ -193,15 +209,25 @@ def device_plugin(workdir: Path, kubeconfig: Path, steps: list[Step]) -> Iterato
         "--allocation-dir", str(workdir / "allocations"),
         "--grant-key-dir", str(workdir / "keys"),
         "--labels", "--node", NODE, "--kubeconfig", str(kubeconfig),
+        "--holders", "--holders-interval", "0.5",
+        "--records-dir", str(workdir / "records"),
+        "--pod-resources-socket", str(workdir / POD_RESOURCES),
         "--log-level", "WARNING",
     ]  # fmt: skip
-    with (workdir / "device-plugin.log").open("ab") as log:
+    log = workdir / "device-plugin.log"
+    with log.open("ab") as out:
         process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     steps.append(Step("the device plugin", tuple(argv)))
+
+    def running() -> bool:
+        if process.poll() is not None:
+            raise LabError(f"the device plugin exited {process.returncode}: {log.read_text()}")
+        return True
+
     try:
-        yield
+        yield running
     finally:
         stop(process)
 
@@ -257,41 +283,42 @@ def start_containerd(cluster: Cluster, stack: ExitStack) -> None:
     started = ("containerd", "--config", str(containerd.config))
     cluster.steps.append(Step("containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started)))
     cluster.handlers, cluster.default_handler = handlers_of(containerd.dump())
-    view = {VIEW: "#!/bin/sh" + VIEW_SCRIPT}
     for name, env in ((IMAGE, None), (CUDA_IMAGE, CUDA_ENV)):
         tar = write_layout_tar(cluster.workdir / f"{name.rsplit(':', 1)[1]}.tar", name,
-                               env=env, cmd=(VIEW,), scripts=view)  # fmt: skip
+                               env=env, cmd=(JOB,), scripts=SCRIPTS)  # fmt: skip
         containerd.import_image(tar)
     cluster.containerd = containerd
 
 
 @contextmanager
-def up(workdir: Path | None = None) -> Iterator[Cluster]:
+def up() -> Iterator[Cluster]:
     """The whole cluster, torn down when the block ends, fails or is interrupted."""
     with ExitStack() as stack:
-        if workdir is None:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwire-demo-")))
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwire-demo-")))
         steps: list[Step] = []
         node_config, runtime_log = write_node_files(workdir, steps)
         api = stack.enter_context(ApiServer())
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         register_node(api)
         kubelet = stack.enter_context(Kubelet(workdir / "kubelet"))
-        stack.enter_context(device_plugin(workdir, kubeconfig, steps))
-        until(lambda: kubelet.plugins.get(RESOURCE), "the device plugin to register")
-        until(
-            lambda: (
-                GPUS_ANNOTATION in (api.get("nodes", NODE) or {})["metadata"].get("annotations", {})
-            ),
-            "the device plugin to label the node",
-        )
+        pod_resources = stack.enter_context(PodResourcesKubelet(workdir / POD_RESOURCES, kubelet))
+        plugin_runs = stack.enter_context(device_plugin(workdir, kubeconfig, steps))
+
+        def labelled() -> bool:
+            node = api.get("nodes", NODE) or {"metadata": {}}
+            return GPUS_ANNOTATION in node["metadata"].get("annotations", {})
+
+        until(lambda: plugin_runs() and RESOURCE in kubelet.plugins, "the plugin to register")
+        until(lambda: plugin_runs() and labelled(), "the device plugin to label the node")
         report_capacity(api, kubelet)
         url, ca = start_webhook(workdir, kubeconfig, steps, stack)
         cluster = Cluster(
             workdir,
             sim.load_inventory(workdir / "node").devices,
             api,
+            kubeconfig,
             kubelet,
+            pod_resources,
             url,
             ca,
             node_config,

@@ -1,15 +1,18 @@
 """The node's part: from a pod bound to the node to its containers, as kubelet and containerd
 do it, then `ctr run` with the runtime handler containerd resolves.
 
-For each container: the device plugin's resources through the kubelet stand-in (which asks
-GetPreferredAllocation, then Allocate); the env in the order the kubelet hands it to the CRI
-(the plugin's envs, then the pod's) over the image's; the plugin's mounts; the annotations
-containerd's CRI plugin puts on every container spec; and the runtime handler: the pod's
-RuntimeClass, else containerd's default, looked up in containerd's own config. What the
-container prints (gpuwire.lab.view) and what gpuwire-runtime logged about it come back as data.
+The pod becomes active on the node (the pod-resources API lists it); for each container: the
+device plugin's resources through the kubelet stand-in (which asks GetPreferredAllocation,
+then Allocate); the env in the order the kubelet hands it to the CRI (the plugin's envs, then
+the pod's) over the image's; the plugin's mounts; the annotations containerd's CRI plugin puts
+on every container spec; and the runtime handler: the pod's RuntimeClass, else containerd's
+default, looked up in containerd's own config. The containers keep running, holding their
+GPUs, until the demo ends; what they printed (gpuwire.lab.view) and what gpuwire-runtime
+logged about them come back as data.
 
-Simplified: the pod sandbox is an id, not a pause container; `command`/`args` replace the
-image's command (the demo's images have no entrypoint); env values are literal.
+Simplified: the pod sandbox is an id, not a pause container; init containers are not run
+(the demo's pods have none); `command`/`args` replace the image's command (the demo's
+images have no entrypoint); env values are literal.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import grpc
 
 from gpuwire.lab.containerd import RUNC_SHIM, Container, Mount
 from gpuwire.lab.view import view
-from scripts.demo.cluster import Cluster, Handler
+from scripts.demo.cluster import VIEWED, Cluster, Handler, until
 from tests.kubelet import KubeletError
 
 Obj = dict[str, Any]
@@ -50,9 +53,9 @@ class Started:
     allocations: tuple[Allocation, ...]
     handler: Handler | None  # None: containerd does not run here
     argv: tuple[str, ...] = ()  # the `ctr` command
-    exit_code: int | None = None  # None: not started
+    running: bool = False
     seen: Mapping[str, list[str]] | None = None  # what it printed (gpuwire.lab.view)
-    error: str = ""  # why it did not start, or its stderr
+    error: str = ""  # why it did not start or run
     runtime_log: tuple[str, ...] = ()  # what gpuwire-runtime said about it
 
 
@@ -151,22 +154,36 @@ def start(
     allocations: tuple[Allocation, ...],
     handler: Handler,
 ) -> Started:
-    """`ctr run` to completion, through `handler`'s runtime."""
-    assert cluster.containerd is not None
+    """`ctr run --detach` through `handler`'s runtime; once the container has printed what it
+    sees (or has stopped), what it printed."""
+    containerd = cluster.containerd
+    assert containerd is not None
     cid = f"gpuwire-demo-{secrets.token_hex(6)}"
+    log = cluster.workdir / "logs" / f"{cid}.log"
+    log.parent.mkdir(exist_ok=True)
     offset = cluster.runtime_log.stat().st_size if cluster.runtime_log.exists() else 0
-    ctr = ("ctr", "--address", str(cluster.containerd.address), "--namespace",
-           cluster.containerd.namespace)  # fmt: skip
-    out = cluster.containerd.run(container, cid=cid)
+    out = containerd.run_detached(container, cid, log)
+    ctr = ("ctr", "--address", str(containerd.address), "--namespace", containerd.namespace)
+    argv = (*ctr, *containerd.run_argv(container, cid, detach=True, log=log))
+
+    def printed() -> str:
+        return log.read_text() if log.exists() else ""
+
+    if out.returncode == 0:
+        until(
+            lambda: VIEWED in printed() or containerd.task_status(cid) != "RUNNING",
+            f"container {name} to print what it sees",
+        )
+    running = containerd.task_status(cid) == "RUNNING"
     return Started(
         name,
         container,
         allocations,
         handler,
-        argv=(*ctr, *cluster.containerd.run_argv(container, cid)),
-        exit_code=out.returncode,
-        seen=view(out.stdout) if out.returncode == 0 else None,
-        error=out.stderr.strip(),
+        argv=argv,
+        running=running,
+        seen=view(printed()) if VIEWED in printed() else None,
+        error="" if running else (out.stderr.strip() or printed().strip() or "it exited"),
         runtime_log=_runtime_log(cluster, offset, cid),
     )
 
@@ -194,17 +211,15 @@ def start_container(cluster: Cluster, pod: Obj, spec: Obj, sandbox: str) -> Star
 
 
 def run_pod(cluster: Cluster, pod: Obj) -> tuple[Started, ...]:
-    """Start each container of a pod bound to the node, in order, each to completion; then
-    the pod is done: its phase goes to the API server and its devices are free again."""
+    """Start the containers of a pod bound to the node, in order; they keep running. The
+    pod's phase goes to the API server."""
+    meta, spec = pod["metadata"], pod["spec"]
+    names = [c["name"] for c in spec["containers"]]
+    cluster.pod_resources.add_pod(meta["namespace"], meta["name"], meta["uid"], names)
     sandbox = secrets.token_hex(32)  # containerd's sandbox ids are 64 hex digits
-    spec = pod["spec"]
-    started = tuple(
-        start_container(cluster, pod, container, sandbox)
-        for container in [*spec.get("initContainers", []), *spec["containers"]]
-    )
-    cluster.kubelet.remove_pod(pod["metadata"]["uid"])
+    started = tuple(start_container(cluster, pod, c, sandbox) for c in spec["containers"])
     if cluster.containerd is not None:
-        ok = all(s.exit_code == 0 for s in started)
-        pod["status"] = {**pod.get("status", {}), "phase": "Succeeded" if ok else "Failed"}
+        phase = "Running" if all(s.running for s in started) else "Failed"
+        pod["status"] = {**pod.get("status", {}), "phase": phase}
         cluster.api.put(pod)
     return started

@@ -45,7 +45,7 @@ class Scenario:
     title: str
     pod: Path
     expected: str
-    judge: Callable[[Outcome, Sequence[Device]], Verdict]
+    judge: Callable[[Outcome, Sequence[Device]], Verdict]  # what was seen, and is it right
 
     def load(self) -> dict[str, Any]:
         pod: dict[str, Any] = yaml.safe_load(self.pod.read_text())
@@ -105,15 +105,28 @@ def ran(outcome: Outcome) -> Started | Verdict:
     return started
 
 
+Judge = Callable[[Outcome, Sequence[Device]], Verdict]
+View = Mapping[str, list[str]]
+
+
+def on_view(judge: Callable[[Started, View, Sequence[Device]], Verdict]) -> Judge:
+    """A judge of what the pod's one container saw, given that it ran (else `ran`'s verdict)."""
+
+    def judged(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+        started = ran(outcome)
+        if isinstance(started, Verdict):
+            return started
+        return judge(started, started.seen or {}, devices)
+
+    return judged
+
+
 def _numbers(found: Sequence[int]) -> str:
     return ",".join(map(str, found)) or "none"
 
 
-def judge_all(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
-    started = ran(outcome)
-    if isinstance(started, Verdict):
-        return started
-    seen = started.seen or {}
+@on_view
+def judge_all(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
     found, caps = gpus(seen), capabilities(seen)
     every = found == tuple(d.minor for d in devices) and listed(seen) == len(devices)
     return Verdict(f"GPUs {_numbers(found)}; {', '.join(caps)} files", every and "video" in caps)
@@ -145,22 +158,16 @@ def judge_denied(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
     return Verdict(f"denied ({admission.code}): {admission.message.rpartition('; ')[2]}", ok)
 
 
-def judge_no_gpu(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
-    started = ran(outcome)
-    if isinstance(started, Verdict):
-        return started
-    seen = started.seen or {}
+@on_view
+def judge_no_gpu(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
     found = gpus(seen)
     refused = any(": no GPU: " in line for line in started.runtime_log)
     why = "gpuwire-runtime refused: no grant" if refused else "gpuwire-runtime was not asked"
     return Verdict(f"GPUs {_numbers(found)}; {why}", not found and listed(seen) == 0)
 
 
-def judge_mps(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
-    started = ran(outcome)
-    if isinstance(started, Verdict):
-        return started
-    seen = started.seen or {}
+@on_view
+def judge_mps(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
     env = variables(seen)
     wanted = {  # a quarter of the node's GPU, and of its SMs
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={devices[0].memory_mib // 4}M",

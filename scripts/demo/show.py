@@ -10,13 +10,16 @@ import json
 import re
 import shlex
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import grant
 from gpuwire.devices import Device
+from gpuwire.holders import ANNOTATION
 from scripts.demo.cluster import BIN, NODE, RESOURCE, ROOT, Cluster, Step
+from scripts.demo.holders import Inventory
 from scripts.demo.kubelet import Allocation, Started
 from scripts.demo.scenarios import Outcome, Scenario, Verdict, capabilities, variables
 
@@ -47,14 +50,15 @@ class Style:
         return self._sgr("32", "✓") if ok else self._sgr("31", "✗")
 
 
-def rows(label: str, values: Iterable[str], indent: int = 2) -> list[str]:
-    """`label` in the left column and `values` beside it, one per line, long ones wrapped."""
+def rows(label: str, values: Iterable[str], paint: Callable[[str], str] = str) -> list[str]:
+    """`label` in the left column and `values` beside it, one per line, long ones wrapped;
+    `paint` styles each line's text."""
     out = []
-    room = WIDTH - indent - LABEL
     for value in values:
-        wrapped = textwrap.wrap(brief(value), room, subsequent_indent="  ", break_on_hyphens=False)
+        wrapped = textwrap.wrap(brief(value), WIDTH - 2 - LABEL, subsequent_indent="  ",
+                                break_on_hyphens=False)  # fmt: skip
         for part in wrapped:
-            out.append(f"{' ' * indent}{label:<{LABEL}}{part}")
+            out.append(f"  {label:<{LABEL}}{paint(part)}")
             label = ""
     return out
 
@@ -85,7 +89,6 @@ def node(cluster: Cluster, style: Style) -> list[str]:
         f"{key}={meta['labels'][key]}"
         for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "gpuwire.io/gpu.model")
     ]
-    gpus_annotation = next(k for k in meta["annotations"] if k.startswith("gpuwire.io/"))
     allocatable = cluster.node()["status"]["allocatable"][RESOURCE]
     lines = [style.title("The cluster"), ""]
     lines += rows(
@@ -93,8 +96,10 @@ def node(cluster: Cluster, style: Style) -> list[str]:
         [
             f"{len(devices)} × {devices[0].product}, NVLink between "
             + " and ".join(f"{a}-{b}" for a, b in pairs),
-            style.dim("a simulated node: /dev/nvidia*, procfs, driver files, nvidia-smi"),
         ],
+    )
+    lines += rows(
+        "", ["a simulated node: /dev/nvidia*, procfs, driver files, nvidia-smi"], style.dim
     )
     lines += rows("API server", [f"stand-in at {cluster.api.url}: the Node, RuntimeClass gpuwire"])
     lines += rows(
@@ -102,7 +107,7 @@ def node(cluster: Cluster, style: Style) -> list[str]:
         [
             f"registered {RESOURCE} with the kubelet stand-in: {allocatable} allocatable",
             *keyed("labelled the node", written),
-            f"annotated it: {gpus_annotation} (each GPU's index, UUID, memory, health)",
+            f"annotated it: {GPUS_ANNOTATION} (each GPU's index, UUID, memory, health)",
         ],
     )
     lines += rows(
@@ -111,7 +116,7 @@ def node(cluster: Cluster, style: Style) -> list[str]:
     )
     files = [f"$DEMO = {cluster.workdir}"]
     if cluster.containerd is None:
-        lines += rows("containerd", [style.dim(f"not started: {cluster.no_containers}")])
+        lines += rows("containerd", [f"not started: {cluster.no_containers}"], style.dim)
     else:
         handler = cluster.handlers[cluster.default_handler]
         lines += rows(
@@ -123,7 +128,7 @@ def node(cluster: Cluster, style: Style) -> list[str]:
             ],
         )
         files.append(f"$CTD = {cluster.containerd.home}")
-    return lines + rows("files", [*files, style.dim("removed when the demo ends")])
+    return lines + rows("files", files) + rows("", ["removed when the demo ends"], style.dim)
 
 
 # --- a scenario
@@ -174,14 +179,13 @@ def container_lines(started: Started, devices: Sequence[Device], style: Style) -
     if started.handler is not None:
         kubelet.append(f"runtime handler {started.handler.name!r}: {started.handler.binary}")
     lines = rows("kubelet", kubelet)
-    if started.handler is not None:
-        said = started.runtime_log or [
-            style.dim("nothing to decide: the container asks for no GPU")
-        ]
-        lines += rows("runtime", said)
+    if started.runtime_log:
+        lines += rows("runtime", started.runtime_log)
+    elif started.handler is not None:
+        lines += rows("runtime", ["nothing to decide: the container asks for no GPU"], style.dim)
     seen = started.seen
     if seen is None:
-        return lines + rows("container", [style.dim(started.error or "did not run")])
+        return lines + rows("container", [started.error or "did not run"], style.dim)
     env = [_env(k, v) for k, v in variables(seen).items()]
     caps = ", ".join(capabilities(seen)) or "none"
     seen_lines = [
@@ -200,13 +204,13 @@ def scenario(
     pod = admission.pod
     where = f"{admission.namespace}/{pod['metadata']['name']}"
     lines = ["", style.title(f"{number}. {item.title}")]
-    lines += rows("", [style.dim(f"{item.pod.relative_to(ROOT)}: pod {where}")])
+    lines += rows("", [f"{item.pod.relative_to(ROOT)}: pod {where}"], style.dim)
     lines += rows("asks", [f"{k}: {v}" for k, v in admission.asked.items()] or ["nothing"])
     if not admission.allowed:
         return lines + rows("webhook", [f"denied ({admission.code}): {admission.message}"])
     changes = [line for op in admission.patch for line in patch_lines(pod, op)]
     lines += rows("webhook", changes or ["admitted, unchanged"])
-    lines += rows("", [style.dim(f"warning: {w}") for w in admission.warnings])
+    lines += rows("", [f"warning: {w}" for w in admission.warnings], style.dim)
     if outcome.pending:
         return lines + rows("scheduler", [f"Pending: {outcome.pending}"])
     lines += rows("scheduler", [f"bound to {NODE}"])
@@ -218,22 +222,46 @@ def scenario(
 # --- the end
 
 
+def inventory(number: int, taken: Inventory, cluster: Cluster, style: Style) -> list[str]:
+    """The node agent's holders, then `gpuwire inventory` as it printed."""
+    index = {d.uuid: d.index for d in cluster.devices}
+    published = taken.published.holders
+    width = max((len(h.name) for h in published), default=0)
+    agent = []
+    for h in published:
+        gpus = ", ".join(str(i) for i in sorted(index[u] for u in h.gpus))
+        agent.append(f"{h.name:<{width}}  {h.path:<11}  GPU {gpus}" + (" (all)" * h.whole_node))
+    lines = ["", style.title(f"{number}. Who holds which GPU: gpuwire inventory")]
+    lines += rows("agent", [f"the plugin's holders job published {ANNOTATION} on {NODE}:"])
+    lines += rows("", agent or ["(no holders)"])
+    if taken.conflicts:
+        why = (
+            "The scheduler counts only the device plugin's GPUs: a pod granted every GPU by "
+            "annotation shares them, unseen, with the pods the plugin placed. The inventory "
+            "flags it."
+        )
+        lines += rows("", [why], style.dim)
+    lines += ["", f"  $ {' '.join(command(taken.step.argv, _places(cluster))).strip()}"]
+    return lines + [f"  {line}" for line in taken.table.rstrip().splitlines()]
+
+
 def summary(
-    played: Sequence[tuple[Scenario, Verdict]], cluster: Cluster, style: Style
+    results: Sequence[tuple[str, str, Verdict]], cluster: Cluster, style: Style
 ) -> list[str]:
-    key = max(len(s.key) for s, _ in played)
-    expected = max(len(s.expected) for s, _ in played)
+    """One line per scenario (name, what it should show, what it showed, ✓ ✗ or - for not
+    checked), then the count."""
+    key = max(len(k) for k, _, _ in results)
+    expected = max(len(e) for _, e, _ in results)
     room = WIDTH - 2 - key - 2 - expected - 2
     lines = ["", style.title("Summary"), ""]
     lines.append(style.dim(f"  {'scenario':<{key}}  {'expected':<{expected}}  seen"))
-    for item, verdict in played:
+    for name, wanted, verdict in results:
         seen = textwrap.wrap(brief(verdict.seen), room, break_on_hyphens=False) or [""]
-        lines.append(f"{style.mark(verdict.ok)} {item.key:<{key}}  {item.expected:<{expected}}  ")
-        lines[-1] += seen[0]
+        lines.append(f"{style.mark(verdict.ok)} {name:<{key}}  {wanted:<{expected}}  {seen[0]}")
         lines += [" " * (WIDTH - room) + part for part in seen[1:]]
-    good = sum(v.ok is True for _, v in played)
-    unchecked = sum(v.ok is None for _, v in played)
-    tail = [f"{good} of {len(played)} as expected"]
+    good = sum(v.ok is True for _, _, v in results)
+    unchecked = sum(v.ok is None for _, _, v in results)
+    tail = [f"{good} of {len(results)} as expected"]
     if unchecked:
         tail += [f"{unchecked} not checked: no containers ran ({cluster.no_containers})"]
     return [*lines, "", *tail]
@@ -262,26 +290,25 @@ def command(argv: Sequence[str], places: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def by_hand(cluster: Cluster, example: Started | None, style: Style) -> list[str]:
-    """The commands the demo ran, and one to check a pod offline."""
+def _places(cluster: Cluster) -> dict[str, str]:
+    """Paths as the by-hand commands name them."""
     places = {f"{BIN}/": "", str(cluster.workdir): "$DEMO"}
     if cluster.containerd is not None:
         places[str(cluster.containerd.home)] = "$CTD"
     places[f"{ROOT}/"] = ""
+    return places
+
+
+def by_hand(cluster: Cluster, more: Sequence[Step], style: Style) -> list[str]:
+    """The commands the demo ran (`more`: those the scenes ran), and one to check a pod
+    offline."""
     lines = ["", style.title("By hand"), ""]
-    lines += [
-        "  The commands the demo ran, from the top of the repository (paths: see files above)"
-    ]
+    lines += ["  The commands the demo ran, from the top of the repository ($DEMO: see above)"]
     offline = Step(
         "the H100 pod against examples/nodes.yaml, a cluster that has H100s, offline",
         ("gpuwire", "mutate", "scripts/demo/pods/h100.yaml",
          "--policy", "examples/policy.yaml", "--nodes", "examples/nodes.yaml"),
     )  # fmt: skip
-    steps = [*cluster.steps, offline]
-    if example is not None and example.argv:
-        steps.append(
-            Step(f"the {example.name} container, as the kubelet step ran it", example.argv)
-        )
-    for step in steps:
-        lines += ["", style.dim(f"  # {step.what}"), *command(step.argv, places)]
+    for step in [*cluster.steps, *more, offline]:
+        lines += ["", style.dim(f"  # {step.what}"), *command(step.argv, _places(cluster))]
     return lines
