@@ -153,7 +153,7 @@ def judge_denied(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
     admission = outcome.admission
     if admission.allowed:
         return Verdict("admitted", False)
-    names = sorted({d.product.replace(" ", "-") for d in devices})
+    names = sorted({nvidia.gfd_product(d.product) for d in devices})  # as the labels say
     ok = admission.code == 400 and all(n in admission.message for n in names)
     return Verdict(f"denied ({admission.code}): {admission.message.rpartition('; ')[2]}", ok)
 
