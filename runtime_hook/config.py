@@ -174,6 +174,15 @@ def _cache_path(st: os.stat_result) -> str:
     return f"{CACHE_DIR}/config-{st.st_dev}-{st.st_ino}"
 
 
+def forget(path: str) -> None:
+    """Drop the cached table of the config file at `path`, before the file goes away (a
+    throwaway config, as the demo's, would otherwise leave its entry behind)."""
+    import contextlib  # here: the container-start path does not pay for it
+
+    with contextlib.suppress(OSError):  # never cached, or already gone
+        os.unlink(_cache_path(os.stat(path)))
+
+
 def _cached(st: os.stat_result, data: bytes) -> dict[str, object] | None:
     """The table parsed from exactly `data`, from a directory only we can write."""
     try:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from gpuwire.lab.view import view
 from runtime_hook import cgroup
 from runtime_hook.cgroup import CgroupError
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, view
+from tests.runtime_support import Lab
 from tests.test_runtime_runc import DELIVERIES, granted_env, make_bundle, run
 
 pytestmark = [requires_root(), requires_binary("runc")]

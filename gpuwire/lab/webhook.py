@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from gpuwire.lab.host import stop
+
 _RUNNING = re.compile(r"Uvicorn running on (https://[^ ]+)")
 
 
@@ -66,10 +68,5 @@ def serving(
             raise RuntimeError(f"webhook did not start:\n{served.output()}")
         yield served
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
         reader.join(timeout=5)
