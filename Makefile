@@ -34,7 +34,7 @@ protos: venv
 	$(BIN)/python -m deviceplugin.api.generate
 
 demo: system-deps venv
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python -m scripts.demo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

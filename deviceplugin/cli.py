@@ -8,11 +8,17 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from deviceplugin import config as settings
 from deviceplugin.resources import resource_name_error
+from gpuwire import records
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from deviceplugin import holdings
 
 
 def _typed(
@@ -65,6 +71,67 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         metavar="FILE",
         help="default: in-cluster service account, else ~/.kube/config",
+    )
+
+
+def _add_holder_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--holders",
+        action="store_true",
+        help="keep the node's gpuwire.io/holders annotation (who holds which GPU) up to date",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=_typed(_port, int),
+        metavar="PORT",
+        help="serve Prometheus metrics (GPUs, health, holders, conflicts) on this port",
+    )
+    parser.add_argument(
+        "--records-dir",
+        default=records.DEFAULT_DIR,
+        metavar="DIR",
+        help=f"the runtime side's container records (default {records.DEFAULT_DIR})",
+    )
+    parser.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        help="the kubelet's pod-resources API (default: the kubelet's own socket)",
+    )
+    parser.add_argument(
+        "--host-root",
+        default="/",
+        metavar="DIR",
+        help="where the host's files are seen, for runtime state dirs (default /)",
+    )
+    parser.add_argument(
+        "--holders-interval",
+        type=_typed(settings.as_seconds, float),
+        default=10.0,
+        metavar="SECONDS",
+        help="how often to read the holders again (default 10)",
+    )
+
+
+def _port(value: int) -> int:
+    if not 1 <= value <= 65535:
+        raise ValueError("expected a port number from 1 to 65535")
+    return value
+
+
+def _holder_settings(args: argparse.Namespace) -> holdings.Settings | None:
+    """The holders job's settings, or None when neither the annotation nor metrics is asked."""
+    if not args.holders and args.metrics_port is None:
+        return None
+    from deviceplugin import holdings
+
+    socket = {"pod_resources": args.pod_resources_socket} if args.pod_resources_socket else {}
+    return holdings.Settings(
+        records_dir=args.records_dir,
+        **socket,
+        host_root=args.host_root,
+        interval=args.holders_interval,
+        publish=args.holders,
+        metrics_port=args.metrics_port,
     )
 
 
@@ -180,6 +247,7 @@ def serve(argv: list[str]) -> int:
         "--label-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
     )
     _add_node_flags(parser)
+    _add_holder_flags(parser)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     config = _load(parser, args, SERVE_FIELDS)
@@ -188,7 +256,7 @@ def serve(argv: list[str]) -> int:
 
     stop = _stop_on_signals()
     try:
-        plugin.run(config, stop)
+        plugin.run(config, stop, holders=_holder_settings(args))
     except Exception as exc:  # NVML missing, kubelet dir unwritable: say so and exit
         logging.getLogger("gpuwire").error("device plugin stopped: %s", exc)
         return 1
@@ -210,7 +278,10 @@ def label(argv: list[str]) -> int:
         help="with --watch: how often to look again (default 60)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the labels, write nothing")
+    _add_holder_flags(parser)
     args = parser.parse_args(argv)
+    if args.metrics_port is not None and not args.watch:
+        parser.error("--metrics-port needs --watch (an endpoint for a one-off run is gone at once)")
     config = _load(
         parser,
         args,
@@ -225,8 +296,9 @@ def label(argv: list[str]) -> int:
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import labeler, labels
+    from deviceplugin import holdings, labeler, labels
     from deviceplugin.discovery import open_discovery
+    from gpuwire.holders import ANNOTATION
 
     discovery = open_discovery(config.sim)
 
@@ -241,14 +313,31 @@ def label(argv: list[str]) -> int:
             wanted[labels.GPUS_ANNOTATION] = labels.gpus_annotation(node)
             print(json.dumps(wanted, indent=2, sort_keys=True))
             return 0
+        holder_settings = _holder_settings(args)
         if args.watch:
-            labeler.run(config, discovery, _stop_on_signals(), unreachable)
+            stop = _stop_on_signals()
+            jobs = []
+            if holder_settings is not None:
+                job = holdings.job(
+                    holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
+                )
+                jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
+                jobs[0].start()
+            try:
+                labeler.run(config, discovery, stop, unreachable)
+            finally:
+                stop.set()
+                for thread in jobs:
+                    thread.join(timeout=5)
             return 0
         name = labeler.node_name(config.node_name)
-        patch = labeler.label_once(
-            labeler.core_api(config.kubeconfig), name, config, node, unreachable()
-        )
+        api = labeler.core_api(config.kubeconfig)
+        patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
+        if holder_settings is not None:
+            agent = holdings.Agent(holder_settings, name, lambda: node.devices, unreachable, api)
+            held = agent.step(time.time()).holders.holders
+            print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0
     finally:
         discovery.close()

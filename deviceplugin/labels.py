@@ -12,18 +12,17 @@ health) for the webhook, which pins explicit-UUID requests to the node that hold
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Collection, Sequence
 
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.resources import Resource
-from gpuwire import nvidia
+from gpuwire import nodegpus, nvidia
 
 NV = nvidia.LABEL_PREFIX
 GW = "gpuwire.io/"
-GPUS_ANNOTATION = GW + "gpus"
+GPUS_ANNOTATION = nodegpus.ANNOTATION
 
 # Every GFD key this labeler manages: removed from the node when no longer computed.
 GFD_KEYS = tuple(
@@ -118,19 +117,18 @@ def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False)
 
 
 def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
-    """`gpuwire.io/gpus`: one object per GPU, by index (compact JSON, stable key order)."""
-    entries = [
-        {
-            "index": g.device.index,
-            "uuid": g.device.uuid,
-            "product": g.device.product,
-            "memory_mib": g.device.memory_mib,
-            "numa_node": g.device.numa_node,
-            "healthy": g.device.uuid not in unhealthy,
-        }
-        for g in sorted(node.gpus, key=lambda g: g.device.index)
-    ]
-    return json.dumps(entries, separators=(",", ":"))
+    """`gpuwire.io/gpus` for this node: every GPU, with its health."""
+    return nodegpus.encode(
+        nodegpus.NodeGpu(
+            index=g.device.index,
+            uuid=g.device.uuid,
+            product=g.device.product,
+            memory_mib=g.device.memory_mib,
+            numa_node=g.device.numa_node,
+            healthy=g.device.uuid not in unhealthy,
+        )
+        for g in node.gpus
+    )
 
 
 def changes(

@@ -4,11 +4,12 @@ resource under the supervisor, and the background jobs (health events, token swe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 
-from deviceplugin import state, sweep
+from deviceplugin import holdings, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, open_discovery
@@ -62,8 +63,14 @@ def build(config: Config, discovery: Discovery) -> tuple[list[Endpoint], state.H
     return endpoints, health
 
 
-def run(config: Config, stop: threading.Event, discovery: Discovery | None = None) -> None:
-    """Serve until `stop` is set; the sockets are gone when this returns."""
+def run(
+    config: Config,
+    stop: threading.Event,
+    discovery: Discovery | None = None,
+    holders: holdings.Settings | None = None,
+) -> None:
+    """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
+    also keep the node's GPU holders (annotation, metrics) up to date."""
     discovery = discovery or open_discovery(config.sim)
     endpoints, health = build(config, discovery)
     jobs = [
@@ -88,6 +95,12 @@ def run(config: Config, stop: threading.Event, discovery: Discovery | None = Non
                 target=labeler.run, args=(config, discovery, stop, health.unhealthy), name="labels"
             )
         )
+    if holders is not None:
+        inside = dataclasses.replace(holders, plugin=bool(endpoints))
+        agent = holdings.job(
+            inside, config.node_name, config.kubeconfig, discovery, health.unhealthy
+        )
+        jobs.append(threading.Thread(target=agent, args=(stop,), name="holders"))
     for job in jobs:
         job.daemon = True
         job.start()

@@ -39,6 +39,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "write a CA and serving certificate to a directory",
     ),
     (("certs", "ensure"), "certs.cli:ensure", "create or renew the webhook's Secret and caBundle"),
+    (("inventory",), "inventory.cli:main", "which pod holds which GPU, on every node"),
     (("sim", "node"), "gpuwire.sim:main", "write a simulated GPU node"),
     (("sim", "fault"), "gpuwire.sim:fault_main", "inject an XID event on a simulated GPU"),
 )

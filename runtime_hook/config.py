@@ -16,7 +16,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, grant
+from gpuwire import allocation, grant, records
 
 ENV = "GPUWIRE_CONFIG"
 CACHE_DIR = "/run/gpuwire"
@@ -38,6 +38,7 @@ KEYS = {
     "ldconfig": ABSOLUTE + " to the host's static ldconfig",
     "hook": ABSOLUTE + " to gpuwire-hook",
     "log": "'stderr' or " + ABSOLUTE,
+    "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
 }
 
 
@@ -85,6 +86,7 @@ class Config:
         "hook",
         "ldconfig",
         "log",
+        "records_dir",
         "roots",
         "runtime",
         "source",
@@ -102,6 +104,7 @@ class Config:
         ldconfig: str = DEFAULT_LDCONFIG,
         hook: str | None = None,
         log: str = DEFAULT_LOG,
+        records_dir: str = records.DEFAULT_DIR,
         source: str = "defaults",
     ) -> None:
         self.roots = roots or Roots("/")
@@ -112,6 +115,7 @@ class Config:
         self.ldconfig = ldconfig
         self.hook = hook or default_hook()
         self.log = log
+        self.records_dir = records_dir
         self.source = source
 
 
@@ -140,6 +144,7 @@ def from_table(table: dict[str, object], source: str) -> Config:
         ldconfig=values.get("ldconfig", DEFAULT_LDCONFIG),
         hook=values.get("hook"),
         log=values.get("log", DEFAULT_LOG),
+        records_dir=values.get("records-dir", records.DEFAULT_DIR),
         source=source,
     )
 
@@ -167,6 +172,15 @@ def parse_toml(data: bytes, source: str) -> dict[str, object]:
 
 def _cache_path(st: os.stat_result) -> str:
     return f"{CACHE_DIR}/config-{st.st_dev}-{st.st_ino}"
+
+
+def forget(path: str) -> None:
+    """Drop the cached table of the config file at `path`, before the file goes away (a
+    throwaway config, as the demo's, would otherwise leave its entry behind)."""
+    import contextlib  # here: the container-start path does not pay for it
+
+    with contextlib.suppress(OSError):  # never cached, or already gone
+        os.unlink(_cache_path(os.stat(path)))
 
 
 def _cached(st: os.stat_result, data: bytes) -> dict[str, object] | None:

@@ -307,17 +307,19 @@ def main_text(main: Path, text: str | None, drop_in: Path) -> str:
 
 
 def base_spec_text(spec: dict[str, Any], hook: str) -> str:
-    """containerd's base OCI spec with `gpuwire-hook prestart` as the last prestart hook.
+    """containerd's base OCI spec with `gpuwire-hook prestart` as the last prestart hook and
+    `gpuwire-hook poststop` (which forgets the container's GPU record) as the last poststop one.
 
-    The hook gets an explicit env, so it never inherits the container's (LD_PRELOAD etc.).
+    The hooks get an explicit env, so they never inherit the container's (LD_PRELOAD etc.).
     """
     out = copy.deepcopy(spec)
     hooks = out.setdefault("hooks", {})
-    kept = [h for h in hooks.get("prestart", []) if Path(h.get("path", "")).name != "gpuwire-hook"]
-    hooks["prestart"] = [
-        *kept,
-        {"path": hook, "args": ["gpuwire-hook", "prestart"], "env": list(HOOK_ENV)},
-    ]
+    for stage in ("prestart", "poststop"):
+        kept = [h for h in hooks.get(stage, []) if Path(h.get("path", "")).name != "gpuwire-hook"]
+        hooks[stage] = [
+            *kept,
+            {"path": hook, "args": ["gpuwire-hook", stage], "env": list(HOOK_ENV)},
+        ]
     return json.dumps(out, indent=2) + "\n"
 
 

@@ -4,6 +4,8 @@
   configured with a prestart hook (containerd's `base_runtime_spec`, an OCI hooks dir).
   Exit status 1 fails the container start; the reason goes to stderr (runc shows it) and
   to the log.
+- `gpuwire-hook poststop`: removes the container's record (`gpuwire.records`) when the
+  runtime deletes it.
 - `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]...`: the links and ld
   cache for a container whose devices and mounts the runtime already made (the shim's and
   CDI's `createContainer` hook). Runs in the container's mount namespace, before pivot_root.
@@ -22,7 +24,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from runtime_hook.spec import Spec
 
-USAGE = "usage: gpuwire-hook prestart | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]...\n"
+USAGE = (
+    "usage: gpuwire-hook prestart | gpuwire-hook poststop"
+    " | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]...\n"
+)
 
 
 def read_state() -> dict[str, object]:
@@ -52,7 +57,7 @@ def prestart() -> int:
 
 def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
     """Decide, log, and apply the edits to the created container `state` describes."""
-    from runtime_hook import config, inject, log, plan
+    from runtime_hook import config, holding, inject, log, plan
 
     try:
         settings = config.load()
@@ -73,9 +78,23 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
             if not isinstance(pid, int):
                 raise ValueError("the OCI state on stdin has no container pid")
             inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig)
+            holding.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
     except (OSError, ValueError, RuntimeError) as exc:
         log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")
         sys.stderr.write(f"gpuwire-hook: {exc}\n")
+        return 1
+    return 0
+
+
+def poststop() -> int:
+    """The container is deleted: forget its container record."""
+    from runtime_hook import config, holding
+
+    try:
+        settings = config.load()
+        holding.forget("gpuwire-hook", settings, str(read_state().get("id", "")))
+    except (config.ConfigError, ValueError) as exc:
+        sys.stderr.write(f"gpuwire-hook poststop: {exc}\n")
         return 1
     return 0
 
@@ -108,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["prestart"] and len(args) == 1:
         return prestart()
+    if args[:1] == ["poststop"] and len(args) == 1:
+        return poststop()
     if args[:1] == ["ldcache"]:
         return ldcache(args[1:])
     sys.stderr.write(USAGE)

@@ -5,14 +5,16 @@ and a kubelet waits for the first two. pip's console scripts start Python with `
 (~4 ms: site-packages scanned, `.pth` files run) on every one of them. The launchers:
 
 - `gpuwire-runtime` is a POSIX shell script. Python (`runtime_hook.shim`) starts only for
-  `create`/`run` of a bundle whose `config.json` may ask for a GPU; every other call execs
-  the runtime named in the gpuwire config directly, with its arguments untouched. It parses
-  the arguments as the shim does (`shim.is_create`, `shim.flag_value`), reads the config
-  only in its plain form (`key = "value"` lines of known keys with valid values, comments,
-  blank lines) and leaves everything else (any other TOML, a bad value, a runtime it cannot
-  find) to Python, which answers as before. A container may ask for a GPU only if its
-  config.json names `NVIDIA_VISIBLE_DEVICES` or an allocation mount; one `grep` finds
-  either, or a JSON escape that could spell them.
+  `create`/`run` of a bundle whose `config.json` may ask for a GPU, and for `delete` of a
+  container that has a record (`runtime_hook.holding`); every other call execs the runtime
+  named in the gpuwire config directly, with its arguments untouched. It parses the
+  arguments as the shim does (`shim.is_create`, `shim.flag_value`; any `delete` and the last
+  argument, of which `holding.deleted` is a special case), reads the config only in its
+  plain form (`key = "value"` lines of known keys with valid values, comments, blank lines)
+  and leaves everything else (any other TOML, a bad value, a runtime it cannot find, a
+  container id the records refuse) to Python, which answers as before. A container may ask
+  for a GPU only if its config.json names `NVIDIA_VISIBLE_DEVICES` or an allocation mount;
+  one `grep` finds either, or a JSON escape that could spell them.
 - `gpuwire-hook` runs Python directly (it has work to do whenever it is called).
 
 Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
@@ -31,7 +33,7 @@ import shlex
 import sys
 
 import runtime_hook
-from gpuwire import allocation, nvidia
+from gpuwire import allocation, nvidia, records
 from runtime_hook import config, shim
 
 RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
@@ -41,6 +43,8 @@ ESCAPES = r"\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])"
 MARKERS = (nvidia.VISIBLE_DEVICES_ENV, allocation.CONTAINER_DIR + "/")
 # Keys with a value the shell checks itself; every other key takes an absolute path.
 OWN_CHECKS = {"trust": " | ".join(config.TRUST_MODES), "log": "stderr | /*", "runtime": "?*"}
+# Keys whose value the shell uses, and the variable that holds it.
+VARIABLES = {"runtime": "runtime", "records-dir": "records"}
 
 RUNTIME_SCRIPT = """\
 #!/bin/sh
@@ -60,19 +64,20 @@ run() {{
 	fi
 }}
 
-create= bundle= found= wanted= previous=
+create= bundle= found= wanted= previous= deleting= last=
 for arg do
 	if [ -n "$wanted" ]; then bundle=$arg wanted=; fi
 	case $previous in {bundle_flags}) ;; *)
 		case $arg in {creating}) create=1 ;; esac ;;
 	esac
+	case $arg in delete) deleting=1 ;; esac
 	if [ -z "$found" ]; then
 		case $arg in
 		{bundle_flags_eq}) found=1 bundle=${{arg#*=}} ;;
 		{bundle_flags}) found=1 wanted=1 ;;
 		esac
 	fi
-	previous=$arg
+	previous=$arg last=$arg
 done
 if [ -n "$create" ]; then
 	grep -qsE -e '{pattern}' -- "${{bundle:-.}}/config.json"
@@ -80,7 +85,7 @@ if [ -n "$create" ]; then
 fi
 
 config=${{{env}:-{default_config}}}
-runtime=runc odd=
+runtime=runc records={records_dir} odd=
 if [ -f "$config" ] && [ -r "$config" ]; then
 	seen=' '
 	while IFS= read -r line || [ -n "$line" ]; do
@@ -105,6 +110,11 @@ elif [ -e "$config" ] || [ -n "${{{env}-}}" ]; then
 	odd=1
 fi
 [ -z "$odd" ] || shim "$@"
+if [ -n "$deleting" ]; then
+	case $last in '' | .* | *[!A-Za-z0-9_+.-]*) shim "$@" ;; esac
+	[ "${{#last}}" -le 250 ] || shim "$@"
+	if [ -e "$records/$last" ] || [ -L "$records/$last" ]; then shim "$@"; fi
+fi
 
 case $runtime in
 */*) run "$runtime" "$@" ;;
@@ -138,7 +148,7 @@ def _key_checks() -> str:
     arms = []
     for key in config.KEYS:
         accepted = OWN_CHECKS.get(key, "/*")
-        action = "runtime=$value" if key == "runtime" else ":"
+        action = f"{VARIABLES[key]}=$value" if key in VARIABLES else ":"
         arms.append(f"\t\t{key}) case $value in {accepted}) {action} ;; *) odd=1 ;; esac ;;")
     return "\n".join(arms)
 
@@ -161,6 +171,7 @@ def render_runtime(python: str, path: str) -> str:
         pattern="|".join((*MARKERS, ESCAPES)),
         env=config.ENV,
         default_config=config.DEFAULT_PATH,
+        records_dir=shlex.quote(records.DEFAULT_DIR),
         key_checks=_key_checks(),
         runtime_name=RUNTIME,
     )

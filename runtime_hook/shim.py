@@ -78,7 +78,8 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     spec = ocispec.load(bundle)
     if not ocispec.asks_for_gpu(spec):
         return
-    from runtime_hook import edits, log, plan
+    from gpuwire import records
+    from runtime_hook import edits, holding, log, plan
     from runtime_hook.trust import REFUSED
 
     decided = plan.make(spec, bundle, settings)
@@ -96,6 +97,8 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
             log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
             raise
         ocispec.save(bundle, ocispec.apply(spec, decided.edits))
+        state = records.runtime_state(sys.argv[1:], container)
+        holding.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [])
         ocispec.save(bundle, ocispec.apply(spec, void))
@@ -118,6 +121,7 @@ def runtime_path(runtime: str) -> str:
 
 
 def main() -> int:
+    from runtime_hook import holding
     from runtime_hook.config import ConfigError, load
 
     args = sys.argv[1:]
@@ -129,6 +133,8 @@ def main() -> int:
         if create:
             bundle = flag_value(args, BUNDLE_FLAGS) or os.getcwd()
             edit_bundle(bundle, args[-1] if args else "?", settings)
+        elif (gone := holding.deleted(args)) is not None:
+            holding.forget("gpuwire-runtime", settings, gone)
     except (ConfigError, OSError, ValueError, RuntimeError) as exc:
         if create:
             report_failure(args, str(exc))

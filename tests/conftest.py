@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,15 @@ def sim_node(tmp_path: Path) -> tuple[Path, sim.Inventory]:
     inventory = sim.make_inventory(gpus=4)
     sim.write_node(root, inventory)
     return root, inventory
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process standing in for a container's init process (container records)."""
+    process = subprocess.Popen(["sleep", "120"])
+    yield process
+    process.kill()
+    process.wait()
 
 
 @pytest.fixture

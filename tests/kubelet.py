@@ -77,6 +77,8 @@ class Kubelet:
         self.registrations: list[api_pb2.RegisterRequest] = []
         self.plugins: dict[str, Plugin] = {}
         self.entries: list[dict[str, Any]] = []  # checkpoint PodDeviceEntries
+        # GetPreferredAllocation's answers by (pod UID, container), before the kubelet's fill
+        self.hints: dict[tuple[str, str], list[str]] = {}
         self._cond = threading.Condition()
         self._server: Any = None
 
@@ -207,7 +209,9 @@ class Kubelet:
                 ]
             )
             hint = plugin.stub.GetPreferredAllocation(ask, timeout=5)
-            chosen = [d for d in hint.container_responses[0].deviceIDs if d in available][:count]
+            preferred = list(hint.container_responses[0].deviceIDs)
+            self.hints[(pod_uid, container)] = preferred
+            chosen = [d for d in preferred if d in available][:count]
         chosen += [d for d in available if d not in chosen][: count - len(chosen)]
         request = api_pb2.AllocateRequest(
             container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]

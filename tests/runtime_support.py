@@ -68,61 +68,6 @@ def elf32_shared_object(soname: str) -> bytes:
     return header + load + dynamic_phdr + dynamic + strtab
 
 
-# What a container prints about its GPU view, one `key: value` line each (busybox sh).
-VIEW_SCRIPT = r"""
-echo "devices: $(cd /dev && echo nvidia*)"
-for d in /dev/nvidia[0-9]*; do
-  [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
-done
-echo "env: $NVIDIA_VISIBLE_DEVICES"
-nvidia-smi 2>&1 | sed 's/^/smi: /'
-lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
-if [ -e $lib ]; then
-  if (echo x >> $lib) 2>/dev/null; then echo "libcuda: writable"; else echo "libcuda: read-only"; fi
-fi
-grep -q libcuda.so.1 /etc/ld.so.cache 2>/dev/null && echo "ldcache: libcuda.so.1"
-true
-"""
-
-
-def view(stdout: str) -> dict[str, list[str]]:
-    """VIEW_SCRIPT's output as key → values."""
-    out: dict[str, list[str]] = {}
-    for line in stdout.splitlines():
-        key, sep, value = line.partition(": ")
-        if sep:
-            out.setdefault(key, []).append(value)
-    return out
-
-
-def granted_view(
-    lab: Lab, indices: tuple[int, ...], control: str = "nvidia-uvm nvidia-uvm-tools"
-) -> dict[str, list[str]]:
-    """What VIEW_SCRIPT prints in a container given GPUs `indices` and the compute and
-    utility files: those nodes (`control` beside them), each opening with ENXIO (allowed by
-    the cgroup, no driver to answer), nvidia-smi listing exactly them, libcuda read-only
-    and in the ld cache."""
-    minors = " ".join(f"nvidia{i}" for i in sorted(indices))
-    return {
-        "devices": [f"{control} {minors} nvidiactl"],
-        **{
-            f"open /dev/nvidia{i}": [f"cat: can't open '/dev/nvidia{i}': No such device or address"]
-            for i in indices
-        },
-        "smi": [
-            f"GPU {n}: {lab.inventory.devices[i].product} (UUID: {lab.uuid(i)})"
-            for n, i in enumerate(sorted(indices))
-        ],
-        "libcuda": ["read-only"],
-        "ldcache": ["libcuda.so.1"],
-    }
-
-
-def shown(seen: dict[str, list[str]], expected: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The part of `seen` that `expected` speaks about, to compare in one assert."""
-    return {key: seen.get(key, []) for key in expected}
-
-
 class Lab:
     """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
 
@@ -136,6 +81,7 @@ class Lab:
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
+        self.records = root / "containers"  # what the shim and hook record (gpuwire.records)
         self.config = root / "config.toml"
         self.configure()
 
@@ -145,6 +91,7 @@ class Lab:
             "grant-key-dir": str(self.root / "keys"),
             "allocation-dir": str(self.allocations),
             "log": str(self.log),
+            "records-dir": str(self.records),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))

@@ -27,16 +27,9 @@ from gpuwire import allocation
 from gpuwire.lab.containerd import CRI, Container, Containerd, Mount
 from gpuwire.lab.image import NAME, write_layout_tar
 from gpuwire.lab.rootfs import busybox_rootfs
+from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import (
-    VIEW_SCRIPT,
-    Lab,
-    cri_annotations,
-    grant_for,
-    granted_view,
-    shown,
-    view,
-)
+from tests.runtime_support import Lab, cri_annotations, grant_for
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 
@@ -191,7 +184,7 @@ def test_ctr_run_through_the_shim_gives_the_granted_gpus(
     lab: Lab, node_containerd: Containerd
 ) -> None:
     seen = run_view(node_containerd, granted(lab, "1,3"))
-    expected = granted_view(lab, (1, 3))
+    expected = granted_view(lab.inventory.devices, (1, 3))
     assert shown(seen, expected) == expected
     assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
     assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
@@ -222,7 +215,7 @@ def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, node_containerd: 
     token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
     mount = Mount(lab.allocations / token, allocation.container_path(token))
     seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts=(mount,))
-    expected = granted_view(lab, (2,))
+    expected = granted_view(lab.inventory.devices, (2,))
     assert shown(seen, expected) == expected
 
 
@@ -253,5 +246,5 @@ def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path) -> N
         (tmp_path / "spec.json").write_text(json.dumps(spec))
         out = containerd.run(Container(spec=tmp_path / "spec.json"))
     assert out.returncode == 0, out.stderr
-    expected = granted_view(lab, (2,))
+    expected = granted_view(lab.inventory.devices, (2,))
     assert shown(view(out.stdout), expected) == expected

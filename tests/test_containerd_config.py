@@ -226,13 +226,14 @@ def test_prestart_hook_path_keeps_runc_and_writes_a_base_spec(main: Path) -> Non
     assert "BinaryName" not in gpuwire["options"]
     spec = json.loads(files[base])
     assert spec["process"] == default["process"]
-    assert spec["hooks"]["prestart"] == [
-        {
-            "path": HOOK,
-            "args": ["gpuwire-hook", "prestart"],
-            "env": list(HOOK_ENV),  # explicit: never the container's
-        }
-    ]
+    for stage in ("prestart", "poststop"):  # poststop forgets the container's GPU record
+        assert spec["hooks"][stage] == [
+            {
+                "path": HOOK,
+                "args": ["gpuwire-hook", stage],
+                "env": list(HOOK_ENV),  # explicit: never the container's
+            }
+        ]
     # runc's own base spec, when it has one, is what the hook is added to
     own = {"ociVersion": "1.0.2", "hooks": {"prestart": [{"path": "/opt/audit"}]}}
     with_own = ADMIN_V2.replace(

@@ -17,9 +17,10 @@ from deviceplugin import plugin
 from deviceplugin.api import api_pb2
 from deviceplugin.config import Config
 from gpuwire.lab.rootfs import Bundle
+from gpuwire.lab.view import VIEW_SCRIPT, view
 from tests.conftest import requires_binary, requires_root
 from tests.kubelet import Kubelet
-from tests.runtime_support import VIEW_SCRIPT, Lab, cri_annotations, view
+from tests.runtime_support import Lab, cri_annotations
 
 pytestmark = [requires_root(), requires_binary("runc")]
 

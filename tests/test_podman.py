@@ -17,8 +17,9 @@ import pytest
 
 from gpuwire.lab.image import NAME, write_layout_tar
 from gpuwire.lab.podman import Podman
+from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import VIEW_SCRIPT, Lab, granted_view, shown, view
+from tests.runtime_support import Lab
 
 pytestmark = [requires_root(), requires_binary("podman", "runc", "unshare", "busybox")]
 
@@ -60,18 +61,20 @@ def smi(lab: Lab, *indices: int) -> list[str]:
 
 def test_device_by_index_gives_exactly_that_gpu(lab: Lab, podman: Podman) -> None:
     seen = gpu_view(podman, "1")
-    expected = granted_view(lab, (1,), CONTROL)  # busybox has no ldconfig: the hook's ran
+    expected = granted_view(
+        lab.inventory.devices, (1,), CONTROL
+    )  # busybox has no ldconfig: the hook's ran
     assert shown(seen, expected) == expected
     assert seen["env"] == ["void"]  # nothing further down injects again
 
 
 def test_devices_by_uuid_and_several(lab: Lab, podman: Podman) -> None:
-    expected = granted_view(lab, (0, 3), CONTROL)
+    expected = granted_view(lab.inventory.devices, (0, 3), CONTROL)
     assert shown(gpu_view(podman, lab.uuid(3), "0"), expected) == expected
 
 
 def test_all(lab: Lab, podman: Podman) -> None:
-    expected = granted_view(lab, (0, 1, 2, 3), CONTROL)
+    expected = granted_view(lab.inventory.devices, (0, 1, 2, 3), CONTROL)
     assert shown(gpu_view(podman, "all"), expected) == expected
 
 

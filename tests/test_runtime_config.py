@@ -115,6 +115,17 @@ def test_parsed_table_is_reused_only_for_the_same_bytes(
     assert cfg.load(path).trust == "granted"
 
 
+def test_forget_leaves_no_cache_entry_for_a_config_that_goes_away(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    path = write(tmp_path, 'trust = "any"\n')
+    cfg.load(path)
+    assert len(list(cache_dir.iterdir())) == 1
+    cfg.forget(path)
+    assert list(cache_dir.iterdir()) == []
+    cfg.forget(path)  # nothing cached: nothing to do
+
+
 def test_cache_in_a_directory_others_can_write_is_ignored(
     tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,9 +1,10 @@
 """The shell launcher of gpuwire-runtime decides as the Python shim would, or asks it.
 
-It starts Python only for a create that may ask for a GPU and otherwise execs the runtime
-the config names. Each test runs the launcher with stand-ins for Python and the runtime
-that print how they were called, and compares with what `runtime_hook.shim` and
-`runtime_hook.config` decide for the same arguments and file.
+It starts Python only for a create that may ask for a GPU or the delete of a container with
+a record, and otherwise execs the runtime the config names. Each test runs the launcher with
+stand-ins for Python and the runtime that print how they were called, and compares with what
+`runtime_hook.shim`, `runtime_hook.holding` and `runtime_hook.config` decide for the same
+arguments and file.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from runtime_hook import config, launcher, shim
+from gpuwire import records
+from runtime_hook import config, holding, launcher, shim
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, container_spec, grant_for
+from tests.runtime_support import Lab, container_spec, cri_annotations, grant_for
+from tests.waiting import until
 
 SHELLS = ("dash", "bash")  # Debian's /bin/sh, and RHEL's
 # Stand-ins: each prints who it is and its arguments NUL-separated, then its stdin.
@@ -44,7 +49,10 @@ class Site:
         self.launcher.chmod(0o755)
         self.config = root / "config.toml"
         self.runtime = f"{self.bin}/fake-runc"
-        self.config.write_text(f'runtime = "{self.runtime}"\n')
+        self.records = root / "records"
+        self.records.mkdir()
+        (self.records / "held").write_text("{}")  # a GPU container's record
+        self.config.write_text(f'runtime = "{self.runtime}"\nrecords-dir = "{self.records}"\n')
         for name, env in (("gpu", {"NVIDIA_VISIBLE_DEVICES": "0"}), ("plain", {"A": "1"})):
             (root / name).mkdir()
             (root / name / "config.json").write_text(json.dumps(container_spec(env)))
@@ -83,9 +91,9 @@ def shell(request: pytest.FixtureRequest) -> str:
     return path
 
 
-def python_decides(site: Site, args: list[str]) -> bool:
-    """Whether the shim has work to do: a create whose bundle may ask for a GPU (or whose
-    config.json the launcher cannot read: the shim reports that)."""
+def creates_for_a_gpu(site: Site, args: list[str]) -> bool:
+    """Whether the shim has a create to edit: one whose bundle may ask for a GPU (or whose
+    config.json cannot be read: the shim reports that)."""
     if not shim.is_create(args):
         return False
     bundle = site.root / (shim.flag_value(args, shim.BUNDLE_FLAGS) or ".")
@@ -95,20 +103,36 @@ def python_decides(site: Site, args: list[str]) -> bool:
         return True
 
 
+def forgets(site: Site, args: list[str]) -> bool:
+    """Whether the shim has a record to remove, or a container id to complain about."""
+    gone = holding.deleted(args)
+    return gone is not None and (not records.valid_id(gone) or (site.records / gone).exists())
+
+
 WORDS = ["create", "run", "start", "delete", "--bundle", "-bundle", "-b", "gpu", "plain"]
 WORDS += ["--bundle=gpu", "-b=plain", "-bundle=", "--bundle=gpu=x", "--root", "/r", "a b", ""]
+WORDS += ["held", "--force", "x", ".x"]
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.sampled_from(WORDS), max_size=7))
+@example(["--root", "/r", "delete", "--force", "held"])  # as containerd deletes
+@example(["delete", "x"])
+@example(["delete", ".x"])
+@example(["create", "--bundle", "gpu", "x"])
 def test_arguments_are_parsed_as_the_shim_parses_them(
     site: Site, shell: str, args: list[str]
 ) -> None:
     program, argv = site.call(shell, args)
-    if python_decides(site, args):
+    if creates_for_a_gpu(site, args) or forgets(site, args):
         assert (program, argv) == ("python", [str(site.launcher), *args])
+    elif program == "python":  # also any other `delete ... ID` whose ID has a record
+        last = args[-1]
+        assert "delete" in args
+        assert not records.valid_id(last) or (site.records / last).exists()
     else:
-        assert (program, argv) == (site.runtime, args)  # untouched
+        assert argv == args  # untouched
+        assert program == site.runtime
 
 
 @pytest.mark.parametrize(
@@ -162,6 +186,7 @@ VALID = {
     "ldconfig": ["/sbin/ldconfig"],
     "hook": ["/usr/libexec/gpuwire-hook"],
     "log": ["stderr", "/var/log/gpuwire.log"],
+    "records-dir": ["/run/gpuwire/containers"],
 }
 assert set(VALID) == set(config.KEYS)
 PLAIN = [f'{k} = "{v}"' for k, values in VALID.items() for v in values] + ["# comment", ""]
@@ -257,3 +282,44 @@ def test_only_a_gpu_create_starts_python(tmp_path: Path, monkeypatch: pytest.Mon
     env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
     gpu = Bundle.create(tmp_path / "gpu", ["true"], env)
     assert gpu.run(runtime=runtime).returncode == 127  # exec /nonexistent/python3
+
+
+@requires_root()
+@requires_binary("runc")
+def test_a_gpu_containers_record_goes_with_its_delete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Create, start and delete through the launcher, as containerd calls it: the record
+    the shim writes at create is removed at delete, which the launcher hands to Python."""
+    from gpuwire.lab.rootfs import Bundle
+
+    lab = Lab(tmp_path / "lab")
+    monkeypatch.setenv(config.ENV, str(lab.config))
+    runtime, _ = launcher.install(str(tmp_path / "libexec"))
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
+    bundle = Bundle.create(tmp_path / "gpu", ["true"], env, cri_annotations())
+    root, cid = str(tmp_path / "runc"), f"gpuwire-{uuid.uuid4().hex[:12]}"
+
+    def call(*args: str) -> None:
+        """Output to a file: the container inherits it (a pipe would not see EOF)."""
+        with tempfile.TemporaryFile("w+") as output:
+            command = [runtime, "--root", root, *args]
+            code = subprocess.call(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
+            output.seek(0)
+            assert code == 0, output.read()
+
+    try:
+        call("create", "--bundle", str(bundle.path), cid)
+        assert (lab.records / cid).exists()
+        call("start", cid)
+        until(lambda: json.loads(runc_state(root, cid))["status"] == "stopped")
+        call("delete", cid)
+        assert not (lab.records / cid).exists()
+    finally:
+        subprocess.run(["runc", "--root", root, "delete", "--force", cid], capture_output=True)
+
+
+def runc_state(root: str, cid: str) -> str:
+    return subprocess.run(
+        ["runc", "--root", root, "state", cid], capture_output=True, text=True, check=True
+    ).stdout

@@ -18,15 +18,10 @@ import pytest
 
 from gpuwire import allocation
 from gpuwire.lab.rootfs import Bundle
+from gpuwire.lab.view import VIEW_SCRIPT, view
 from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import (
-    VIEW_SCRIPT,
-    Lab,
-    cri_annotations,
-    grant_for,
-    view,
-)
+from tests.runtime_support import Lab, cri_annotations, grant_for
 
 pytestmark = [requires_root(), requires_binary("runc")]
 

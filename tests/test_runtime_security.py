@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from gpuwire.lab.rootfs import Bundle
+from gpuwire.lab.view import view
 from runtime_hook import cgroup
 from runtime_hook import spec as ocispec
 from runtime_hook.cgroup import CgroupError
 from runtime_hook.discovery import Roots, discover
 from runtime_hook.edits import Layout, container_edits, to_cdi
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, view
+from tests.runtime_support import Lab
 from tests.test_runtime_runc import DELIVERIES, HOOK, granted_env, make_bundle, run
 
 pytestmark = [requires_root(), requires_binary("runc")]

@@ -9,7 +9,6 @@ instance made, by pid and by path.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -18,9 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run
+from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run, stop
 
 CRI = "io.containerd.grpc.v1.cri"
+RUNC_SHIM = "io.containerd.runc.v2"
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Container:
     image: str = ""
     args: tuple[str, ...] = ()
     spec: Path | None = None
+    runtime: str = RUNC_SHIM  # the shim containerd starts (a handler's runtime_type)
     runc_binary: str | None = None  # containerd's runc shim runs this instead of runc
     annotations: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
@@ -144,9 +145,12 @@ class Containerd(Closing):
     def import_image(self, layout_tar: Path) -> None:
         self.ctr("images", "import", str(layout_tar))
 
-    def run_argv(self, container: Container, cid: str, *, detach: bool = False) -> list[str]:
+    def run_argv(
+        self, container: Container, cid: str, *, detach: bool = False, log: Path | None = None
+    ) -> list[str]:
         """The `ctr run` arguments: runc root and IO fifos private; the container removed on
-        exit, or (`detach`) left to `remove` once `ctr` returns from starting it."""
+        exit, or (`detach`) left to `remove` once `ctr` returns from starting it, its output
+        going to the file `log`."""
         argv = [
             "run",
             "--detach" if detach else "--rm",
@@ -154,9 +158,13 @@ class Containerd(Closing):
             f"{self.home}/runc",
             "--fifo-dir",
             f"{self.home}/fifo",
+            "--runtime",
+            container.runtime,
         ]
         if container.runc_binary:
             argv += ["--runc-binary", container.runc_binary]
+        if log is not None:
+            argv += ["--log-uri", f"file://{log}"]
         for key, value in container.annotations.items():
             argv += ["--annotation", f"{key}={value}"]
         for m in container.mounts:
@@ -167,13 +175,32 @@ class Containerd(Closing):
             return [*argv, "--config", str(container.spec), cid]
         return [*argv, container.image, cid, *container.args]
 
-    def run(self, container: Container, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a container to completion under a fresh id; it is gone afterwards either way."""
-        cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+    def run(
+        self, container: Container, timeout: float = 60, cid: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a container to completion under `cid` (default: a fresh id); it is gone
+        afterwards either way."""
+        cid = cid or f"gpuwire-{uuid.uuid4().hex[:12]}"
         try:
             return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
         finally:
             self.remove(cid)
+
+    def run_detached(
+        self, container: Container, cid: str, log: Path, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Start a container that keeps running (until `remove` or `close`), its stdout and
+        stderr going to the file `log`."""
+        return self.ctr(*self.run_argv(container, cid, detach=True, log=log), check=False,
+                        timeout=timeout)  # fmt: skip
+
+    def task_status(self, cid: str) -> str:
+        """RUNNING, STOPPED, ... as `ctr tasks ls` says; "" when `cid` has no task."""
+        for line in self.ctr("tasks", "ls", check=False).stdout.splitlines()[1:]:
+            words = line.split()
+            if words and words[0] == cid:
+                return words[-1]
+        return ""
 
     def remove(self, cid: str) -> None:
         """Kill and delete container `cid` and its task, if it exists."""
@@ -188,12 +215,7 @@ class Containerd(Closing):
             return
         for cid in self.ctr("containers", "list", "--quiet", check=False).stdout.split():
             self.remove(cid)
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, timeout=15)
 
     def close(self) -> None:
         """Stop, then remove the namespace's cgroups and the home directory."""

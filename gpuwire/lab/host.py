@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -27,6 +27,17 @@ def run(
     if check and out.returncode != 0:
         raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
     return out
+
+
+def stop(process: subprocess.Popen[Any], timeout: float = 10) -> None:
+    """End a process this lab started, by its pid: SIGTERM, then SIGKILL after `timeout`."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def remove_cgroups(relative: str) -> None:

@@ -12,6 +12,7 @@ import io
 import json
 import tarfile
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +47,21 @@ def _blob(out: dict[str, bytes], data: bytes, media_type: str) -> dict[str, Any]
     return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
 
 
-def layout_files(rootfs: Path, name: str = NAME) -> dict[str, bytes]:
-    """The files of an OCI image layout holding `rootfs` as image `name`."""
+def layout_files(
+    rootfs: Path,
+    name: str = NAME,
+    env: Mapping[str, str] | None = None,
+    cmd: Sequence[str] = ("sh",),
+) -> dict[str, bytes]:
+    """The files of an OCI image layout holding `rootfs` as image `name`, whose config sets
+    `env` (after PATH) and the default command `cmd`."""
     files: dict[str, bytes] = {}
     layer = _layer(rootfs)
+    variables = ["PATH=/usr/bin:/bin:/sbin", *(f"{k}={v}" for k, v in (env or {}).items())]
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": ["PATH=/usr/bin:/bin:/sbin"], "Cmd": ["sh"]},
+        "config": {"Env": variables, "Cmd": list(cmd)},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
     }
     manifest = {
@@ -73,10 +81,23 @@ def layout_files(rootfs: Path, name: str = NAME) -> dict[str, bytes]:
     return files
 
 
-def write_layout_tar(dest: Path, name: str = NAME) -> Path:
-    """Write a busybox image as an OCI image-layout tar at `dest`."""
+def write_layout_tar(
+    dest: Path,
+    name: str = NAME,
+    *,
+    env: Mapping[str, str] | None = None,
+    cmd: Sequence[str] = ("sh",),
+    scripts: Mapping[str, str] | None = None,
+) -> Path:
+    """Write a busybox image as an OCI image-layout tar at `dest`; `scripts` are executables
+    to add (absolute path in the image → text), `env` and `cmd` go into its config."""
     with tempfile.TemporaryDirectory() as tmp:
-        files = layout_files(busybox_rootfs(Path(tmp) / "rootfs"), name)
+        rootfs = busybox_rootfs(Path(tmp) / "rootfs")
+        for path, text in (scripts or {}).items():
+            script = rootfs / path.lstrip("/")
+            script.write_text(text)
+            script.chmod(0o755)
+        files = layout_files(rootfs, name, env, cmd)
     with tarfile.open(dest, mode="w") as tar:
         for path, data in sorted(files.items()):
             info = tarfile.TarInfo(path)

@@ -1,0 +1,169 @@
+"""The node agent's view of who holds which GPU, kept up to date: read the container records
+(sweeping those of dead containers) and the kubelet's pod-resources, then publish the node
+annotation `gpuwire.io/holders` when it changed and hand the snapshot to the metrics.
+
+It runs beside the device plugin (`gpuwire device-plugin serve --holders`) or beside the
+labeler on plugin-less nodes (`gpuwire node label --watch --holders`). On a node without a
+kubelet socket (a test bench) it reads the records alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplugin import labeler, metrics, podresources
+from deviceplugin.discovery import Discovery
+from deviceplugin.metrics import Metrics, Snapshot
+from gpuwire import holders, records
+from gpuwire.devices import Device
+
+log = logging.getLogger(__name__)
+
+RESYNC = 300.0  # after this long the published value is compared with the node's again
+REDISCOVER = 60.0  # how long the node's GPU list is taken as it is (NVML's is many calls)
+
+
+@dataclass(frozen=True)
+class Settings:
+    records_dir: str = records.DEFAULT_DIR
+    pod_resources: str = podresources.SOCKET
+    host_root: str = "/"  # where the host's files are seen (runtime state dirs in records)
+    interval: float = 10.0
+    grace: float = 60.0  # a record younger than this is kept: its container may be starting
+    publish: bool = False  # the node annotation
+    metrics_port: int | None = None
+    plugin: bool = False  # the agent runs in the device plugin: a plugin allocates here
+
+
+def observe(settings: Settings, gpus: Sequence[Device], now: float) -> holders.NodeHolders:
+    """The node's holders now; records of containers that are gone are removed on the way."""
+    live, removed = records.sweep(settings.records_dir, settings.grace, now, settings.host_root)
+    if removed:
+        log.info("removed %d record(s) of containers that are gone: %s", len(removed), removed)
+    assignments: list[holders.Assignment] = []
+    allocatable: podresources.Allocatable = []
+    if os.path.exists(settings.pod_resources):
+        assignments, allocatable = podresources.read(settings.pod_resources)
+    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin)
+
+
+class Publisher:
+    """Patches the annotation only when its value changes (or the node lost it)."""
+
+    def __init__(self, api: Any, node: str) -> None:
+        self.api = api
+        self.node = node
+        self._published: str | None = None
+        self._checked = 0.0
+
+    def publish(self, value: str, now: float) -> bool:
+        """Make the node carry `value`; whether a PATCH was sent."""
+        if value == self._published and now - self._checked < RESYNC:
+            return False
+        self._published = None  # unknown until the node says or the PATCH succeeds
+        annotations = self.api.read_node(self.node).metadata.annotations or {}
+        sent = annotations.get(holders.ANNOTATION) != value
+        if sent:
+            patch = {"metadata": {"annotations": {holders.ANNOTATION: value}}}
+            self.api.patch_node(self.node, patch, _content_type=labeler.MERGE_PATCH)
+            log.info("node %s: %s updated", self.node, holders.ANNOTATION)
+        self._published, self._checked = value, now
+        return sent
+
+
+class Agent:
+    """One pass: observe, publish, update the metrics. `run` repeats it."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        node: str,
+        gpus: Callable[[], Sequence[Device]],
+        unhealthy: Callable[[], frozenset[str]],
+        api: Any = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.node = node
+        self.gpus = gpus
+        self.unhealthy = unhealthy
+        self.publisher = Publisher(api, node) if settings.publish else None
+        self.metrics = metrics
+        self._conflicts: tuple[holders.Conflict, ...] = ()
+
+    def step(self, now: float) -> Snapshot:
+        gpus = tuple(self.gpus())
+        held = observe(self.settings, gpus, now)
+        found = tuple(holders.conflicts(held))
+        names = {g.uuid: f"GPU {g.index}" for g in gpus}
+        for conflict in found:
+            if conflict not in self._conflicts:  # once, when it starts; the metric stays
+                log.warning("conflict on node %s: %s", self.node, conflict.explain(names))
+        for conflict in self._conflicts:
+            if conflict not in found:
+                log.info("conflict on node %s is over: %s", self.node, conflict.explain(names))
+        self._conflicts = found
+        snapshot = Snapshot(self.node, gpus, self.unhealthy(), held, found, now)
+        if self.metrics is not None:
+            self.metrics.update(snapshot)
+        if self.publisher is not None:
+            self.publisher.publish(holders.encode(held), now)
+        return snapshot
+
+    def run(self, stop: threading.Event) -> None:
+        """Step every `interval` seconds until `stop` is set; failures are logged and retried."""
+        while not stop.is_set():
+            try:
+                self.step(time.time())
+            except Exception as exc:  # the kubelet or the API server may be away
+                log.warning("GPU holders of node %s not updated: %s", self.node, exc)
+            stop.wait(self.settings.interval)
+
+
+def job(
+    settings: Settings,
+    node_name: str | None,
+    kubeconfig: str | None,
+    discovery: Discovery,
+    unhealthy: Callable[[], frozenset[str]],
+) -> Callable[[threading.Event], None]:
+    """The agent as a background job of the node agent: `job(...)(stop)` runs it, with the
+    metrics endpoint (if a port is set) up until `stop`."""
+    api = labeler.core_api(kubeconfig) if settings.publish else None
+    collector = Metrics() if settings.metrics_port is not None else None
+    agent = Agent(
+        settings, labeler.node_name(node_name), _rediscovered(discovery), unhealthy, api, collector
+    )
+
+    def run(stop: threading.Event) -> None:
+        server = None
+        if collector is not None and settings.metrics_port is not None:
+            server = metrics.serve(collector, settings.metrics_port)
+            log.info("metrics on :%d/metrics", settings.metrics_port)
+        try:
+            agent.run(stop)
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+
+    return run
+
+
+def _rediscovered(discovery: Discovery) -> Callable[[], Sequence[Device]]:
+    """The node's GPUs, discovered again at most every REDISCOVER seconds."""
+    found: list[tuple[float, tuple[Device, ...]]] = []
+
+    def gpus() -> tuple[Device, ...]:
+        now = time.monotonic()
+        if not found or now - found[0][0] >= REDISCOVER:
+            found[:] = [(now, discovery.discover().devices)]
+        return found[0][1]
+
+    return gpus

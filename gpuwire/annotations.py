@@ -1,0 +1,324 @@
+"""Pod annotations → one typed GPU request.
+
+The grammar is the user-facing contract (docs/annotations.md). Every value is checked here,
+once, and every error names the annotation, the value and what is accepted. HAMi's four
+selection annotations (reference ecosystem.md 1.4) are read as aliases, so pods written for
+HAMi keep working. What a request means for a given pod, cluster and policy is decided in
+`webhook/`; this module only knows the words.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpuwire import limits, nvidia, quantity
+
+PREFIX = "gpuwire.io/"
+MODEL = PREFIX + "gpu-model"
+MIN_MEMORY = PREFIX + "gpu-min-memory"
+COUNT = PREFIX + "gpu-count"
+UUID = PREFIX + "gpu-uuid"
+CAPABILITIES = PREFIX + "driver-capabilities"
+MEMORY_LIMIT = PREFIX + "gpu-memory-limit"
+CORES_LIMIT = PREFIX + "gpu-cores-limit"
+LIMIT_PROFILE = PREFIX + "limit-profile"
+CONTAINERS = PREFIX + "containers"
+
+HAMI_USE_TYPE = "nvidia.com/use-gputype"
+HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
+HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
+HAMI_NOUSE_UUID = "nvidia.com/nouse-gpuuuid"
+
+KNOWN = (
+    MODEL,
+    MIN_MEMORY,
+    COUNT,
+    UUID,
+    CAPABILITIES,
+    MEMORY_LIMIT,
+    CORES_LIMIT,
+    LIMIT_PROFILE,
+    CONTAINERS,
+    HAMI_USE_TYPE,
+    HAMI_NOUSE_TYPE,
+    HAMI_USE_UUID,
+    HAMI_NOUSE_UUID,
+)
+
+ACCEPTED = {
+    MODEL: "comma-separated model names (case-insensitive substrings, e.g. A100,H100), "
+    "each optionally prefixed with ! to exclude",
+    MIN_MEMORY: quantity.ACCEPTED,
+    COUNT: "all, none (driver files but no GPU), or a positive integer",
+    UUID: "comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-xxxxxxxx-xxxx-…), "
+    "each optionally prefixed with ! to exclude",
+    CAPABILITIES: f"all, or a comma-separated subset of {', '.join(nvidia.CAPABILITIES)}",
+    MEMORY_LIMIT: f"{quantity.ACCEPTED}, or a percentage of the GPU (1%–100%)",
+    CORES_LIMIT: "a percentage of the GPU's SMs, 1–100 (e.g. 30 or 30%)",
+    LIMIT_PROFILE: f"comma-separated profiles: {', '.join(limits.PROFILES)}",
+    CONTAINERS: "comma-separated container names of this pod",
+}
+ACCEPTED[HAMI_USE_TYPE] = ACCEPTED[HAMI_NOUSE_TYPE] = "comma-separated model names"
+ACCEPTED[HAMI_USE_UUID] = ACCEPTED[HAMI_NOUSE_UUID] = "comma-separated GPU UUIDs"
+
+_MODEL_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
+_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_PERCENT = re.compile(r"^([0-9]{1,3})\s*%$")
+
+Count = int | Literal["all", "none"]
+Words = tuple[list[str], list[str]]
+
+
+@dataclass(frozen=True)
+class Problem:
+    annotation: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        accepted = ACCEPTED[self.annotation]
+        return f"{self.annotation}: {self.value!r} {self.reason}; accepted: {accepted}"
+
+
+class AnnotationError(ValueError):
+    """One or more annotations that do not parse; the message lists every one."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        super().__init__("; ".join(str(p) for p in problems))
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A per-GPU memory limit: an absolute size or a share of the GPU."""
+
+    mib: int | None = None
+    percent: int | None = None
+
+    def resolve(self, gpu_mib: int | None) -> tuple[int | None, float | None]:
+        """(MiB, share of the GPU): both, where the GPU's size `gpu_mib` makes the other known;
+        (None, None) for no limit."""
+        if self.percent is not None:
+            return (gpu_mib * self.percent // 100 if gpu_mib else None), self.percent / 100
+        if self.mib is not None:
+            return self.mib, (min(1.0, self.mib / gpu_mib) if gpu_mib else None)
+        return None, None
+
+
+def normalise_model(name: str) -> str:
+    """Lower case, spaces as dashes: `A100 SXM4` and GFD's `NVIDIA-A100-SXM4-80GB` compare."""
+    return "-".join(name.lower().split())
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """Everything a pod's annotations ask for. Empty fields were not asked for."""
+
+    models: tuple[str, ...] = ()  # normalised (normalise_model)
+    excluded_models: tuple[str, ...] = ()
+    min_memory_mib: int | None = None
+    count: Count | None = None
+    uuids: tuple[str, ...] = ()
+    excluded_uuids: tuple[str, ...] = ()
+    capabilities: str | None = None  # canonical (nvidia.canonical_capabilities)
+    memory_limit: MemoryLimit | None = None
+    cores_limit: int | None = None
+    profiles: tuple[str, ...] = ()
+    containers: tuple[str, ...] = ()
+    given: Mapping[str, str] = field(default_factory=dict)  # annotation → raw value, as asked
+
+    @property
+    def asks(self) -> bool:
+        """Whether the pod asks for a GPU at all (a profile alone asks for nothing)."""
+        return len(self.given) > (LIMIT_PROFILE in self.given)
+
+    @property
+    def wants_limits(self) -> bool:
+        return self.memory_limit is not None or self.cores_limit is not None
+
+    def source(self, *keys: str) -> tuple[str, str]:
+        """(annotation, value) as the user wrote it, for the first of `keys` given."""
+        for key in keys:
+            if key in self.given:
+                return key, self.given[key]
+        raise KeyError(keys)
+
+
+NOTHING = GpuRequest()
+
+
+def _items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+class _Parser:
+    """Reads the given annotations, collecting every problem instead of stopping at the first:
+    one denial lists every fix."""
+
+    def __init__(self, given: dict[str, str]) -> None:
+        self.given = given
+        self.problems: list[Problem] = []
+
+    def fail(self, key: str, reason: str) -> None:
+        self.problems.append(Problem(key, self.given[key], reason))
+
+    def split(self, keys: tuple[str, str, str], token: re.Pattern[str], what: str) -> Words:
+        """(included, excluded) words of a `!`-able list, keys[0], and of its HAMi aliases,
+        keys[1] (included) and keys[2] (excluded)."""
+        own, _, excluding = keys
+        included: list[str] = []
+        excluded: list[str] = []
+        for key in keys:
+            for item in _items(self.given.get(key, "")):
+                negated = key == own and item.startswith("!")
+                word = item[1:].strip() if negated else item
+                if not token.match(word):
+                    self.fail(key, f"has {item!r}, which is not {what}")
+                elif negated or key == excluding:
+                    excluded.append(word)
+                else:
+                    included.append(word)
+        return included, excluded
+
+    def conflict(self, keys: tuple[str, ...], inc: Iterable[str], exc: Iterable[str]) -> None:
+        both = sorted(set(inc) & set(exc))
+        if both:
+            key = keys[0] if keys[0] in self.given else keys[1]
+            self.fail(key, f"both asks for and excludes {', '.join(both)}")
+
+    def models(self) -> dict[str, tuple[str, ...]]:
+        included, excluded = self.split(MODEL_KEYS, _MODEL_TOKEN, "a model name")
+        inc = _unique(normalise_model(m) for m in included)
+        exc = _unique(normalise_model(m) for m in excluded)
+        self.conflict(MODEL_KEYS, inc, exc)
+        return {"models": inc, "excluded_models": exc}
+
+    def uuids(self) -> dict[str, tuple[str, ...]]:
+        included, excluded = self.split(UUID_KEYS, _UUID, "a GPU UUID")
+        inc, exc = _unique(included, key=str.lower), _unique(excluded, key=str.lower)
+        self.conflict(UUID_KEYS, (u.lower() for u in inc), (u.lower() for u in exc))
+        return {"uuids": inc, "excluded_uuids": exc}
+
+    def count(self, value: str) -> Count | None:
+        value = value.strip().lower()
+        if value in ("all", "none"):
+            return "all" if value == "all" else "none"
+        if value.isascii() and value.isdigit() and int(value) > 0:
+            return int(value)
+        self.fail(COUNT, "is not a GPU count")
+        return None
+
+    def size(self, key: str, text: str, mib: Callable[[str], int], unsized: str) -> int | None:
+        """`text` in whole MiB (rounded by `mib`), at least 1."""
+        try:
+            found = mib(text)
+        except quantity.QuantityError:
+            self.fail(key, unsized)
+            return None
+        if found <= 0:
+            self.fail(key, "is less than 1 MiB")
+            return None
+        return found
+
+    def min_memory(self, value: str) -> int | None:
+        return self.size(MIN_MEMORY, value, quantity.mib_at_least, "is not a memory size")
+
+    def capabilities(self, value: str) -> str | None:
+        unknown = [c for c in _items(value) if c not in (*nvidia.CAPABILITIES, "all")]
+        if unknown:
+            self.fail(CAPABILITIES, f"has unknown capability {', '.join(unknown)}")
+            return None
+        return nvidia.canonical_capabilities(value)
+
+    def percent(self, key: str, text: str) -> int | None:
+        m = _PERCENT.match(text)
+        if m and 1 <= int(m.group(1)) <= 100:
+            return int(m.group(1))
+        self.fail(key, "is not a percentage from 1 to 100")
+        return None
+
+    def memory_limit(self, value: str) -> MemoryLimit | None:
+        text = value.strip()
+        if text.endswith("%"):
+            percent = self.percent(MEMORY_LIMIT, text)
+            return MemoryLimit(percent=percent) if percent is not None else None
+        unsized = "is neither a memory size nor a percentage"
+        mib = self.size(MEMORY_LIMIT, text, quantity.mib_at_most, unsized)
+        return MemoryLimit(mib=mib) if mib is not None else None
+
+    def cores_limit(self, value: str) -> int | None:
+        text = value.strip()
+        return self.percent(CORES_LIMIT, text if text.endswith("%") else text + "%")
+
+    def profiles(self, value: str) -> tuple[str, ...]:
+        names = _unique(p.lower() for p in _items(value))
+        unknown = [n for n in names if n not in limits.PROFILES]
+        if unknown:
+            self.fail(LIMIT_PROFILE, f"names unknown profile {', '.join(unknown)}")
+        return tuple(n for n in names if n in limits.PROFILES)
+
+    def containers(self, value: str) -> tuple[str, ...]:
+        names = _unique(_items(value))
+        bad = [n for n in names if not _CONTAINER_NAME.match(n)]
+        if bad:
+            self.fail(CONTAINERS, f"has {', '.join(bad)}, not a container name")
+        return names
+
+    def consistent(self, count: Count | None, uuids: tuple[str, ...]) -> None:
+        """Explicit devices fix the count; a count that says otherwise is a mistake."""
+        if uuids and count is not None and count != len(uuids):
+            self.fail(COUNT, f"disagrees with the {len(uuids)} GPU(s) named by {UUID}")
+
+
+MODEL_KEYS = (MODEL, HAMI_USE_TYPE, HAMI_NOUSE_TYPE)
+UUID_KEYS = (UUID, HAMI_USE_UUID, HAMI_NOUSE_UUID)
+# Annotation → (GpuRequest field, reader); each runs only when its annotation is given.
+_SINGLE: dict[str, tuple[str, Callable[[_Parser, str], object]]] = {
+    COUNT: ("count", _Parser.count),
+    MIN_MEMORY: ("min_memory_mib", _Parser.min_memory),
+    CAPABILITIES: ("capabilities", _Parser.capabilities),
+    MEMORY_LIMIT: ("memory_limit", _Parser.memory_limit),
+    CORES_LIMIT: ("cores_limit", _Parser.cores_limit),
+    LIMIT_PROFILE: ("profiles", _Parser.profiles),
+    CONTAINERS: ("containers", _Parser.containers),
+}
+
+
+def _unique(items: Iterable[str], key: Callable[[str], str] = str) -> tuple[str, ...]:
+    """Items in first-seen order, each once (by `key`)."""
+    seen: dict[str, str] = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return tuple(seen.values())
+
+
+def parse(annotations: Mapping[str, str]) -> GpuRequest:
+    """A pod's annotations → its GPU request; AnnotationError lists every bad value.
+
+    Empty values count as not given (as HAMi treats its annotations).
+    """
+    given = {k: v for k in KNOWN if (v := annotations.get(k, "")).strip()}
+    if not given:
+        return NOTHING  # most pods
+    p = _Parser(given)
+    fields: dict[str, Any] = {}
+    if not given.keys().isdisjoint(MODEL_KEYS):
+        fields.update(p.models())
+    if not given.keys().isdisjoint(UUID_KEYS):
+        fields.update(p.uuids())
+    for key, (name, read) in _SINGLE.items():
+        if key in given:
+            fields[name] = read(p, given[key])
+    p.consistent(fields.get("count"), fields.get("uuids", ()))
+    if p.problems:
+        raise AnnotationError(p.problems)
+    return GpuRequest(**fields, given=given)
+
+
+def unknown(annotations: Mapping[str, str]) -> list[str]:
+    """`gpuwire.io/` keys this grammar does not know (typos, most likely)."""
+    return sorted(k for k in annotations if k.startswith(PREFIX) and k not in KNOWN)

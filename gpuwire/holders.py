@@ -1,0 +1,276 @@
+"""Who holds which GPU on a node, what conflicts that makes, and the `gpuwire.io/holders`
+node annotation that carries it to the cluster. Pure functions; the node agent and the
+`gpuwire inventory` CLI both use them, so both judge a node the same way.
+
+Two sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
+allocations, as device IDs) and the runtime side's container records (`gpuwire.records`:
+every container gpuwire gave GPUs, plugin-less ones included). A container in both is one
+holder. A container granted only the `utility` capability (a monitoring agent, the device
+plugin itself) can watch a GPU through NVML but not run work or take memory on it: it holds
+nothing and is left out.
+
+Conflicts, the ways GPUs get oversubscribed silently:
+- `shared-gpu`: a GPU held by two or more containers although it is not shared (the device
+  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`);
+- `all-beside-plugin`: a plugin-less container that asked for `all` GPUs of a node on which
+  a device plugin also hands them out, so the scheduler places plugin pods on its GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+
+from gpuwire.devices import Device
+from gpuwire.record import Record
+from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
+
+ANNOTATION = "gpuwire.io/holders"
+VERSION = 1
+REPLICA_SEPARATOR = "::"  # time-slicing device IDs: `<uuid>::<n>` (NVIDIA's format)
+WATCH_ONLY = frozenset({"utility"})
+
+SHARED_GPU = "shared-gpu"
+ALL_BESIDE_PLUGIN = "all-beside-plugin"
+
+
+class HoldersError(ValueError):
+    """An annotation value that is not a holders list; the message says what is wrong."""
+
+
+class Holder(Record):
+    """One container and the GPUs it holds. A container outside any pod has namespace and
+    pod "" and its runtime ID as `container`."""
+
+    __slots__ = _fields = ("namespace", "pod", "container", "path", "gpus", "whole_node")
+    namespace: str
+    pod: str
+    container: str
+    path: str  # PLUGIN or PLUGIN_LESS
+    gpus: tuple[str, ...]  # UUIDs, sorted
+    whole_node: bool  # asked for `all`
+
+    def __init__(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        path: str,
+        gpus: tuple[str, ...],
+        whole_node: bool = False,
+    ) -> None:
+        self._set(
+            namespace=namespace,
+            pod=pod,
+            container=container,
+            path=path,
+            gpus=gpus,
+            whole_node=whole_node,
+        )
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.namespace, self.pod, self.container
+
+    @property
+    def name(self) -> str:
+        """`namespace/pod`, or `container <id>` for a container outside Kubernetes."""
+        return f"{self.namespace}/{self.pod}" if self.pod else f"container {self.container[:12]}"
+
+
+class Assignment(Record):
+    """Devices of one resource the kubelet gave a container (pod-resources `List`)."""
+
+    __slots__ = _fields = ("namespace", "pod", "container", "resource", "device_ids")
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+    def __init__(
+        self, namespace: str, pod: str, container: str, resource: str, device_ids: tuple[str, ...]
+    ) -> None:
+        self._set(
+            namespace=namespace,
+            pod=pod,
+            container=container,
+            resource=resource,
+            device_ids=device_ids,
+        )
+
+
+class NodeHolders(Record):
+    """A node's holders, its GPUs shared by time-slicing, and whether a device plugin
+    allocates GPUs there: everything conflict detection needs."""
+
+    __slots__ = _fields = ("holders", "shared", "plugin")
+    holders: tuple[Holder, ...]
+    shared: tuple[str, ...]  # UUIDs
+    plugin: bool
+
+    def __init__(self, holders: tuple[Holder, ...], shared: tuple[str, ...], plugin: bool) -> None:
+        self._set(holders=holders, shared=shared, plugin=plugin)
+
+    def of_gpu(self, uuid: str) -> list[Holder]:
+        return [h for h in self.holders if uuid in h.gpus]
+
+
+class Conflict(Record):
+    __slots__ = _fields = ("kind", "gpus", "holders")
+    kind: str  # SHARED_GPU or ALL_BESIDE_PLUGIN
+    gpus: tuple[str, ...]  # UUIDs
+    holders: tuple[str, ...]  # Holder.name of each container involved
+
+    def __init__(self, kind: str, gpus: tuple[str, ...], holders: tuple[str, ...]) -> None:
+        self._set(kind=kind, gpus=gpus, holders=holders)
+
+    def explain(self, gpu_names: Mapping[str, str] | None = None) -> str:
+        """One sentence; `gpu_names` (UUID → `GPU 3`, in the order to list them) makes it
+        shorter than UUIDs."""
+        names = gpu_names or {}
+        order = {uuid: i for i, uuid in enumerate(names)}
+        ordered = sorted(self.gpus, key=lambda u: order.get(u, len(order)))
+        gpus = ", ".join(names.get(u, u) for u in ordered)
+        if self.kind == SHARED_GPU:
+            return f"{gpus} held by {' and '.join(self.holders)}, and not shared"
+        return (
+            f"{self.holders[0]} took all GPUs ({gpus}) without the device plugin, "
+            "which also allocates them"
+        )
+
+
+def gpu_of(resource: str, device_id: str, gpus: Sequence[Device]) -> str | None:
+    """The UUID of the GPU behind a device plugin's device ID: `<uuid>`, `<uuid>::<n>`, or an
+    index (NVIDIA's `deviceIDStrategy: index`) for a `…/gpu…` resource. None: not a GPU."""
+    uuid = device_id.partition(REPLICA_SEPARATOR)[0]
+    for gpu in gpus:
+        if gpu.uuid == uuid:
+            return uuid
+    if device_id.isdigit() and resource.rpartition("/")[2].startswith("gpu"):
+        return next((g.uuid for g in gpus if g.index == int(device_id)), None)
+    return None
+
+
+def from_records(records: Iterable[ContainerRecord]) -> list[Holder]:
+    return [
+        Holder(
+            r.namespace,
+            r.pod,
+            r.container if r.pod else r.id,
+            r.path,
+            r.gpus,
+            r.whole_node,
+        )
+        for r in records
+        if r.gpus and not set(r.capabilities) <= WATCH_ONLY
+    ]
+
+
+def from_assignments(assignments: Iterable[Assignment], gpus: Sequence[Device]) -> list[Holder]:
+    holders = []
+    for a in assignments:
+        uuids = {gpu_of(a.resource, i, gpus) for i in a.device_ids} - {None}
+        if uuids:
+            held = tuple(sorted(u for u in uuids if u is not None))
+            holders.append(Holder(a.namespace, a.pod, a.container, PLUGIN, held))
+    return holders
+
+
+def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
+    """One holder per container: the union of its GPUs; `plugin` if any source says so."""
+    merged: dict[tuple[str, str, str], Holder] = {}
+    for h in holders:
+        seen = merged.get(h.key)
+        if seen is not None:
+            h = Holder(
+                *h.key,
+                PLUGIN if PLUGIN in (h.path, seen.path) else PLUGIN_LESS,
+                tuple(sorted(set(h.gpus) | set(seen.gpus))),
+                h.whole_node or seen.whole_node,
+            )
+        merged[h.key] = h
+    return tuple(merged[k] for k in sorted(merged))
+
+
+def node_holders(
+    gpus: Sequence[Device],
+    records: Iterable[ContainerRecord],
+    assignments: Sequence[Assignment],
+    allocatable: Sequence[tuple[str, tuple[str, ...]]],
+    plugin: bool = False,
+) -> NodeHolders:
+    """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
+    pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
+    `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
+    pod-resources says."""
+    advertised = [(r, i) for r, ids in allocatable for i in ids]
+    advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
+    on_gpus = [(i, gpu_of(r, i, gpus)) for r, i in advertised]
+    shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
+    holders = merge([*from_records(records), *from_assignments(assignments, gpus)])
+    plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
+    return NodeHolders(holders, tuple(sorted(shared)), plugin)
+
+
+def conflicts(node: NodeHolders) -> list[Conflict]:
+    found = []
+    for uuid in sorted({u for h in node.holders for u in h.gpus} - set(node.shared)):
+        holding = node.of_gpu(uuid)
+        if len(holding) > 1:
+            found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
+    if node.plugin:
+        for h in node.holders:
+            if h.path == PLUGIN_LESS and h.whole_node:
+                found.append(Conflict(ALL_BESIDE_PLUGIN, h.gpus, (h.name,)))
+    return found
+
+
+def encode(node: NodeHolders) -> str:
+    """The annotation value: compact JSON, keys and lists in a stable order, so the same
+    holders always give the same text and the agent writes only when something changed."""
+    holders = []
+    for h in node.holders:
+        entry: dict[str, object] = {
+            "namespace": h.namespace,
+            "pod": h.pod,
+            "container": h.container,
+            "path": h.path,
+            "gpus": list(h.gpus),
+        }
+        if h.whole_node:
+            entry["all"] = True
+        holders.append(entry)
+    value = {"v": VERSION, "plugin": node.plugin, "shared": list(node.shared), "holders": holders}
+    return json.dumps(value, separators=(",", ":"))
+
+
+def decode(text: str) -> NodeHolders:
+    try:
+        raw = json.loads(text)
+        version = raw.get("v")
+    except (ValueError, AttributeError):
+        raise HoldersError(f"not a {ANNOTATION} value: not a JSON object") from None
+    if version != VERSION:
+        raise HoldersError(f"{ANNOTATION} version {version!r} is not supported: expected {VERSION}")
+    try:
+        holders = tuple(
+            Holder(
+                str(h["namespace"]),
+                str(h["pod"]),
+                str(h["container"]),
+                _path(h["path"]),
+                tuple(str(u) for u in h["gpus"]),
+                bool(h.get("all", False)),
+            )
+            for h in raw["holders"]
+        )
+        return NodeHolders(holders, tuple(str(u) for u in raw["shared"]), bool(raw["plugin"]))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise HoldersError(f"not a {ANNOTATION} value: missing or wrong {exc}") from None
+
+
+def _path(value: object) -> str:
+    if value not in PATHS:
+        raise HoldersError(f"path {value!r}: expected one of {', '.join(PATHS)}")
+    return str(value)

@@ -1,0 +1,74 @@
+"""What a container sees of the GPUs: a busybox script that prints it, and its output as data.
+
+Tests run `VIEW_SCRIPT` in their containers and compare with `granted_view`; the demo bakes
+it into its image as the default command and shows what it printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuwire.devices import Device
+
+# One `key: value` line each (busybox sh). `var` lines are the GPU-related env, `lib` lines
+# the driver libraries in the Debian library dir.
+VIEW_SCRIPT = r"""
+echo "devices: $(cd /dev && echo nvidia*)"
+for d in /dev/nvidia[0-9]*; do
+  [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
+done
+echo "env: $NVIDIA_VISIBLE_DEVICES"
+env | grep -E '^(NVIDIA|CUDA|GPU|PYTORCH|XLA|TF)_' | sort | sed 's/^/var: /'
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -L 2>&1 | sed 's/^/smi: /'
+else
+  echo "smi: nvidia-smi: not found"
+fi
+for f in /usr/lib/x86_64-linux-gnu/lib*.so.*; do [ -e "$f" ] && echo "lib: ${f##*/}"; done
+lib=/usr/lib/x86_64-linux-gnu/libcuda.so.1
+if [ -e $lib ]; then
+  if (echo x >> $lib) 2>/dev/null; then echo "libcuda: writable"; else echo "libcuda: read-only"; fi
+fi
+grep -q libcuda.so.1 /etc/ld.so.cache 2>/dev/null && echo "ldcache: libcuda.so.1"
+true
+"""
+
+
+def view(stdout: str) -> dict[str, list[str]]:
+    """VIEW_SCRIPT's output as key → values."""
+    out: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep:
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def granted_view(
+    devices: Sequence[Device],
+    indices: Sequence[int],
+    control: str = "nvidia-uvm nvidia-uvm-tools",
+) -> dict[str, list[str]]:
+    """What VIEW_SCRIPT prints in a container given GPUs `indices` of `devices` and the compute
+    and utility files: those nodes (`control` beside them), each opening with ENXIO (allowed
+    by the cgroup, no driver to answer), nvidia-smi listing exactly them, libcuda read-only
+    and in the ld cache."""
+    minors = " ".join(f"nvidia{i}" for i in sorted(indices))
+    return {
+        "devices": [f"{control} {minors} nvidiactl"],
+        **{
+            f"open /dev/nvidia{i}": [f"cat: can't open '/dev/nvidia{i}': No such device or address"]
+            for i in indices
+        },
+        "smi": [
+            f"GPU {n}: {devices[i].product} (UUID: {devices[i].uuid})"
+            for n, i in enumerate(sorted(indices))
+        ],
+        "libcuda": ["read-only"],
+        "ldcache": ["libcuda.so.1"],
+    }
+
+
+def shown(seen: dict[str, list[str]], expected: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The part of `seen` that `expected` speaks about, to compare in one assert."""
+    return {key: seen.get(key, []) for key in expected}

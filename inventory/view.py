@@ -1,0 +1,322 @@
+"""The cluster's GPUs, who holds them and who waits for one: a pure function of API objects.
+
+Nodes carry what their gpuwire agent found: `gpuwire.io/gpus` (each GPU: index, UUID,
+product, memory, health; written by the labeler) and `gpuwire.io/holders` (each container
+holding GPUs, from the kubelet's pod-resources and the runtime side's records). Pods tell
+which GPU pods are still Pending and why (their PodScheduled condition, or once bound, why
+their containers wait). The input is the API's JSON (dicts), as `kubectl get -o json` or the
+`kubernetes` client with `_preload_content=False` gives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuwire import annotations as gpu_annotations
+from gpuwire import holders as holding
+from gpuwire import nodegpus
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    product: str
+    memory_mib: int
+    healthy: bool
+    holders: tuple[holding.Holder, ...]
+    conflicted: bool
+
+    @property
+    def name(self) -> str:
+        return f"GPU {self.index}"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpus: tuple[Gpu, ...]
+    total: int  # its GPUs (without a gpuwire agent: the GPU resources it advertises)
+    allocated: int  # its GPUs held by some container
+    ready: bool
+    schedulable: bool
+    holders_known: bool  # the node carries a readable holders annotation
+    problems: tuple[str, ...]  # annotations that could not be read
+    conflicts: tuple[holding.Conflict, ...]
+
+    def gpu_names(self) -> dict[str, str]:
+        return {g.uuid: g.name for g in self.gpus}
+
+
+@dataclass(frozen=True)
+class Pending:
+    namespace: str
+    pod: str
+    request: str  # what it asks for, in words: `2 nvidia.com/gpu`, `gpu-count=all`
+    node: str  # "" while unscheduled
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nodes: tuple[Node, ...]
+    pending: tuple[Pending, ...]
+    # The nodes looked at (a namespace filter leaves these totals alone):
+    gpu_nodes: int
+    total: int
+    allocated: int
+
+    @property
+    def conflicts(self) -> list[tuple[Node, holding.Conflict]]:
+        return [(n, c) for n in self.nodes for c in n.conflicts]
+
+
+def is_gpu_resource(name: str) -> bool:
+    """An extended resource that counts GPUs: `nvidia.com/gpu`, `nvidia.com/gpu.shared`,
+    `amd.com/gpu`, per-model names such as `nvidia.com/gpu-a100`."""
+    domain, _, resource = name.partition("/")
+    return bool(domain) and "." in domain and resource.startswith("gpu")
+
+
+def build(
+    nodes: Iterable[Obj],
+    pods: Iterable[Obj],
+    *,
+    node: str | None = None,
+    namespace: str | None = None,
+) -> Inventory:
+    """The inventory of `nodes` (those with GPUs) and the pending GPU pods among `pods`.
+
+    `node` keeps that node only (and the pods bound to it). `namespace` keeps the holders and
+    pending pods of that namespace, and the nodes and GPUs they hold; the totals still count
+    every GPU.
+    """
+    views = [v for v in (_node(n) for n in nodes if node in (None, _name(n))) if v.total]
+    counts = len(views), sum(v.total for v in views), sum(v.allocated for v in views)
+    if namespace is not None:
+        views = [v for v in (_only_namespace(v, namespace) for v in views) if v.gpus]
+    waiting = [
+        _pending(p)
+        for p in pods
+        if _is_pending_gpu_pod(p)
+        and namespace in (None, _meta(p).get("namespace"))
+        and node in (None, (p.get("spec") or {}).get("nodeName"))
+    ]
+    return Inventory(
+        tuple(sorted(views, key=lambda v: v.name)),
+        tuple(sorted(waiting, key=lambda p: (p.namespace, p.pod))),
+        *counts,
+    )
+
+
+def _name(obj: Obj) -> str:
+    return str(_meta(obj).get("name", ""))
+
+
+def _meta(obj: Obj) -> Obj:
+    return obj.get("metadata") or {}
+
+
+def _node(obj: Obj) -> Node:
+    annotations = _meta(obj).get("annotations") or {}
+    problems = []
+    listed: tuple[nodegpus.NodeGpu, ...] = ()
+    if nodegpus.ANNOTATION in annotations:
+        try:
+            listed = nodegpus.decode(annotations[nodegpus.ANNOTATION])
+        except ValueError as exc:
+            problems.append(str(exc))
+    held: holding.NodeHolders | None = None
+    if holding.ANNOTATION in annotations:
+        try:
+            held = holding.decode(annotations[holding.ANNOTATION])
+        except holding.HoldersError as exc:
+            problems.append(str(exc))
+    conflicts = tuple(holding.conflicts(held)) if held is not None else ()
+    conflicted = {u for c in conflicts for u in c.gpus}
+    gpus = tuple(
+        Gpu(
+            g.index,
+            g.uuid,
+            g.product,
+            g.memory_mib,
+            g.healthy,
+            tuple(held.of_gpu(g.uuid)) if held is not None else (),
+            g.uuid in conflicted,
+        )
+        for g in sorted(listed, key=lambda g: g.index)
+    )
+    status = obj.get("status") or {}
+    capacity = sum(
+        int(v) for k, v in (status.get("capacity") or {}).items() if is_gpu_resource(k) and _int(v)
+    )
+    conditions = status.get("conditions") or ()
+    condition: Obj = next((c for c in conditions if c.get("type") == "Ready"), {})
+    ready = condition.get("status", "True") == "True"  # no condition yet: nothing to flag
+    return Node(
+        _name(obj),
+        gpus,
+        len(gpus) or capacity,
+        sum(1 for g in gpus if g.holders),
+        ready,
+        not (obj.get("spec") or {}).get("unschedulable", False),
+        held is not None,
+        tuple(problems),
+        conflicts,
+    )
+
+
+def _int(value: object) -> bool:
+    return str(value).isdigit()
+
+
+def _only_namespace(view: Node, namespace: str) -> Node:
+    """`view` with the holders of `namespace` only, and only the GPUs they hold."""
+    gpus = []
+    for gpu in view.gpus:
+        mine = tuple(h for h in gpu.holders if h.namespace == namespace)
+        if mine:
+            gpus.append(replace(gpu, holders=mine))
+    mentioned = f"{namespace}/"
+    conflicts = tuple(c for c in view.conflicts if any(h.startswith(mentioned) for h in c.holders))
+    return replace(view, gpus=tuple(gpus), conflicts=conflicts)
+
+
+def _requests(pod: Obj) -> list[str]:
+    """What a pod asks for in GPUs, in words (empty: not a GPU pod): GPU resources, else the
+    gpuwire annotations (if the webhook did not mutate it yet), else a device request in its
+    environment."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or ()
+    counts: dict[str, int] = {}
+    for c in containers:
+        for resource, value in ((c.get("resources") or {}).get("limits") or {}).items():
+            if is_gpu_resource(resource) and _int(value):
+                counts[resource] = counts.get(resource, 0) + int(value)
+    if any(counts.values()):
+        return [f"{n} {r}" for r, n in sorted(counts.items()) if n]
+    asked = _annotated(_meta(pod).get("annotations") or {})
+    if asked:
+        return asked
+    for c in containers:
+        for e in c.get("env") or ():
+            if e.get("name") == VISIBLE_DEVICES and e.get("value") not in (
+                None,
+                "",
+                "void",
+                "none",
+            ):
+                return [f"{VISIBLE_DEVICES}={e['value']}"]
+    return []
+
+
+def _annotated(annotations: Mapping[str, str]) -> list[str]:
+    """The GPU request of a pod's gpuwire (or HAMi) annotations, as written; `gpu-count: none`
+    asks for driver files, not a GPU."""
+    try:
+        request = gpu_annotations.parse(annotations)
+    except gpu_annotations.AnnotationError:  # the webhook refuses such a pod; say what it has
+        request = gpu_annotations.GpuRequest(
+            given={k: v for k, v in annotations.items() if k in gpu_annotations.KNOWN}
+        )
+    if not request.asks or request.count == "none":
+        return []
+    return [f"{key.rpartition('/')[2]}={value}" for key, value in sorted(request.given.items())]
+
+
+def _is_pending_gpu_pod(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Pending" and bool(_requests(pod))
+
+
+def _pending(pod: Obj) -> Pending:
+    status = pod.get("status") or {}
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    reason, message = "Pending", ""
+    scheduled = next(
+        (c for c in status.get("conditions") or () if c.get("type") == "PodScheduled"), None
+    )
+    if scheduled is not None and scheduled.get("status") == "False":
+        reason = scheduled.get("reason") or "Unschedulable"
+        message = scheduled.get("message") or ""
+    elif node:
+        waiting = [
+            (s.get("state") or {}).get("waiting") or {}
+            for s in [
+                *status.get("initContainerStatuses", []),
+                *status.get("containerStatuses", []),
+            ]
+        ]
+        first = next((w for w in waiting if w.get("reason")), None)
+        if first is not None:
+            reason, message = first["reason"], first.get("message") or ""
+        else:
+            reason = "Scheduled"
+    return Pending(
+        str(_meta(pod).get("namespace", "")),
+        _name(pod),
+        ", ".join(_requests(pod)),
+        node,
+        reason,
+        message,
+    )
+
+
+def as_json(inventory: Inventory) -> dict[str, Any]:
+    """The inventory as plain data (`-o json`)."""
+
+    def holder(h: holding.Holder) -> dict[str, Any]:
+        return {
+            "namespace": h.namespace,
+            "pod": h.pod,
+            "container": h.container,
+            "path": h.path,
+            **({"all": True} if h.whole_node else {}),
+        }
+
+    return {
+        "gpuNodes": inventory.gpu_nodes,
+        "total": inventory.total,
+        "allocated": inventory.allocated,
+        "nodes": [
+            {
+                "name": n.name,
+                "ready": n.ready,
+                "schedulable": n.schedulable,
+                "total": n.total,
+                "allocated": n.allocated,
+                "holdersKnown": n.holders_known,
+                "problems": list(n.problems),
+                "gpus": [
+                    {
+                        "index": g.index,
+                        "uuid": g.uuid,
+                        "product": g.product,
+                        "memoryMiB": g.memory_mib,
+                        "healthy": g.healthy,
+                        "conflict": g.conflicted,
+                        "holders": [holder(h) for h in g.holders],
+                    }
+                    for g in n.gpus
+                ],
+            }
+            for n in inventory.nodes
+        ],
+        "pending": [p.__dict__ for p in inventory.pending],
+        "conflicts": [
+            {
+                "node": n.name,
+                "kind": c.kind,
+                "gpus": list(c.gpus),
+                "holders": list(c.holders),
+                "message": c.explain(n.gpu_names()),
+            }
+            for n, c in inventory.conflicts
+        ],
+    }

@@ -1,0 +1,57 @@
+"""`make demo` (`python -m scripts.demo`): the whole system on a simulated GPU node.
+
+Exit status 0 when every scenario that could be checked came out as expected, 1 otherwise;
+everything it started is stopped and removed either way, on Ctrl-C and SIGTERM too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterable
+
+from scripts.demo import cluster, holders, show
+from scripts.demo.cluster import Step
+from scripts.demo.scenarios import SCENARIOS, play
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds the cluster's context: everything is stopped
+
+
+def say(lines: Iterable[str]) -> None:
+    print("\n".join(lines), flush=True)
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupted)
+    style = show.Style(sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+    say([style.title("gpuwire demo: pods get GPUs by annotation, on one simulated node"), ""])
+    try:
+        with cluster.up() as running:
+            say(show.node(running, style))
+            results, outcomes, more = [], [], []
+            for number, item in enumerate(SCENARIOS, 1):
+                outcome = play(running, item)
+                outcomes.append(outcome)
+                results.append((item.key, item.expected, item.judge(outcome, running.devices)))
+                say(show.scenario(number, item, outcome, running.devices, style))
+                if item.key == "two-gpus" and outcome.containers[0].argv:
+                    ran = outcome.containers[0]
+                    more.append(
+                        Step(f"the {ran.name} container, as the kubelet step ran it", ran.argv)
+                    )
+            taken = holders.take(running, outcomes)
+            results.append(("inventory", "each pod on its GPUs", holders.judge(taken)))
+            say(show.inventory(len(SCENARIOS) + 1, taken, running, style))
+            say(show.summary(results, running, style))
+            say(show.by_hand(running, [taken.step, *more], style))
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything the demo started is stopped and removed", file=sys.stderr)
+        return 130
+    return 0 if all(verdict.ok is not False for _, _, verdict in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The demo's one-node cluster: everything `make demo` starts, and how it all goes away.
+
+In order: a simulated GPU node (`gpuwire sim node`: 4 A100s, NVLink pairs 0-1 and 2-3) with
+the node's gpuwire config and a grant key; a kube-apiserver stand-in holding the Node and the
+RuntimeClass; the device plugin (`gpuwire device-plugin serve --sim`) registered with a
+kubelet stand-in over real unix sockets, labelling the Node; the webhook (`gpuwire webhook
+serve`) over TLS with certificates from `gpuwire certs generate`, watching the Nodes; and, as
+root, a private containerd configured by `gpuwire containerd configure --set-default`, with
+the demo's images. The plugin also runs the node agent's holders job (who holds which GPU,
+from the shim's container records and the kubelet's pod-resources API), for the inventory.
+The stand-ins are the tests' own (tests/apiserver.py, tests/kubelet.py,
+tests/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
+
+`up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
+is interrupted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from certs import pki
+from certs.grantkey import key_id
+from deviceplugin.labels import GPUS_ANNOTATION
+from gpuwire import nvidia, sim
+from gpuwire.devices import Device
+from gpuwire.lab.containerd import CRI, Containerd
+from gpuwire.lab.host import LabError, stop
+from gpuwire.lab.image import write_layout_tar
+from gpuwire.lab.view import VIEW_SCRIPT
+from gpuwire.lab.webhook import serving
+from runtime_hook import config as runtime_config
+from tests.apiserver import ApiServer
+from tests.kubelet import Kubelet
+from tests.podresources import PodResourcesKubelet
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "examples/policy.yaml"
+RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"
+BIN = Path(sys.executable).parent
+GPUWIRE = str(BIN / "gpuwire")
+NODE = "gpu-node-0"
+POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /var/lib/kubelet
+RESOURCE = nvidia.RESOURCE
+
+# The demo's images: busybox whose command prints what the container sees of the GPUs
+# (gpuwire.lab.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
+# ends. `cuda` also bakes in the env NVIDIA's CUDA images carry.
+IMAGE = "docker.io/gpuwire/demo:latest"
+CUDA_IMAGE = "docker.io/gpuwire/demo:cuda"
+CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+VIEWED = "viewed: yes"
+JOB = "/usr/bin/gpu-job"
+SCRIPTS = {
+    "/usr/bin/gpu-view": "#!/bin/sh" + VIEW_SCRIPT,
+    JOB: f"#!/bin/sh\ngpu-view\necho '{VIEWED}'\nexec sleep 86400\n",
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """A command the demo ran (or started), for the list of commands to run by hand."""
+
+    what: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A containerd runtime handler, as the CRI plugin reads it from its config."""
+
+    name: str
+    runtime_type: str
+    binary: str | None  # options.BinaryName: what the runc shim runs instead of runc
+
+
+@dataclass
+class Cluster:
+    workdir: Path
+    devices: tuple[Device, ...]
+    api: ApiServer
+    kubeconfig: Path
+    kubelet: Kubelet
+    pod_resources: PodResourcesKubelet
+    webhook_url: str
+    ca: Path
+    node_config: Path  # the node's gpuwire config (GPUWIRE_CONFIG of the shim)
+    runtime_log: Path  # where the shim writes one line per decision
+    containerd: Containerd | None = None
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    default_handler: str = ""
+    no_containers: str = ""  # why containers do not run, when they do not
+    steps: list[Step] = field(default_factory=list)
+
+    def webhook(self) -> httpx.Client:
+        """A client that trusts the webhook's CA, as the API server's caBundle does."""
+        return webhook_client(self.webhook_url, self.ca)
+
+    def node(self) -> dict[str, Any]:
+        node = self.api.get("nodes", NODE)
+        assert node is not None, f"node {NODE} is gone from the API server"
+        return node
+
+
+def webhook_client(url: str, ca: Path) -> httpx.Client:
+    return httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca))
+
+
+def run(steps: list[Step], what: str, argv: Sequence[str]) -> None:
+    """Run a command to completion (LabError if it fails) and add it to `steps`."""
+    out = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if out.returncode != 0:
+        raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
+    steps.append(Step(what, tuple(argv)))
+
+
+def containers_unavailable() -> str:
+    """Why this machine cannot run the demo's containers, or "" when it can."""
+    if os.geteuid() != 0:
+        return "not root: containerd runs containers only as root; `sudo make demo` runs them"
+    missing = [b for b in ("containerd", "ctr", "runc") if shutil.which(b) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (`make demo` installs them as root)"
+    return ""
+
+
+def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Wait for something another process does; LabError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
+    """The simulated node, a grant key as the node agent installs it, and the node's gpuwire
+    config; returns the config and the runtime log paths."""
+    run(steps, "a simulated GPU node", [GPUWIRE, "sim", "node", str(workdir / "node")])
+    keys = workdir / "keys"
+    keys.mkdir(mode=0o700)
+    key = keys / key_id(dt.datetime.now(dt.UTC))
+    key.write_text(secrets.token_hex(32))
+    key.chmod(0o600)
+    log = workdir / "gpuwire.log"
+    settings = {
+        "root": workdir / "node",
+        "grant-key-dir": keys,
+        "allocation-dir": workdir / "allocations",
+        "records-dir": workdir / "records",
+        "log": log,
+    }
+    config = workdir / "config.toml"
+    config.write_text("".join(f"{k} = {json.dumps(str(v))}\n" for k, v in settings.items()))
+    return config, log
+
+
+def register_node(api: ApiServer) -> None:
+    """What the kubelet and an admin put in the API server: the Node and the RuntimeClass."""
+    api.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": NODE,
+                "labels": {
+                    # what Node Feature Discovery (or the admin) marks GPU nodes with, so
+                    # that gpuwire's DaemonSets and RuntimeClass land there (docs/install.md)
+                    "nvidia.com/gpu.present": "true",
+                    "kubernetes.io/hostname": NODE,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
+            "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
+        }
+    )
+    api.put(yaml.safe_load(RUNTIME_CLASS.read_text()))
+
+
+@contextmanager
+def device_plugin(
+    workdir: Path, kubeconfig: Path, steps: list[Step]
+) -> Iterator[Callable[[], bool]]:
+    """`gpuwire device-plugin serve` on the simulated node, labelling the Node and keeping
+    its holders annotation, until the block ends (then SIGTERM: it removes its sockets).
+    Yields a check that it still runs (LabError with its log when it does not)."""
+    argv = [
+        GPUWIRE, "device-plugin", "serve",
+        "--sim", str(workdir / "node"),
+        "--kubelet-dir", str(workdir / "kubelet"),
+        "--allocation-dir", str(workdir / "allocations"),
+        "--grant-key-dir", str(workdir / "keys"),
+        "--labels", "--node", NODE, "--kubeconfig", str(kubeconfig),
+        "--holders", "--holders-interval", "0.5",
+        "--records-dir", str(workdir / "records"),
+        "--pod-resources-socket", str(workdir / POD_RESOURCES),
+        "--log-level", "WARNING",
+    ]  # fmt: skip
+    log = workdir / "device-plugin.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    steps.append(Step("the device plugin", tuple(argv)))
+
+    def running() -> bool:
+        if process.poll() is not None:
+            raise LabError(f"the device plugin exited {process.returncode}: {log.read_text()}")
+        return True
+
+    try:
+        yield running
+    finally:
+        stop(process)
+
+
+def report_capacity(api: ApiServer, kubelet: Kubelet) -> None:
+    """What the kubelet does with a plugin's device list: capacity and allocatable on the Node."""
+    plugin = kubelet.plugin(RESOURCE)
+    node = api.get("nodes", NODE)
+    assert node is not None
+    status = node.setdefault("status", {})
+    status["capacity"] = {**status.get("capacity", {}), RESOURCE: str(plugin.capacity)}
+    status["allocatable"] = {**status.get("allocatable", {}), RESOURCE: str(plugin.allocatable)}
+    api.put(node)
+
+
+def start_webhook(
+    workdir: Path, kubeconfig: Path, steps: list[Step], stack: ExitStack
+) -> tuple[str, Path]:
+    """Certificates, then `gpuwire webhook serve` watching the Nodes; its URL and CA, once
+    it is ready (the Node list read, the grant key loaded)."""
+    tls = workdir / "tls"
+    generate = [GPUWIRE, "certs", "generate", "--out", str(tls), "--host", "127.0.0.1"]
+    run(steps, "the webhook's certificates", generate)
+    args = [
+        "--tls-cert", str(tls / pki.CERT_FILE), "--tls-key", str(tls / pki.KEY_FILE),
+        "--grant-key-dir", str(workdir / "keys"), "--policy", str(POLICY),
+        "--kubeconfig", str(kubeconfig),
+    ]  # fmt: skip
+    served = stack.enter_context(serving(args))
+    steps.append(Step("the webhook", (GPUWIRE, "webhook", "serve", "--port", "0", *args)))
+    with webhook_client(served.url, tls / pki.CA_FILE) as http:
+        until(lambda: http.get("/readyz").status_code == 200, "the webhook to be ready")
+    return served.url, tls / pki.CA_FILE
+
+
+def handlers_of(dump: str) -> tuple[dict[str, Handler], str]:
+    """The CRI plugin's runtime handlers and its default, from `containerd config dump`."""
+    section = tomllib.loads(dump)["plugins"][CRI]["containerd"]
+    handlers = {
+        name: Handler(name, entry["runtime_type"], entry.get("options", {}).get("BinaryName"))
+        for name, entry in section["runtimes"].items()
+    }
+    return handlers, section["default_runtime_name"]
+
+
+def start_containerd(cluster: Cluster, stack: ExitStack) -> None:
+    """A private containerd with the gpuwire handler as its default runtime (as the nvidia
+    runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim."""
+    containerd = stack.enter_context(Containerd.create(cri=True))
+    configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
+    run(cluster.steps, "the gpuwire handler in containerd", [*configure, "--set-default"])
+    containerd.start(env={"GPUWIRE_CONFIG": str(cluster.node_config)})
+    started = ("containerd", "--config", str(containerd.config))
+    cluster.steps.append(Step("containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started)))
+    cluster.handlers, cluster.default_handler = handlers_of(containerd.dump())
+    for name, env in ((IMAGE, None), (CUDA_IMAGE, CUDA_ENV)):
+        tar = write_layout_tar(cluster.workdir / f"{name.rsplit(':', 1)[1]}.tar", name,
+                               env=env, cmd=(JOB,), scripts=SCRIPTS)  # fmt: skip
+        containerd.import_image(tar)
+    cluster.containerd = containerd
+
+
+@contextmanager
+def up() -> Iterator[Cluster]:
+    """The whole cluster, torn down when the block ends, fails or is interrupted."""
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwire-demo-")))
+        steps: list[Step] = []
+        node_config, runtime_log = write_node_files(workdir, steps)
+        stack.callback(runtime_config.forget, str(node_config))  # the shim's cache of it
+        api = stack.enter_context(ApiServer())
+        kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
+        register_node(api)
+        kubelet = stack.enter_context(Kubelet(workdir / "kubelet"))
+        pod_resources = stack.enter_context(PodResourcesKubelet(workdir / POD_RESOURCES, kubelet))
+        plugin_runs = stack.enter_context(device_plugin(workdir, kubeconfig, steps))
+
+        def labelled() -> bool:
+            node = api.get("nodes", NODE) or {"metadata": {}}
+            return GPUS_ANNOTATION in node["metadata"].get("annotations", {})
+
+        until(lambda: plugin_runs() and RESOURCE in kubelet.plugins, "the plugin to register")
+        until(lambda: plugin_runs() and labelled(), "the device plugin to label the node")
+        report_capacity(api, kubelet)
+        url, ca = start_webhook(workdir, kubeconfig, steps, stack)
+        cluster = Cluster(
+            workdir,
+            sim.load_inventory(workdir / "node").devices,
+            api,
+            kubeconfig,
+            kubelet,
+            pod_resources,
+            url,
+            ca,
+            node_config,
+            runtime_log,
+            steps=steps,
+        )
+        cluster.no_containers = containers_unavailable()
+        if not cluster.no_containers:
+            start_containerd(cluster, stack)
+        yield cluster

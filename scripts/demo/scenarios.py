@@ -1,0 +1,224 @@
+"""The demo's scenarios: a pod each, played through the whole system, and what came of it.
+
+`play` takes a pod from submission to the containers' exit and returns every step's result
+as data; each scenario's `judge` reads that data and says what was seen and whether it is
+what the scenario expects. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuwire import nvidia
+from gpuwire.devices import Device
+from scripts.demo.cluster import Cluster
+from scripts.demo.controlplane import Admission, create, review
+from scripts.demo.kubelet import Started, run_pod
+
+PODS = Path(__file__).resolve().parent / "pods"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    seen: str
+    ok: bool | None  # None: not checked (the containers did not run)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A pod's way through the system."""
+
+    admission: Admission
+    pod: dict[str, Any] | None = None  # as stored; None when denied
+    pending: str = ""  # why the scheduler did not bind it
+    containers: tuple[Started, ...] = ()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    pod: Path
+    expected: str
+    judge: Callable[[Outcome, Sequence[Device]], Verdict]  # what was seen, and is it right
+
+    def load(self) -> dict[str, Any]:
+        pod: dict[str, Any] = yaml.safe_load(self.pod.read_text())
+        return pod
+
+
+def play(cluster: Cluster, scenario: Scenario) -> Outcome:
+    """Submit the scenario's pod; if admitted, store and schedule it; if bound, run it."""
+    admission = review(cluster, scenario.load())
+    if not admission.allowed:
+        return Outcome(admission)
+    pod, pending = create(cluster, admission)
+    if pending:
+        return Outcome(admission, pod, pending)
+    return Outcome(admission, pod, containers=run_pod(cluster, pod))
+
+
+# --- reading what a container saw
+
+
+def gpus(seen: Mapping[str, list[str]]) -> tuple[int, ...]:
+    """The GPU device nodes in the container's /dev, by minor."""
+    names = seen.get("devices", [""])[0].split()
+    return tuple(sorted(int(n[6:]) for n in names if n[6:].isdigit()))
+
+
+def capabilities(seen: Mapping[str, list[str]]) -> tuple[str, ...]:
+    """The driver capabilities whose libraries the container has."""
+    libs = {name.split(".so")[0] + ".so" for name in seen.get("lib", [])}
+    return tuple(sorted(c for c, names in nvidia.LIBRARIES.items() if libs & set(names)))
+
+
+def variables(seen: Mapping[str, list[str]]) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in seen.get("var", []))
+
+
+def listed(seen: Mapping[str, list[str]]) -> int:
+    """How many GPUs the fake nvidia-smi -L listed."""
+    return sum(line.startswith("GPU ") for line in seen.get("smi", []))
+
+
+def ran(outcome: Outcome) -> Started | Verdict:
+    """The pod's one container, once it has run; otherwise the verdict on why it did not
+    (not checked when containers cannot run here)."""
+    admission = outcome.admission
+    if not admission.allowed:
+        return Verdict(f"denied ({admission.code}): {admission.message}", False)
+    if outcome.pending:
+        return Verdict(f"Pending: {outcome.pending}", False)
+    if len(outcome.containers) != 1:
+        return Verdict(f"{len(outcome.containers)} containers, expected 1", False)
+    started = outcome.containers[0]
+    if started.seen is None:
+        if started.handler is None:
+            return Verdict("not run", None)
+        return Verdict(f"failed: {started.error}", False)
+    return started
+
+
+Judge = Callable[[Outcome, Sequence[Device]], Verdict]
+View = Mapping[str, list[str]]
+
+
+def on_view(judge: Callable[[Started, View, Sequence[Device]], Verdict]) -> Judge:
+    """A judge of what the pod's one container saw, given that it ran (else `ran`'s verdict)."""
+
+    def judged(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+        started = ran(outcome)
+        if isinstance(started, Verdict):
+            return started
+        return judge(started, started.seen or {}, devices)
+
+    return judged
+
+
+def _numbers(found: Sequence[int]) -> str:
+    return ",".join(map(str, found)) or "none"
+
+
+@on_view
+def judge_all(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
+    found, caps = gpus(seen), capabilities(seen)
+    every = found == tuple(d.minor for d in devices) and listed(seen) == len(devices)
+    return Verdict(f"GPUs {_numbers(found)}; {', '.join(caps)} files", every and "video" in caps)
+
+
+def judge_pair(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    """Judged on the allocation where the container cannot run."""
+    started = outcome.containers[0] if len(outcome.containers) == 1 else None
+    if started is None or not started.allocations:
+        verdict = ran(outcome)
+        return verdict if isinstance(verdict, Verdict) else Verdict("no allocation", False)
+    by_uuid = {d.uuid: d for d in devices}
+    chosen = [by_uuid[i] for i in started.allocations[0].devices]
+    linked = len(chosen) == 2 and any(peer == chosen[1].index for peer, _ in chosen[0].nvlinks)
+    pair = f"GPUs {_numbers([d.index for d in chosen])}" + (" (NVLink)" if linked else "")
+    if started.seen is None:
+        return Verdict(f"allocated {pair}; not run", None if linked else False)
+    found = gpus(started.seen)
+    sees = found == tuple(d.minor for d in chosen) and listed(started.seen) == 2
+    return Verdict(f"allocated {pair}; sees GPUs {_numbers(found)}", linked and sees)
+
+
+def judge_denied(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    admission = outcome.admission
+    if admission.allowed:
+        return Verdict("admitted", False)
+    names = sorted({nvidia.gfd_product(d.product) for d in devices})  # as the labels say
+    ok = admission.code == 400 and all(n in admission.message for n in names)
+    return Verdict(f"denied ({admission.code}): {admission.message.rpartition('; ')[2]}", ok)
+
+
+@on_view
+def judge_no_gpu(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
+    found = gpus(seen)
+    refused = any(": no GPU: " in line for line in started.runtime_log)
+    why = "gpuwire-runtime refused: no grant" if refused else "gpuwire-runtime was not asked"
+    return Verdict(f"GPUs {_numbers(found)}; {why}", not found and listed(seen) == 0)
+
+
+@on_view
+def judge_mps(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
+    env = variables(seen)
+    wanted = {  # a quarter of the node's GPU, and of its SMs
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={devices[0].memory_mib // 4}M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    got = {k: env.get(k, "unset") for k in wanted}
+    text = f"GPUs {_numbers(gpus(seen))}; " + ", ".join(f"{k}={v}" for k, v in got.items())
+    return Verdict(text, got == wanted and len(gpus(seen)) == 1)
+
+
+SCENARIOS = (
+    Scenario(
+        "all-gpus",
+        "A daemonset-style pod takes every GPU of its node, and the video libraries",
+        PODS / "all-gpus.yaml",
+        "every GPU, video libraries",
+        judge_all,
+    ),
+    Scenario(
+        "two-gpus",
+        "Two GPUs through the device plugin: an NVLink pair",
+        PODS / "two-gpus.yaml",
+        "an NVLink pair",
+        judge_pair,
+    ),
+    Scenario(
+        "h100",
+        "An H100 on a node of A100s",
+        PODS / "h100.yaml",
+        "denied, listing the models",
+        judge_denied,
+    ),
+    Scenario(
+        "baked-in",
+        "An image that bakes in NVIDIA_VISIBLE_DEVICES=all, in a pod that asks for no GPU",
+        PODS / "baked-in-all.yaml",
+        "no GPU",
+        judge_no_gpu,
+    ),
+    Scenario(
+        "kube-system",
+        "The same image where the webhook does not look (kube-system): no grant",
+        PODS / "baked-in-all-kube-system.yaml",
+        "no GPU",
+        judge_no_gpu,
+    ),
+    Scenario(
+        "mps",
+        "A quarter of a GPU through MPS",
+        PODS / "mps-limits.yaml",
+        "1 GPU, 25 % MPS limits",
+        judge_mps,
+    ),
+)

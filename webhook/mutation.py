@@ -1,0 +1,339 @@
+"""The mutation, a pure function: (pod, namespace, policy, inventory, keyring) → patch or denial.
+
+No sockets, files or clocks: the server and `gpuwire mutate` are thin shells around `mutate`,
+and the tests call it directly. The rules, in the order a container meets them:
+
+* GPU containers (named by `gpuwire.io/containers`; else those with an `nvidia.com/gpu`
+  resource; else, when the pod asks by annotation, every app container) get
+  `NVIDIA_VISIBLE_DEVICES` (`all`, `none` or the named GPUs; left to the device plugin where
+  it chooses), `NVIDIA_DRIVER_CAPABILITIES`, the limit profiles' env and `GPUWIRE_GRANT`.
+* Every other container gets `NVIDIA_VISIBLE_DEVICES=void` (policy `voidUnrequested`), and a
+  hand-written value is replaced unless the namespace is trusted, where it is granted as is.
+* Model, memory and device requests become required node affinity.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwire import annotations as keys
+from gpuwire import devices, grant, limits, nvidia
+from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
+from webhook import affinity
+from webhook.inventory import Inventory
+from webhook.patch import Change, Op, env_ops, set_path
+from webhook.placement import Placement, Unplaceable, place
+from webhook.pod import Container, MalformedPod, Pod
+from webhook.policy import Policy, Rule
+
+VISIBLE = nvidia.VISIBLE_DEVICES_ENV
+CAPS = nvidia.CAPABILITIES_ENV
+VOID = devices.Kind.VOID.value
+NO_RULE = Rule(match=(), annotations=False)
+# Few distinct values, asked on every admission (the contract module stays import-light).
+_capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
+
+
+@dataclass(frozen=True)
+class Denial:
+    code: int  # 400: the request is wrong; 403: the policy forbids it
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    patch: tuple[Op, ...] = ()
+    warnings: tuple[str, ...] = ()
+    denial: Denial | None = None
+    skipped: str | None = None  # why the pod passed untouched
+
+    @property
+    def allowed(self) -> bool:
+        return self.denial is None
+
+
+class Denied(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.denial = Denial(code, message)
+
+
+@dataclass
+class _Devices:
+    """The GPUs one container is granted, and the resource op that asks the plugin for them."""
+
+    visible: str  # NVIDIA_VISIBLE_DEVICES value, or grant.PLUGIN_DEVICES
+    devices: int | None  # how many GPUs it sees, where known
+    ops: list[Op] = field(default_factory=list)
+
+
+def _describe(change: Change) -> str:
+    old = "(valueFrom)" if change.old is None else change.old
+    new = "removed" if change.new is None else f"replaced by {change.new}"
+    if change.name == grant.ENV:
+        old = "(hand-written)"
+    return f"container {change.container!r}: {change.name}={old} {new}"
+
+
+class _Mutation:
+    def __init__(
+        self,
+        pod: Pod,
+        namespace: str,
+        policy: Policy,
+        inventory: Inventory,
+        keyring: grant.KeyRing,
+    ) -> None:
+        self.pod = pod
+        self.namespace = namespace
+        self.policy = policy
+        self.inventory = inventory
+        self.keyring = keyring
+        self.rule = policy.rule(namespace) or NO_RULE
+        self.warnings: list[str] = []
+        self.granted = False
+
+    # --- the whole pod
+
+    def run(self) -> Outcome:
+        for key in keys.unknown(self.pod.annotations):
+            self.warnings.append(f"unknown annotation {key} ignored (see docs/annotations.md)")
+        try:
+            request = keys.parse(self.pod.annotations)
+        except AnnotationError as exc:
+            raise Denied(400, str(exc)) from exc
+        if request.asks and not self.rule.annotations:
+            asked = ", ".join(request.given)
+            raise Denied(
+                403,
+                f"namespace {self.namespace!r} may not ask for GPUs by annotation ({asked}): "
+                "no rule of the gpuwire policy allows it",
+            )
+        if request.uuids and not self.rule.explicit_devices:
+            key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
+            raise Denied(
+                403,
+                f"{key}: {value!r} names GPUs, which namespace {self.namespace!r} may not do; "
+                f"accepted here: {keys.COUNT} and model or memory annotations",
+            )
+        if request.profiles and not request.wants_limits:
+            self.warnings.append(
+                f"{keys.LIMIT_PROFILE} has no effect without "
+                f"{keys.MEMORY_LIMIT} or {keys.CORES_LIMIT}"
+            )
+        gpu = self.gpu_containers(request)
+        placement = Placement()
+        if gpu:
+            try:
+                placement = place(request, self.inventory, self.policy.unknown_model == "allow")
+            except Unplaceable as exc:
+                raise Denied(400, str(exc)) from exc
+            self.warnings += placement.warnings
+        ops: list[Op] = []
+        for c in self.pod.containers:
+            if c.name in gpu:
+                ops += self.gpu_container(c, request, placement)
+            else:
+                ops += self.other_container(c)
+        if self.granted and self.policy.runtime_class and not self.pod.spec.get("runtimeClassName"):
+            ops.append(
+                {"op": "add", "path": "/spec/runtimeClassName", "value": self.policy.runtime_class}
+            )
+        ops += affinity.require(self.pod.spec, placement.expressions)
+        return Outcome(tuple(ops), tuple(self.warnings))
+
+    def gpu_containers(self, request: GpuRequest) -> set[str]:
+        if request.containers:
+            unknown = [n for n in request.containers if self.pod.named(n) is None]
+            if unknown:
+                names = ", ".join(c.name for c in self.pod.containers)
+                raise Denied(
+                    400,
+                    f"{keys.CONTAINERS}: {request.given[keys.CONTAINERS]!r} names "
+                    f"{', '.join(unknown)}, which this pod does not have; accepted: {names}",
+                )
+            return set(request.containers)
+        with_resource = {c.name for c in self.pod.containers if c.gpus}
+        if with_resource or not request.asks:
+            return with_resource
+        return {c.name for c in self.pod.app_containers}
+
+    # --- one container
+
+    def gpu_container(self, c: Container, request: GpuRequest, placement: Placement) -> list[Op]:
+        granted = self.devices(c, request, placement)
+        self.check_count(c, request, granted)
+        caps = self.capabilities(request)
+        env: dict[str, str | None] = {}
+        if granted.visible == grant.PLUGIN_DEVICES:
+            env[VISIBLE] = None
+        else:
+            env[VISIBLE] = granted.visible
+        env[CAPS] = caps
+        if request.wants_limits:
+            env.update(self.limits(c, request, placement, granted.devices))
+        env[grant.ENV] = self.sign(c.name, granted.visible, caps)
+        return granted.ops + self.env(c, env)
+
+    def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
+        """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
+        resource = c.gpus
+        if resource:  # nvidia.com/gpu: 0 asks the plugin for nothing
+            self.check_plugin(c, request, resource)
+            return _Devices(grant.PLUGIN_DEVICES, resource)
+        if request.uuids:
+            return _Devices(",".join(placement.devices or request.uuids), len(request.uuids))
+        count = request.count if request.count is not None else self.policy.gpu_count
+        if count == "all":
+            return _Devices("all", placement.gpu_count())
+        if count == "none":
+            return _Devices("none", 0)
+        if not self.policy.device_plugin:
+            value = request.given.get(keys.COUNT, f"unset (policy default gpuCount: {count})")
+            raise Denied(
+                400,
+                f"{keys.COUNT}: {value!r} asks for {count} GPU(s), which only a device plugin can "
+                "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
+                f"accepted here: all, none, or explicit GPUs in {keys.UUID}",
+            )
+        op = set_path(c.raw, c.path, ("resources", "limits", nvidia.RESOURCE), str(count))
+        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+
+    def check_plugin(self, c: Container, request: GpuRequest, resource: int) -> None:
+        """A container the device plugin serves cannot also name its GPUs or take all."""
+        if request.uuids:
+            key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
+            raise Denied(
+                400,
+                f"{key}: {value!r} names GPUs, but container {c.name!r} gets its GPUs from the "
+                f"device plugin ({nvidia.RESOURCE}: {resource}), which chooses them; "
+                f"accepted: explicit GPUs on a container without {nvidia.RESOURCE}",
+            )
+        if request.count is not None and request.count != resource:
+            raise Denied(
+                400,
+                f"{keys.COUNT}: {request.given[keys.COUNT]!r} disagrees with container "
+                f"{c.name!r}'s {nvidia.RESOURCE}: {resource}; accepted: {resource}, or no "
+                f"{keys.COUNT}",
+            )
+
+    def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
+        """At most the rule's maxGpus; `all` passes where every node it can land on has no more."""
+        most = self.rule.max_gpus
+        if most == "all" or (granted.devices is not None and granted.devices <= most):
+            return
+        if granted.visible == "all":
+            known = f", up to {granted.devices} on its nodes" if granted.devices else ""
+            asks = f"all GPUs of its node{known}"
+        else:
+            asks = f"{granted.devices} GPUs"
+        raise Denied(
+            403,
+            f"container {c.name!r} asks for {asks} ({keys.COUNT}: "
+            f"{request.given.get(keys.COUNT, 'unset')!r}); namespace {self.namespace!r} may "
+            f"have at most {most} per container",
+        )
+
+    def capabilities(self, request: GpuRequest) -> str:
+        caps = request.capabilities or self.policy.capabilities
+        extra = sorted(set(_capabilities(caps)) - set(self.rule.capabilities))
+        if extra:
+            value = request.given.get(keys.CAPABILITIES, f"unset (policy default {caps})")
+            raise Denied(
+                403,
+                f"{keys.CAPABILITIES}: {value!r} asks for {', '.join(extra)}, which namespace "
+                f"{self.namespace!r} may not have; "
+                f"accepted here: {', '.join(self.rule.capabilities)}",
+            )
+        return caps
+
+    def limits(
+        self, c: Container, request: GpuRequest, placement: Placement, count: int | None
+    ) -> dict[str, str | None]:
+        memory_mib = placement.gpu_memory_mib()
+        share = request.memory_limit or MemoryLimit()
+        mib, fraction = share.resolve(memory_mib)
+        wanted = limits.Limits(mib, fraction, request.cores_limit, devices=count)
+        if share.percent and len({n.gpu_memory_mib for n in placement.nodes}) > 1:
+            self.warnings.append(
+                f"{keys.MEMORY_LIMIT}={request.given[keys.MEMORY_LIMIT]} taken against the "
+                f"smallest candidate GPU ({memory_mib} MiB)"
+            )
+        existing = c.values()
+        env: dict[str, str | None] = {}
+        for name in request.profiles or self.policy.limit_profiles:
+            profile = limits.PROFILES[name]
+            try:
+                env.update(profile.render(wanted, existing))
+            except limits.LimitError as exc:
+                key = keys.MEMORY_LIMIT
+                if profile.enforced:
+                    raise Denied(400, f"{key}: {request.given[key]!r}: {exc}") from exc
+                self.warnings.append(f"{key}: profile {name!r} skipped: {exc}")
+            env.update(dict.fromkeys(profile.escaping(c.named)))
+        return env
+
+    def other_container(self, c: Container) -> list[Op]:
+        """A container that asked for nothing: void, unless a trusted namespace wrote a value."""
+        value = c.value(VISIBLE)
+        if c.sets(VISIBLE) and self.rule.trust_visible_devices:
+            if value is None:
+                self.warnings.append(
+                    f"container {c.name!r}: {VISIBLE} from valueFrom cannot be granted"
+                )
+                return []
+            if devices.parse_request(value).kind is devices.Kind.VOID:
+                return self.env(c, {grant.ENV: None})
+            caps = c.value(CAPS)
+            try:
+                signed = self.sign(c.name, value, caps)
+            except nvidia.CapabilityError as exc:
+                raise Denied(400, f"container {c.name!r}: {CAPS}={caps!r}: {exc}") from exc
+            return self.env(c, {grant.ENV: signed})
+        handwritten = c.sets(VISIBLE) and (
+            value is None or devices.parse_request(value).kind is not devices.Kind.VOID
+        )
+        if handwritten or self.policy.void_unrequested:
+            return self.env(c, {VISIBLE: VOID, grant.ENV: None})
+        return self.env(c, {grant.ENV: None})
+
+    # --- shared steps
+
+    def sign(self, container: str, visible: str, caps: str | None) -> str | None:
+        subject = grant.Subject.of(self.namespace, container, visible, caps)
+        self.granted = True
+        if not self.keyring.keys:
+            warning = f"no grant key loaded: {grant.ENV} not written"
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+            return None
+        return self.keyring.sign(subject)
+
+    def env(self, c: Container, desired: Mapping[str, str | None]) -> list[Op]:
+        ops, changes = env_ops(c, desired)
+        self.warnings += [_describe(change) for change in changes]
+        return ops
+
+
+def mutate(
+    raw_pod: Any,
+    namespace: str,
+    policy: Policy,
+    inventory: Inventory,
+    keyring: grant.KeyRing,
+) -> Outcome:
+    """The JSON patch (or denial) the webhook answers for a pod being created in `namespace`."""
+    if policy.excluded(namespace):
+        return Outcome(skipped=f"namespace {namespace} is excluded by the policy")
+    try:
+        pod = Pod.read(raw_pod)
+        if pod.mirror:
+            return Outcome(skipped="mirror pod")
+        return _Mutation(pod, namespace, policy, inventory, keyring).run()
+    except MalformedPod as exc:
+        return Outcome(denial=Denial(400, f"malformed pod: {exc}"))
+    except Denied as exc:
+        return Outcome(denial=exc.denial)

@@ -1,0 +1,179 @@
+"""Where a GPU request can run: node affinity expressions resolved against the inventory.
+
+"A100" is a substring; node affinity matches whole label values. So the webhook resolves the
+request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
+denies what no node has, listing what exists, and names the candidate nodes so that limits
+given as a share of the GPU can be turned into MiB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwire import annotations as keys
+from gpuwire.annotations import GpuRequest
+from webhook.inventory import (
+    HOSTNAME_LABEL,
+    MEMORY_LABEL,
+    PRODUCT_LABEL,
+    Inventory,
+    Node,
+)
+
+Expression = dict[str, Any]
+
+
+class Unplaceable(ValueError):
+    """A request that no node of the cluster can satisfy; the message says what exists."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    expressions: tuple[Expression, ...] = ()  # ANDed into every required node selector term
+    nodes: tuple[Node, ...] = ()  # the known GPU nodes the pod can land on
+    devices: tuple[str, ...] = ()  # explicit GPUs, spelled as their node reports them
+    warnings: tuple[str, ...] = field(default=())
+
+    def gpu_memory_mib(self) -> int | None:
+        """The smallest GPU among the candidates: a share of it is never more than asked."""
+        return min((m for n in self.nodes if (m := n.gpu_memory_mib)), default=None)
+
+    def gpu_count(self) -> int | None:
+        """The most GPUs a candidate node has: what `all` can mean here."""
+        return max((c for n in self.nodes if (c := n.gpu_count)), default=None)
+
+
+def _listing(items: Sequence[str], most: int = 12) -> str:
+    shown = ", ".join(items[:most]) or "none"
+    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _matches(name: str, words: Sequence[str]) -> bool:
+    """Whether a normalised product name contains any of `words` (normalised too)."""
+    for word in words:  # noqa: SIM110 - any(generator) costs twice this loop, per product
+        if word in name:
+            return True
+    return False
+
+
+class _Placer:
+    def __init__(self, request: GpuRequest, inventory: Inventory, allow_unknown: bool) -> None:
+        self.request = request
+        self.inventory = inventory
+        self.allow_unknown = allow_unknown
+        self.nodes = list(inventory.nodes)
+        self.expressions: list[Expression] = []
+        self.devices: tuple[str, ...] = ()
+        self.warnings: list[str] = []
+
+    def unresolved(self, sources: tuple[str, ...], reason: str) -> None:
+        key, value = self.request.source(*sources)
+        message = f"{key}: {value!r} {reason}"
+        if not self.allow_unknown:
+            raise Unplaceable(message)
+        self.warnings.append(f"{key}={value} matches no known node; admitted without it")
+
+    def models(self) -> None:
+        r = self.request
+        if not r.models and not r.excluded_models:
+            return
+        present = self.inventory.normalised
+        allowed = [p for p, name in present.items() if not _matches(name, r.excluded_models)]
+        if r.models:
+            chosen = [p for p in allowed if _matches(present[p], r.models)]
+            if not chosen:
+                self.unresolved(
+                    (keys.MODEL, keys.HAMI_USE_TYPE),
+                    f"matches no GPU node; models present: {_listing(allowed)}",
+                )
+                return
+            self.expressions.append({"key": PRODUCT_LABEL, "operator": "In", "values": chosen})
+        else:
+            chosen = allowed
+            self.expressions.append({"key": PRODUCT_LABEL, "operator": "Exists"})
+            excluded = sorted(set(present) - set(allowed))
+            if excluded:
+                self.expressions.append(
+                    {"key": PRODUCT_LABEL, "operator": "NotIn", "values": excluded}
+                )
+        self.nodes = [n for n in self.nodes if n.product in chosen]
+
+    def memory(self) -> None:
+        least = self.request.min_memory_mib
+        if least is None:
+            return
+        fitting = [n for n in self.nodes if (n.memory_mib or 0) >= least]
+        if not fitting:
+            sizes = sorted({f"{n.product} {n.memory_mib} MiB" for n in self.nodes if n.memory_mib})
+            self.unresolved(
+                (keys.MIN_MEMORY,),
+                f"(= {least} MiB) fits no GPU node{' of that model' if self.request.models else ''}"
+                f"; GPUs present: {_listing(sizes)}",
+            )
+            return
+        self.expressions.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
+        self.nodes = fitting
+
+    def uuids(self) -> None:
+        wanted = self.request.uuids
+        if not wanted:
+            return
+        found = {u: self.inventory.holder(u) for u in wanted}
+        missing = [u for u, h in found.items() if h is None]
+        if missing:
+            present = [g.uuid for n in self.inventory.nodes for g in n.gpus]
+            self.unresolved(
+                (keys.UUID, keys.HAMI_USE_UUID),
+                f"names {_listing(missing)}, which no node has; GPUs present: {_listing(present)}",
+            )
+            return
+        holders = {h[0].name: h[0] for h in found.values() if h}
+        key, value = self.request.source(keys.UUID, keys.HAMI_USE_UUID)
+        if len(holders) > 1:
+            where = ", ".join(f"{u} on {h[0].name}" for u, h in found.items() if h)
+            raise Unplaceable(
+                f"{key}: {value!r} names GPUs on different nodes ({where}); a pod runs on one node"
+            )
+        (node,) = holders.values()
+        if node not in self.nodes:
+            raise Unplaceable(
+                f"{key}: {value!r} names GPUs on node {node.name} ({node.product}), which the "
+                "pod's other GPU annotations rule out"
+            )
+        for uuid, holder in found.items():
+            if holder and not holder[1].healthy:
+                self.warnings.append(f"{uuid} on node {node.name} is reported unhealthy")
+        self.devices = tuple(h[1].uuid for h in found.values() if h)
+        self.expressions.append(
+            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
+        )
+        self.nodes = [node]
+
+    def excluded_uuids(self) -> None:
+        """A node cannot be told to skip one GPU: keep off every node holding an excluded one."""
+        holding = sorted(
+            {h[0].hostname for u in self.request.excluded_uuids if (h := self.inventory.holder(u))}
+        )
+        if holding:
+            self.expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": holding})
+            self.nodes = [n for n in self.nodes if n.hostname not in holding]
+
+    def place(self) -> Placement:
+        self.models()
+        self.memory()
+        self.uuids()
+        self.excluded_uuids()
+        return Placement(
+            tuple(self.expressions), tuple(self.nodes), self.devices, tuple(self.warnings)
+        )
+
+
+def place(request: GpuRequest, inventory: Inventory, allow_unknown: bool = False) -> Placement:
+    """Resolve `request`'s model, memory and device constraints; Unplaceable when none fits.
+
+    `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable constraint with a
+    warning instead of denying the pod.
+    """
+    return _Placer(request, inventory, allow_unknown).place()

@@ -1,0 +1,232 @@
+"""The cluster's GPU policy: who may ask for what, and the defaults (a YAML file, a ConfigMap).
+
+```yaml
+excludedNamespaces: [kube-system]   # pods here pass untouched
+devicePlugin: true                  # a numeric gpu-count becomes limits: nvidia.com/gpu
+unknownModel: deny                  # deny | allow (admit without the unresolvable constraint)
+defaults:
+  capabilities: compute,utility
+  limitProfile: hami                # or a list: [mps, pytorch]
+  runtimeClassName: gpuwire         # set on GPU pods that name none
+  gpuCount: all                     # what a GPU container gets when gpu-count is unset
+  voidUnrequested: true             # NVIDIA_VISIBLE_DEVICES=void where nothing was asked
+namespaces:                         # first match wins; unmatched namespaces may not ask
+  - match: [gpu-operator]
+    trustVisibleDevices: true       # hand-written NVIDIA_VISIBLE_DEVICES kept (and granted)
+  - match: ["team-*"]
+    maxGpus: 4
+    explicitDevices: false          # no gpuwire.io/gpu-uuid
+    capabilities: [compute, utility]
+  - match: ["*"]
+```
+With no file: every namespace but kube-system may ask by annotation, for anything, and no
+namespace's hand-written NVIDIA_VISIBLE_DEVICES is trusted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from gpuwire import limits, nvidia
+from gpuwire.annotations import Count
+
+
+class PolicyError(ValueError):
+    """A policy file that does not say something the webhook can enforce."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    match: tuple[str, ...] = ("*",)
+    annotations: bool = True  # may ask for GPUs by annotation
+    max_gpus: int | Literal["all"] = "all"  # per container
+    explicit_devices: bool = True  # may name GPUs (gpuwire.io/gpu-uuid)
+    capabilities: tuple[str, ...] = tuple(sorted(nvidia.CAPABILITIES))  # the most it may ask for
+    trust_visible_devices: bool = False
+
+    def matches(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.match)
+
+
+@dataclass(frozen=True)
+class Policy:
+    excluded_namespaces: tuple[str, ...] = ("kube-system",)
+    device_plugin: bool = True
+    unknown_model: Literal["deny", "allow"] = "deny"
+    capabilities: str = "compute,utility"  # canonical
+    limit_profiles: tuple[str, ...] = (limits.DEFAULT_PROFILE,)
+    runtime_class: str | None = None
+    gpu_count: Count = "all"
+    void_unrequested: bool = True
+    rules: tuple[Rule, ...] = field(default=(Rule(),))
+    # namespace → (excluded, rule): a cluster has few namespaces, and every admission asks
+    _seen: dict[str, tuple[bool, Rule | None]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def _lookup(self, namespace: str) -> tuple[bool, Rule | None]:
+        found = self._seen.get(namespace)
+        if found is None:
+            excluded = any(fnmatch.fnmatchcase(namespace, p) for p in self.excluded_namespaces)
+            rule = next((r for r in self.rules if r.matches(namespace)), None)
+            found = self._seen[namespace] = (excluded, rule)
+        return found
+
+    def excluded(self, namespace: str) -> bool:
+        return self._lookup(namespace)[0]
+
+    def rule(self, namespace: str) -> Rule | None:
+        return self._lookup(namespace)[1]
+
+
+# --- reading the file: each key has one reader, which names the key, the value and what it takes
+
+
+def _fail(where: str, value: object, accepted: str) -> PolicyError:
+    return PolicyError(f"policy {where}: {value!r} is not accepted; accepted: {accepted}")
+
+
+def _bool(where: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(where, value, "true or false")
+    return value
+
+
+def _names(where: str, value: object) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+        raise _fail(where, value, "a name or a list of names (shell patterns like team-*)")
+    return tuple(items)
+
+
+def _count(where: str, value: object) -> int | Literal["all"]:
+    if value == "all":
+        return "all"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise _fail(where, value, "all or a positive integer")
+
+
+def _gpu_count(where: str, value: object) -> Count:
+    return "none" if value == "none" else _count(where, value)
+
+
+def _capabilities(where: str, value: object) -> tuple[str, ...]:
+    text = ",".join(value) if isinstance(value, list) else value
+    if not isinstance(text, str) or not text.strip():
+        raise _fail(where, value, f"all or a list of {', '.join(nvidia.CAPABILITIES)}")
+    try:
+        return nvidia.parse_capabilities(text)
+    except nvidia.CapabilityError as exc:
+        raise _fail(where, value, f"all or a list of {', '.join(nvidia.CAPABILITIES)}") from exc
+
+
+def _profiles(where: str, value: object) -> tuple[str, ...]:
+    names = _names(where, value)
+    if not all(n in limits.PROFILES for n in names):
+        raise _fail(where, value, ", ".join(limits.PROFILES))
+    return names
+
+
+def _choice(*options: str) -> Callable[[str, object], str]:
+    def read(where: str, value: object) -> str:
+        if value not in options:
+            raise _fail(where, value, " or ".join(options))
+        return str(value)
+
+    return read
+
+
+def _optional_name(where: str, value: object) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise _fail(where, value, "a RuntimeClass name, or null for none")
+
+
+Reader = Callable[[str, object], Any]
+
+
+def _read(where: str, raw: object, readers: Mapping[str, tuple[str, Reader]]) -> dict[str, Any]:
+    """`raw` (a mapping) read key by key; unknown keys are errors, so typos do not pass."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise _fail(where or "file", raw, "a mapping")
+    unknown = sorted(set(raw) - set(readers))
+    if unknown:
+        raise PolicyError(
+            f"policy {where or 'file'}: unknown key {', '.join(map(str, unknown))}; "
+            f"accepted: {', '.join(readers)}"
+        )
+    prefix = f"{where}." if where else ""
+    return {
+        attr: read(prefix + key, raw[key]) for key, (attr, read) in readers.items() if key in raw
+    }
+
+
+RULE_KEYS: dict[str, tuple[str, Reader]] = {
+    "match": ("match", _names),
+    "annotations": ("annotations", _bool),
+    "maxGpus": ("max_gpus", _count),
+    "explicitDevices": ("explicit_devices", _bool),
+    "capabilities": ("capabilities", _capabilities),
+    "trustVisibleDevices": ("trust_visible_devices", _bool),
+}
+DEFAULT_KEYS: dict[str, tuple[str, Reader]] = {
+    "capabilities": (
+        "capabilities",
+        lambda w, v: nvidia.canonical_capabilities(",".join(_capabilities(w, v))),
+    ),
+    "limitProfile": ("limit_profiles", _profiles),
+    "runtimeClassName": ("runtime_class", _optional_name),
+    "gpuCount": ("gpu_count", _gpu_count),
+    "voidUnrequested": ("void_unrequested", _bool),
+}
+
+
+def _rules(where: str, value: object) -> tuple[Rule, ...]:
+    if not isinstance(value, list):
+        raise _fail(where, value, "a list of rules (match: …)")
+    rules = []
+    for i, raw in enumerate(value):
+        fields = _read(f"{where}[{i}]", raw, RULE_KEYS)
+        if "match" not in fields:
+            raise PolicyError(f"policy {where}[{i}]: a rule needs match: (namespace patterns)")
+        rules.append(Rule(**fields))
+    return tuple(rules)
+
+
+TOP_KEYS: dict[str, tuple[str, Reader]] = {
+    "excludedNamespaces": ("excluded_namespaces", lambda w, v: () if v == [] else _names(w, v)),
+    "devicePlugin": ("device_plugin", _bool),
+    "unknownModel": ("unknown_model", _choice("deny", "allow")),
+    "defaults": ("defaults", lambda w, v: _read(w, v, DEFAULT_KEYS)),
+    "namespaces": ("rules", _rules),
+}
+
+
+def parse(text: str, source: str = "policy") -> Policy:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: not YAML: {exc}") from exc
+    fields = _read("", raw, TOP_KEYS)
+    defaults = fields.pop("defaults", {})
+    return Policy(**fields, **defaults)
+
+
+def load(path: str | Path | None) -> Policy:
+    """The policy in `path`, or the built-in default when there is no file."""
+    if path is None:
+        return Policy()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError(f"policy {path}: {exc.strerror}") from exc
+    return parse(text, str(path))

@@ -1,0 +1,149 @@
+"""AdmissionReview in and out (reference ecosystem.md 4.1), without a socket.
+
+The server hands the request body to `answer` and sends back what it returns; `gpuwire
+mutate` wraps a pod in a review and goes through the same function. v1 and v1beta1 have the
+same shape; the answer carries the version it was asked in. A body that is not an
+AdmissionReview gets HTTP 400 with a Status saying why (the API server then applies the
+webhook's failure policy); a pod the webhook refuses gets HTTP 200 with `allowed: false`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from webhook.mutation import Outcome
+
+VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+WARNING_LENGTH = 120  # longer warnings may be truncated by clients
+
+
+class BadReview(ValueError):
+    """A body that is not an AdmissionReview request."""
+
+
+@dataclass(frozen=True)
+class Review:
+    api_version: str
+    uid: str
+    namespace: str
+    operation: str
+    kind: str
+    pod: Any  # request.object, checked by the mutation
+    dry_run: bool
+
+
+def parse(body: bytes) -> Review:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadReview(f"body is not JSON: {exc}") from exc
+    if not isinstance(doc, Mapping):
+        raise BadReview("body is not a JSON object")
+    version = doc.get("apiVersion")
+    if doc.get("kind") != "AdmissionReview" or version not in VERSIONS:
+        raise BadReview(
+            f"expected kind AdmissionReview, apiVersion {' or '.join(VERSIONS)}; "
+            f"got kind {doc.get('kind')!r}, apiVersion {version!r}"
+        )
+    request = doc.get("request")
+    if not isinstance(request, Mapping):
+        raise BadReview("AdmissionReview has no request object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid is missing or not a string")
+    kind = request.get("kind")
+    namespace = request.get("namespace") or ""
+    operation = request.get("operation")
+    if not isinstance(namespace, str) or not isinstance(operation, str):
+        raise BadReview("request.namespace and request.operation must be strings")
+    return Review(
+        api_version=str(version),
+        uid=uid,
+        namespace=namespace,
+        operation=operation,
+        kind=str(kind.get("kind", "")) if isinstance(kind, Mapping) else "",
+        pod=request.get("object"),
+        dry_run=request.get("dryRun") is True,
+    )
+
+
+def _warnings(outcome: Outcome) -> list[str]:
+    return [
+        w if len(w) <= WARNING_LENGTH else w[: WARNING_LENGTH - 1] + "…" for w in outcome.warnings
+    ]
+
+
+def response(review: Review, outcome: Outcome) -> dict[str, Any]:
+    answer: dict[str, Any] = {"uid": review.uid, "allowed": outcome.allowed}
+    if outcome.denial:
+        reason = "Forbidden" if outcome.denial.code == 403 else "BadRequest"
+        answer["status"] = {
+            "status": "Failure",
+            "code": outcome.denial.code,
+            "reason": reason,
+            "message": outcome.denial.message,
+        }
+    elif outcome.patch:
+        answer["patchType"] = "JSONPatch"
+        answer["patch"] = base64.b64encode(json.dumps(list(outcome.patch)).encode()).decode()
+    if outcome.warnings:
+        answer["warnings"] = _warnings(outcome)
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": answer}
+
+
+def label(outcome: Outcome) -> str:
+    """The metrics label of an answer."""
+    if outcome.skipped:
+        return "skipped"
+    if outcome.denial:
+        return "denied"
+    return "mutated" if outcome.patch else "unchanged"
+
+
+def status(code: int, message: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": code,
+        "message": message,
+    }
+
+
+def answer(body: bytes, decide: Callable[[Review], Outcome]) -> tuple[int, dict[str, Any], str]:
+    """(HTTP status, JSON body, outcome label) for a request body."""
+    try:
+        review = parse(body)
+    except BadReview as exc:
+        return 400, status(400, str(exc)), "invalid"
+    if review.kind != "Pod" or review.operation != "CREATE":
+        outcome = Outcome(skipped=f"{review.operation} {review.kind or 'object'} is not handled")
+    else:
+        outcome = decide(review)
+    return 200, response(review, outcome), label(outcome)
+
+
+def request_for(pod: Any, namespace: str, uid: str = "gpuwire-mutate") -> dict[str, Any]:
+    """The AdmissionReview the API server would send for creating `pod` in `namespace`."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": namespace,
+            "object": pod,
+        },
+    }
+
+
+def decode_patch(reply: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JSON patch of an AdmissionReview reply ([] when there is none)."""
+    patch = reply["response"].get("patch")
+    return json.loads(base64.b64decode(patch)) if patch else []
