@@ -7,8 +7,10 @@ then, as for every other subcommand, it execs the real runtime (`runtime` in the
 by default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
 (nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
 of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
-else the current directory. The launcher (`runtime_hook.launcher`) parses them the same
-way, and starts Python only for a create that may ask for a GPU.
+else the current directory. A GPU container's record (`runtime_hook.holding`) is kept at
+create and forgotten at `delete`. The launcher (`runtime_hook.launcher`) parses the
+arguments the same way, and starts Python only for a create that may ask for a GPU or the
+delete of a container that has a record.
 
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that
