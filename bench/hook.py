@@ -1,23 +1,28 @@
 """Container start with and without GPU injection, side by side, on real runc and containerd.
 
-    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd]
+    sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd] [--python P]
 
 runc: every case is `runc run` of a busybox container running `true` on the simulated node,
-timed from exec to exit (deletion untimed); cases take turns so that drift on the machine
-hits them alike. The baseline is plain runc; the others add gpuwire:
+timed from exec to exit (deletion untimed); cases take turns, in a new random order each
+round, so that drift on the machine hits them alike and what one start leaves for the
+kernel to finish (namespaces torn down in the background) does not always land on the
+same next case. The baseline is plain runc; the others add gpuwire:
 
 - the prestart hook (`gpuwire-hook prestart` in the spec, as `base_runtime_spec` does),
   for a container that asks for no GPU and for one granted a GPU;
-- the shim (`gpuwire-runtime run`), likewise; a granted container also runs the ld-cache
-  createContainer hook;
+- the shim (`gpuwire-runtime run`, the shell launcher), likewise: a container that asks for
+  no GPU never starts Python, a granted one starts it once (links and ld cache included);
 - the same GPU start through pip's console script instead of the `-IS` launcher.
 
 Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
-(`python -IS -c pass`) is printed as the floor any Python hook pays.
+(`python -IS -c pass`) is printed as the floor any Python hook pays. `--python` picks the
+interpreter the launchers run (default: this one). It matters: a node runs the image's
+python-build-standalone (static, PGO), which starts faster than a shared-library build such
+as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
 
 containerd: a private containerd (gpuwire.lab.containerd) starts the busybox image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
-reading it) and with the `-IS` launcher of gpuwire-runtime as `--runc-binary` (containerd's
+reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
 `BinaryName`), asking for no GPU and for one granted GPU. `start` times `ctr run --detach`
 (create and start: what a kubelet waits for); `run` times `ctr run --rm` of `true` (also
 the exit and the two deletes: every runtime call containerd makes for a container).
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -106,33 +112,34 @@ def make_cases(lab: Lab, libexec: str) -> list[Case]:
     ]
 
 
-def interpreter_floor(runs: int) -> Summary:
+def interpreter_floor(runs: int, python: str) -> Summary:
     seconds = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-IS", "-c", "pass"], check=True)
+        subprocess.run([python, "-IS", "-c", "pass"], check=True)
         seconds.append(time.perf_counter() - start)
     return summarise("python -IS -c pass", seconds)
 
 
-def runc_half(runs: int) -> None:
+def runc_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
-        launcher.install(f"{tmp}/libexec")
+        launcher.install(f"{tmp}/libexec", python)
         cases = make_cases(lab, f"{tmp}/libexec")
         for case in cases:  # warm caches (page cache, the config cache) untimed
             case.run_once()
             case.seconds.clear()
+        order = random.Random(0)  # the same orders on every run of the bench
         for _ in range(runs):
-            for case in cases:
+            for case in order.sample(cases, len(cases)):
                 case.run_once()
     base, *others = (summarise(c.name, c.seconds) for c in cases)
     print(report(f"container start on runc, {runs} runs each", base, others))
     print()
     print(added(base, others))
-    floor = interpreter_floor(runs)
-    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook)")
+    floor = interpreter_floor(runs, python)
+    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook: {python})")
 
 
 def added(base: Summary, others: list[Summary]) -> str:
@@ -152,10 +159,10 @@ def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bo
     return elapsed
 
 
-def containerd_half(runs: int) -> None:
+def containerd_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
-        launcher.install(f"{tmp}/libexec")
+        launcher.install(f"{tmp}/libexec", python)
         shim = f"{tmp}/libexec/gpuwire-runtime"
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
@@ -172,13 +179,14 @@ def containerd_half(runs: int) -> None:
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_layout_tar(lab.root / "busybox.tar"))
             samples: dict[tuple[str, bool], list[float]] = {}
+            kinds = [(name, detach) for name in variants for detach in (True, False)]
+            order = random.Random(0)
             for n in range(runs + 1):  # round 0 warms caches and is not counted
-                for name, container in variants.items():
-                    for detach in (True, False):
-                        cid = f"bench-{uuid.uuid4().hex[:12]}"
-                        elapsed = _timed(containerd, container, cid, detach=detach)
-                        if n:
-                            samples.setdefault((name, detach), []).append(elapsed)
+                for name, detach in order.sample(kinds, len(kinds)) if n else kinds:
+                    cid = f"bench-{uuid.uuid4().hex[:12]}"
+                    elapsed = _timed(containerd, variants[name], cid, detach=detach)
+                    if n:
+                        samples.setdefault((name, detach), []).append(elapsed)
     for detach, what in ((True, "start (ctr run --detach)"), (False, "run (ctr run --rm true)")):
         base, *others = (summarise(name, samples[(name, detach)]) for name in variants)
         print(report(f"containerd, {what}, {runs} runs each", base, others))
@@ -191,6 +199,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--only", choices=("runc", "containerd"))
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the launchers")
     args = parser.parse_args()
     tools = {"runc": ("runc",), "containerd": ("runc", "containerd", "ctr")}[
         args.only or "containerd"
@@ -199,10 +208,10 @@ def main() -> int:
     if os.geteuid() != 0 or missing:
         raise SystemExit(f"needs root and {', '.join(tools)} (missing: {', '.join(missing)})")
     if args.only != "containerd":
-        runc_half(args.runs)
+        runc_half(args.runs, args.python)
         print()
     if args.only != "runc":
-        containerd_half(args.runs)
+        containerd_half(args.runs, args.python)
     return 0
 
 

@@ -7,15 +7,17 @@ a pod author can neither add a mount whose source is in that host directory (tha
 hostPath volume, which Pod Security `baseline` forbids) nor replay one: the first sandbox
 that starts with a token claims it, and another sandbox presenting it is refused. The token's
 content is MAC'd with the grant keys, so a file planted elsewhere proves nothing either.
-The node side imports this module on every container start; what only reading or writing
-a token needs (json, hmac) is imported there.
+The node side imports this module on every container start: it reads tokens with
+`gpuwire.lightjson` and `gpuwire.grant`'s MAC, and what only writing one needs (json,
+secrets) is imported there.
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuwire.grant import KeyRing
+from gpuwire import lightjson
+from gpuwire.grant import KeyRing, hmac_sha256, mac_matches
 from gpuwire.record import Record
 
 TYPE_CHECKING = False
@@ -50,10 +52,7 @@ class Allocation(Record):
 
 
 def _mac(keys: KeyRing, key_id: str, allocation: Allocation) -> str:
-    import hashlib
-    import hmac
-
-    return hmac.new(keys.keys[key_id], allocation.message(), hashlib.sha256).hexdigest()
+    return hmac_sha256(keys.keys[key_id], allocation.message())
 
 
 def write(
@@ -92,9 +91,6 @@ def token_of(destination: str) -> str | None:
 
 def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Allocation:
     """The allocation behind `token`, verified; AllocationError says why not."""
-    import hmac
-    import json
-
     if not _is_token(token):
         raise AllocationError(f"malformed allocation token {token!r}")
     try:
@@ -103,16 +99,18 @@ def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Alloca
         raise AllocationError(
             f"allocation {token} not found on this node ({exc.strerror})"
         ) from exc
-    with os.fdopen(fd) as f:
+    with os.fdopen(fd, "rb") as f:
         try:
-            body = json.load(f)
+            body = lightjson.loads(f.read())
+            if not isinstance(body, dict):
+                raise TypeError("not a JSON object")
             allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]))
             key_id, mac = str(body["key"]), str(body["mac"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OSError) as exc:
             raise AllocationError(f"allocation {token} is unreadable") from exc
     if key_id not in keys.keys:
         raise AllocationError(f"allocation {token} is signed with unknown key {key_id!r}")
-    if not hmac.compare_digest(_mac(keys, key_id, allocation), mac):
+    if not mac_matches(_mac(keys, key_id, allocation), mac):
         raise AllocationError(f"allocation {token} has an invalid MAC")
     return allocation
 

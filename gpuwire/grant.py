@@ -6,19 +6,23 @@ device request and the canonical capabilities. Namespace and container name come
 CRI annotations on the node, so a grant copied into another namespace or container is void.
 Keys are files in a directory (a mounted Secret), one key each, named by key id; every key
 verifies, the newest-named one signs, which is how keys rotate without a failed start.
-Imports are kept to what the node side needs on every container start (see gpuwire.record).
+Imports are kept to what the node side needs on every container start (see gpuwire.record):
+the MAC is computed here on CPython's own SHA-256, because `hmac` and `hashlib` load OpenSSL
+(`_hashlib`, ~3 ms) on every GPU container start.
 """
 
 from __future__ import annotations
 
 import os
+from _operator import _compare_digest as compare_digest  # what hmac.compare_digest falls back to
 
 from gpuwire import devices, nvidia
 from gpuwire.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+    from hashlib import _Hash
 
 ENV = "GPUWIRE_GRANT"
 DEFAULT_KEY_DIR = "/etc/gpuwire/keys"
@@ -39,6 +43,42 @@ def _is_key_id(name: str) -> bool:
     return (
         0 < len(name) <= 63 and name[0].isalnum() and name.isascii() and set(name) <= _KEY_ID_CHARS
     )
+
+
+def _sha256() -> Callable[[bytes], _Hash]:
+    """CPython's builtin SHA-256 (`_sha256`; `_sha2` from 3.12), else OpenSSL's: builds
+    that leave the builtin hashes out (Fedora, RHEL) have only that one."""
+    for name in ("_sha256", "_sha2"):
+        try:
+            sha256: Callable[[bytes], _Hash] = __import__(name).sha256
+        except ImportError:
+            continue
+        return sha256
+    import hashlib
+
+    return hashlib.sha256
+
+
+_BLOCK = 64  # SHA-256's block size in bytes
+_INNER = bytes(b ^ 0x36 for b in range(256))  # RFC 2104 ipad, as a translation table
+_OUTER = bytes(b ^ 0x5C for b in range(256))  # opad
+
+
+def hmac_sha256(key: bytes, message: bytes) -> str:
+    """HMAC-SHA256 (RFC 2104) of `message` under `key`, as hex: `hmac.new(key, message,
+    hashlib.sha256).hexdigest()` without importing OpenSSL."""
+    sha256 = _sha256()  # looked up here: a container asking for no GPU never loads it
+    if len(key) > _BLOCK:
+        key = sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    inner = sha256(key.translate(_INNER) + message).digest()
+    return sha256(key.translate(_OUTER) + inner).hexdigest()
+
+
+def mac_matches(expected: str, given: str) -> bool:
+    """Whether `given` (from a container spec or a file: any string) is the MAC `expected`,
+    compared in constant time. compare_digest refuses non-ASCII text, which no MAC is."""
+    return given.isascii() and compare_digest(expected, given)
 
 
 class GrantError(ValueError):
@@ -119,10 +159,7 @@ class KeyRing(Record):
         return max(self.keys)
 
     def mac(self, key_id: str, subject: Subject) -> str:
-        import hashlib
-        import hmac
-
-        return hmac.new(self.keys[key_id], subject.message(), hashlib.sha256).hexdigest()
+        return hmac_sha256(self.keys[key_id], subject.message())
 
     def sign(self, subject: Subject) -> str:
         key_id = self.signing_id
@@ -133,9 +170,7 @@ class KeyRing(Record):
         key_id, sep, mac = value.partition(":")
         if not sep or key_id not in self.keys:
             return False
-        import hmac
-
-        return hmac.compare_digest(self.mac(key_id, subject), mac)
+        return mac_matches(self.mac(key_id, subject), mac)
 
     def explain(self, value: str, subject: Subject) -> str:
         """Why `value` does or does not grant `subject`, for an admin troubleshooting."""

@@ -20,13 +20,14 @@ hardened `gpuwire-hook ldcache` (see `runtime_hook.ldcache`), which `hooks()` re
 from __future__ import annotations
 
 from gpuwire import nvidia
-from gpuwire.devices import Device
-from runtime_hook.discovery import Driver, Library, Node
 
 TYPE_CHECKING = False  # typing costs milliseconds on every container start; mypy sees this
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import TypedDict
+
+    from gpuwire.devices import Device
+    from runtime_hook.discovery import Driver, Library, Node
 
     class DeviceNode(TypedDict):
         path: str

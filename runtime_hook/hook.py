@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from runtime_hook import ocijson
+from gpuwire import lightjson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ USAGE = (
 
 def read_state() -> dict[str, object]:
     try:
-        state = ocijson.loads(sys.stdin.buffer.read())
+        state = lightjson.loads(sys.stdin.buffer.read())
     except ValueError as exc:
         raise ValueError(f"the OCI state on stdin is not JSON: {exc}") from None
     if not isinstance(state, dict) or not isinstance(state.get("bundle"), str):
@@ -111,7 +111,7 @@ def ldcache(args: list[str]) -> int:
         bundle = str(read_state()["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
         ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
-        cache.make_links(journal.keep(inroot.open_root(rootfs)), links, journal)
+        cache.make_links(inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal), links)
         if folders:
             cache.update(rootfs, folders, ldconfig_fd)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -1,7 +1,8 @@
-"""Applying container edits to a container runc has created but not started (prestart).
+"""Applying container edits to a container's root: all of them (prestart), or the links and
+the ld cache before runc creates it (the shim).
 
-The hook runs in the host's namespaces while the container's `/dev` is a tmpfs that exists
-only in the container's mount namespace. So:
+`apply`, for the prestart hook: the hook runs in the host's namespaces while the
+container's `/dev` is a tmpfs that exists only in the container's mount namespace. So:
 
 1. on the host: the device cgroup allow rules (v1; v2 refused, see `runtime_hook.cgroup`),
    a sealed copy of ldconfig, and each mount source opened and cloned into a detached,
@@ -10,6 +11,13 @@ only in the container's mount namespace. So:
    resolved inside it (`runtime_hook.inroot`), device nodes made, the detached mounts moved
    onto their targets (`move_mount`, no path string in between), links and ld cache made;
 3. any failure undoes everything, in both processes, and fails the container start.
+
+`prepare`, for the shim: runc makes the device nodes and mounts that config.json lists,
+but the links and the ld cache need code of gpuwire's in the container root. Rather than a
+`createContainer` hook (a second Python process on every GPU container start), the shim
+makes them itself before it execs runc: the same child, entering a private mount namespace
+instead of the container's, in which the libraries are bound onto their places only for
+ldconfig to read them. Their mount points (empty files) stay for runc to mount onto.
 """
 
 from __future__ import annotations
@@ -17,13 +25,12 @@ from __future__ import annotations
 import os
 import stat
 
-from runtime_hook import cgroup, inroot, ldcache, syscalls
+from runtime_hook import child, inroot, ldcache, syscalls
+from runtime_hook.edits import Edits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from runtime_hook.edits import Edits
 
 MOUNT_ATTRS = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 
@@ -51,14 +58,48 @@ def detached_mount(host_path: str) -> int:
 
 def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Apply `edits` to the created container whose init process is `pid`."""
-    journal = inroot.Journal()
-    try:
+
+    from runtime_hook import cgroup  # the prestart hook's alone
+
+    def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
         trees = [journal.keep(detached_mount(m["hostPath"])) for m in edits.mounts]
         mnt_ns = journal.keep(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
         cgroup.allow(directory, edits.device_nodes, journal)
-        _in_child(lambda: _inside(mnt_ns, rootfs, edits, trees, ldconfig_fd))
+
+        def enter() -> None:
+            syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
+
+        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update))
+
+    _all_or_nothing(steps)
+
+
+def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
+    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
+    libraries = [m for m in edits.mounts if _folder(m["containerPath"]) in edits.ldcache_folders]
+    cache = Edits(edits.env, [], libraries, edits.links, edits.ldcache_folders)
+
+    def steps(journal: inroot.Journal) -> None:
+        ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
+        trees = [journal.keep(detached_mount(m["hostPath"])) for m in libraries]
+        # The child isolates itself at once (as ldconfig needs), so it runs ldconfig directly.
+        child.run(lambda: _inside(ldcache.isolate, rootfs, cache, trees, ldconfig_fd, ldcache.run))
+
+    if edits.links or edits.ldcache_folders:
+        _all_or_nothing(steps)
+
+
+def _folder(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def _all_or_nothing(steps: Callable[[inroot.Journal], None]) -> None:
+    """Run `steps`; if they fail, undo what they recorded and raise InjectionError."""
+    journal = inroot.Journal()
+    try:
+        steps(journal)
     except (OSError, RuntimeError) as exc:
         leftover = journal.undo()
         message = str(exc)
@@ -69,47 +110,33 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
         journal.close()
 
 
-def _in_child(work: Callable[[], None]) -> None:
-    """Run `work` in a forked child (setns must not change this process); raise its error."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - ends in _exit
-        os.close(read_end)
-        status = 0
-        try:
-            work()
-        except BaseException as exc:
-            os.write(write_end, str(exc).encode())
-            status = 1
-        os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        error = pipe.read().decode(errors="replace")
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise InjectionError(error or f"injection child failed with status {status}")
-
-
-def _inside(mnt_ns: int, rootfs: str, edits: Edits, trees: list[int], ldconfig_fd: int) -> None:
-    """In the container's mount namespace: nodes, mounts, links, ld cache; all or nothing."""
-    syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
+def _inside(
+    enter: Callable[[], None],
+    rootfs: str,
+    edits: Edits,
+    trees: list[int],
+    ldconfig_fd: int,
+    make_cache: Callable[[str, list[str], int], None],
+) -> None:
+    """In the namespaces `enter` enters: nodes, mounts, links, then `make_cache`
+    (`ldcache.update`, or `ldcache.run` where `enter` already isolated); all or nothing."""
+    enter()
     os.umask(0)
     journal = inroot.Journal()
     try:
         root_fd = journal.keep(inroot.open_root(rootfs))
+        dirs = inroot.Dirs(root_fd, journal)
         for node in edits.device_nodes:
             parent, _, name = node["path"].rpartition("/")
-            dir_fd = inroot.make_dirs(root_fd, parent, journal)
-            inroot.make_char_device(dir_fd, name, node["major"], node["minor"], journal)
+            inroot.make_char_device(dirs.make(parent), name, node["major"], node["minor"], journal)
         os.umask(0o022)
         for mount, tree in zip(edits.mounts, trees, strict=True):
             parent, _, name = mount["containerPath"].rpartition("/")
-            target = inroot.mount_target(inroot.make_dirs(root_fd, parent, journal), name, journal)
-            syscalls.move_mount(tree, target)
+            syscalls.move_mount(tree, inroot.mount_target(dirs.make(parent), name, journal))
             journal.record(syscalls.umount, f"/proc/self/fd/{tree}")
-        ldcache.make_links(root_fd, edits.links, journal)
+        ldcache.make_links(dirs, edits.links)
         if edits.ldcache_folders:
-            ldcache.update(rootfs, edits.ldcache_folders, ldconfig_fd)
+            make_cache(rootfs, edits.ldcache_folders, ldconfig_fd)
     except BaseException as exc:
         leftover = journal.undo()
         if leftover:

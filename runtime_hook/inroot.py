@@ -120,6 +120,22 @@ def make_dirs(root_fd: int, path: str, journal: Journal) -> int:
     return stack[-1]
 
 
+class Dirs:
+    """`make_dirs` for one root, once per path: the files gpuwire puts into one directory
+    (a dozen libraries, their links) all go through the same descriptor."""
+
+    def __init__(self, root_fd: int, journal: Journal) -> None:
+        self.root_fd = root_fd
+        self.journal = journal
+        self._fds: dict[str, int] = {}
+
+    def make(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = make_dirs(self.root_fd, path, self.journal)
+        return fd
+
+
 def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
     """An O_PATH fd of the regular file `name` in `dir_fd`, created empty when missing.
 

@@ -1,49 +1,196 @@
-"""Launchers for gpuwire-runtime and gpuwire-hook that start Python in isolated mode.
+"""Launchers for gpuwire-runtime and gpuwire-hook that start fast.
 
-pip's console scripts start Python with `site`, which scans site-packages and runs every
-`.pth` file: ~4 ms on each runtime call on a small node, and containerd makes several per
-container. A launcher runs `python -IS` instead, with the directory that holds gpuwire
-written in: `-I` also keeps `PYTHON*` variables and the user's site-packages out of a
-program that runs as root, `-S` skips `site`. The node side imports only the standard
-library and gpuwire, so nothing else is needed on the path.
+containerd calls the runtime binary four times per container (create, start, delete twice)
+and a kubelet waits for the first two. pip's console scripts start Python with `site`
+(~4 ms: site-packages scanned, `.pth` files run) on every one of them. The launchers:
+
+- `gpuwire-runtime` is a POSIX shell script. Python (`runtime_hook.shim`) starts only for
+  `create`/`run` of a bundle whose `config.json` may ask for a GPU, and for `delete` of a
+  container that has a record (`runtime_hook.holding`); every other call execs the runtime
+  named in the gpuwire config directly, with its arguments untouched. It parses the
+  arguments as the shim does (`shim.is_create`, `shim.flag_value`; any `delete` and the last
+  argument, of which `holding.deleted` is a special case), reads the config only in its
+  plain form (`key = "value"` lines of known keys with valid values, comments, blank lines)
+  and leaves everything else (any other TOML, a bad value, a runtime it cannot find, a
+  container id the records refuse) to Python, which answers as before. A container may ask
+  for a GPU only if its config.json names `NVIDIA_VISIBLE_DEVICES` or an allocation mount;
+  one `grep` finds either, or a JSON escape that could spell them.
+- `gpuwire-hook` runs Python directly (it has work to do whenever it is called).
+
+Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
+`PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
+skips `site`. The node side imports only the standard library and gpuwire.
 
     python -m runtime_hook.launcher /usr/local/libexec/gpuwire
 
-writes `gpuwire-runtime` and `gpuwire-hook` there; point containerd's `BinaryName` at that
-`gpuwire-runtime`. The shim's default `hook` is the `gpuwire-hook` beside it.
+writes both there; point containerd's `BinaryName` at that `gpuwire-runtime`.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 import runtime_hook
+from gpuwire import allocation, nvidia, records
+from runtime_hook import config, shim
 
-ENTRY_POINTS = {"gpuwire-runtime": "runtime_hook.shim", "gpuwire-hook": "runtime_hook.hook"}
+RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
+# JSON escapes that could spell a character of the markers below (`\/`, `\u002f`, `\u0041`
+# ... `\u007f`); Go's own escapes (`\u0026` for `&`, `\u003c`, `\u003e`) are not among them.
+ESCAPES = r"\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])"
+MARKERS = (nvidia.VISIBLE_DEVICES_ENV, allocation.CONTAINER_DIR + "/")
+# Keys with a value the shell checks itself; every other key takes an absolute path.
+OWN_CHECKS = {"trust": " | ".join(config.TRUST_MODES), "log": "stderr | /*", "runtime": "?*"}
+# Keys whose value the shell uses, and the variable that holds it.
+VARIABLES = {"runtime": "runtime", "records-dir": "records"}
+
+RUNTIME_SCRIPT = """\
+#!/bin/sh
+# gpuwire-runtime launcher (runtime_hook/launcher.py): Python only for a create that may
+# ask for a GPU, the configured runtime exec'd directly for everything else.
+shim() {{
+	exec {python} -IS -c {code} "$0" "$@"
+}}
+# exec $1 with the other arguments if it is the runtime's first executable candidate
+run() {{
+	path=$1
+	shift
+	if [ -x "$path" ] && [ ! -d "$path" ]; then
+		case ${{path##*/}} in {runtime_name}) shim "$@" ;; esac
+		case $0 in */*) if [ "$path" -ef "$0" ]; then shim "$@"; fi ;; esac
+		exec "$path" "$@"
+	fi
+}}
+
+create= bundle= found= wanted= previous= deleting= last=
+for arg do
+	if [ -n "$wanted" ]; then bundle=$arg wanted=; fi
+	case $previous in {bundle_flags}) ;; *)
+		case $arg in {creating}) create=1 ;; esac ;;
+	esac
+	case $arg in delete) deleting=1 ;; esac
+	if [ -z "$found" ]; then
+		case $arg in
+		{bundle_flags_eq}) found=1 bundle=${{arg#*=}} ;;
+		{bundle_flags}) found=1 wanted=1 ;;
+		esac
+	fi
+	previous=$arg last=$arg
+done
+if [ -n "$create" ]; then
+	grep -qsE -e '{pattern}' -- "${{bundle:-.}}/config.json"
+	[ $? -eq 1 ] || shim "$@"
+fi
+
+config=${{{env}:-{default_config}}}
+runtime=runc records={records_dir} odd=
+if [ -f "$config" ] && [ -r "$config" ]; then
+	seen=' '
+	while IFS= read -r line || [ -n "$line" ]; do
+		case $line in
+		'' | '#'*) continue ;;
+		*[!\\ -~]* | *\\\\*) odd=1 ;;
+		[a-z]*' = "'*'"') ;;
+		*) odd=1 ;;
+		esac
+		key=${{line%%' = "'*}} value=${{line#*' = "'}}
+		value=${{value%'"'}}
+		case $value in *'"'*) odd=1 ;; esac
+		case $seen in *" $key "*) odd=1 ;; esac
+		seen="$seen$key "
+		case $key in
+{key_checks}
+		*) odd=1 ;;
+		esac
+		[ -z "$odd" ] || break
+	done <"$config"
+elif [ -e "$config" ] || [ -n "${{{env}-}}" ]; then
+	odd=1
+fi
+[ -z "$odd" ] || shim "$@"
+if [ -n "$deleting" ]; then
+	case $last in '' | .* | *[!A-Za-z0-9_+.-]*) shim "$@" ;; esac
+	[ "${{#last}}" -le 250 ] || shim "$@"
+	if [ -e "$records/$last" ] || [ -L "$records/$last" ]; then shim "$@"; fi
+fi
+
+case $runtime in
+*/*) run "$runtime" "$@" ;;
+*)
+	set -f
+	IFS=:
+	for dir in $PATH; do
+		[ -z "$dir" ] || run "$dir/$runtime" "$@"
+	done
+	;;
+esac
+shim "$@"
+"""
+
+HOOK_SCRIPT = """\
+#!{python} -IS
+# gpuwire launcher: isolated mode, no site (runtime_hook/launcher.py)
+import sys
+sys.path.insert(0, {path!r})
+from runtime_hook.hook import main
+sys.exit(main())
+"""
 
 
-def render(module: str, python: str, path: str) -> str:
-    return (
-        f"#!{python} -IS\n"
-        f"# gpuwire launcher: isolated mode, no site (runtime_hook/launcher.py)\n"
-        f"import sys\n"
-        f"sys.path.insert(0, {path!r})\n"
-        f"from {module} import main\n"
-        f"sys.exit(main())\n"
+def _alternatives(words: tuple[str, ...]) -> str:
+    return " | ".join(words)
+
+
+def _key_checks() -> str:
+    """One `case` arm per config key: what `config.from_table` accepts for it."""
+    arms = []
+    for key in config.KEYS:
+        accepted = OWN_CHECKS.get(key, "/*")
+        action = f"{VARIABLES[key]}=$value" if key in VARIABLES else ":"
+        arms.append(f"\t\t{key}) case $value in {accepted}) {action} ;; *) odd=1 ;; esac ;;")
+    return "\n".join(arms)
+
+
+def render_runtime(python: str, path: str) -> str:
+    """The `gpuwire-runtime` shell script for this interpreter and gpuwire directory."""
+    if not all(c.isalnum() or c in "_/" for c in "".join(MARKERS)):
+        raise ValueError(f"markers {MARKERS} need escaping for grep -E")
+    code = (
+        f"import sys; del sys.argv[0]; sys.path.insert(0, {path!r}); "
+        f"from runtime_hook.shim import main; sys.exit(main())"
+    )
+    flags = shim.BUNDLE_FLAGS
+    return RUNTIME_SCRIPT.format(
+        python=shlex.quote(python),
+        code=shlex.quote(code),
+        bundle_flags=_alternatives(flags),
+        bundle_flags_eq=_alternatives(tuple(f"{f}=*" for f in flags)),
+        creating=_alternatives(shim.CREATING),
+        pattern="|".join((*MARKERS, ESCAPES)),
+        env=config.ENV,
+        default_config=config.DEFAULT_PATH,
+        records_dir=shlex.quote(records.DEFAULT_DIR),
+        key_checks=_key_checks(),
+        runtime_name=RUNTIME,
     )
 
 
+def render_hook(python: str, path: str) -> str:
+    return HOOK_SCRIPT.format(python=python, path=path)
+
+
 def install(directory: str, python: str = sys.executable) -> list[str]:
-    """Write both launchers into `directory`; returns their paths."""
+    """Write both launchers into `directory`; returns their paths (runtime, hook)."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(runtime_hook.__file__)))
     os.makedirs(directory, exist_ok=True)
     written = []
-    for name, module in ENTRY_POINTS.items():
+    for name, render in ((RUNTIME, render_runtime), (HOOK, render_hook)):
         path = os.path.join(directory, name)
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
-            f.write(render(module, python, package_parent))
+            f.write(render(python, package_parent))
         os.chmod(tmp, 0o755)  # noqa: S103 - an executable, root-owned like its directory
         os.replace(tmp, path)
         written.append(path)

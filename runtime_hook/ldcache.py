@@ -14,7 +14,8 @@ host privileges. So the host's ldconfig runs, confined (nvidia-runtime.md 2.4 an
   the chroot), and rlimits (CPU 10 s, 64 files, 64 MiB per file, 2 GiB address space).
 
 The links a library is loaded by are made before, by `make_links`, through descriptors
-resolved inside the root (`runtime_hook.inroot`), and recorded for undo.
+resolved inside the root (`runtime_hook.inroot`), and recorded for undo; ldconfig runs with
+`-X`, so the cache is the one file it writes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import fcntl
 import os
 import resource
 
-from runtime_hook import elf, inroot, syscalls
+from runtime_hook import child, elf, inroot, syscalls
 
 # Capabilities ldconfig keeps: write the cache and links whatever the image's permissions.
 KEEP_CAPABILITIES = (0, 1, 2, 3)  # CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER
@@ -34,6 +35,13 @@ RLIMITS = (
     (resource.RLIMIT_AS, 2 << 30),
 )
 DETACHED_FILESYSTEMS = ("proc", "sysfs")
+ISOLATION = (
+    syscalls.CLONE_NEWNS
+    | syscalls.CLONE_NEWPID
+    | syscalls.CLONE_NEWNET
+    | syscalls.CLONE_NEWIPC
+    | syscalls.CLONE_NEWUTS
+)
 
 
 class LdcacheError(RuntimeError):
@@ -71,53 +79,48 @@ def open_ldconfig(path: str) -> int:
         os.close(fd)
 
 
-def make_links(root_fd: int, links: list[tuple[str, str]], journal: inroot.Journal) -> None:
+def make_links(dirs: inroot.Dirs, links: list[tuple[str, str]]) -> None:
     """Create each (target, link) inside the root, plus /etc for the cache to land in."""
     for target, link in links:
         parent, _, name = link.rpartition("/")
-        inroot.make_symlink(inroot.make_dirs(root_fd, parent, journal), name, target, journal)
-    inroot.make_dirs(root_fd, "/etc", journal)
+        inroot.make_symlink(dirs.make(parent), name, target, dirs.journal)
+    dirs.make("/etc")
+
+
+def isolate() -> None:
+    """New mount, network, IPC and UTS namespaces for this process and a new PID namespace
+    for its children, with no mount propagating out: where `run` runs ldconfig."""
+    syscalls.unshare(ISOLATION)
+    syscalls.make_private("/")
 
 
 def update(rootfs: str, folders: list[str], ldconfig_fd: int) -> None:
-    """Run the sealed ldconfig on `folders` inside `rootfs` (in this mount namespace)."""
+    """Run the sealed ldconfig on `folders` inside `rootfs`, from a child that `isolate`s."""
+
+    def isolated() -> None:
+        isolate()
+        run(rootfs, folders, ldconfig_fd)
+
+    child.run(isolated)
+
+
+def run(rootfs: str, folders: list[str], ldconfig_fd: int) -> None:
+    """Run the sealed ldconfig as PID 1 of the namespaces `isolate` made; raise if it fails."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child ends in exec or _exit
         os.close(read_end)
-        status = 1
         try:
-            status = _isolate(rootfs, folders, ldconfig_fd, write_end)
+            _exec(rootfs, folders, ldconfig_fd, write_end)
         except BaseException as exc:
             os.write(write_end, f"{exc}\n".encode())
-        os._exit(status)
+        os._exit(1)
     os.close(write_end)
     with os.fdopen(read_end, "rb") as pipe:
         output = pipe.read().decode(errors="replace").strip()
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise LdcacheError(f"ldconfig in {rootfs} failed: {output or 'no output'}")
-
-
-def _isolate(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> int:
-    """In new namespaces, run `_exec` as PID 1 of its own PID namespace; its exit status."""
-    syscalls.unshare(
-        syscalls.CLONE_NEWNS
-        | syscalls.CLONE_NEWPID
-        | syscalls.CLONE_NEWNET
-        | syscalls.CLONE_NEWIPC
-        | syscalls.CLONE_NEWUTS
-    )
-    syscalls.make_private("/")
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover
-        try:
-            _exec(rootfs, folders, ldconfig_fd, out)
-        except BaseException as exc:
-            os.write(out, f"{exc}\n".encode())
-        os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
 
 
 def _exec(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> None:
@@ -136,7 +139,7 @@ def _exec(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> None:
             syscalls.prctl(syscalls.PR_CAPBSET_DROP, cap)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    os.execve(ldconfig_fd, ["ldconfig", *folders], {})  # noqa: S606 - the sealed host binary
+    os.execve(ldconfig_fd, ["ldconfig", "-X", *folders], {})  # noqa: S606 - the sealed host binary
 
 
 def _read(path: str) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook import inroot, trust
 from runtime_hook import spec as ocispec
+from runtime_hook import trust
 from runtime_hook.config import Config
 from runtime_hook.edits import Edits, Layout, container_edits
 
@@ -30,6 +30,8 @@ class Plan:
 
 def is_debian(rootfs: str) -> bool:
     """Whether the image is Debian-family (`/etc/debian_version`, resolved inside it)."""
+    from runtime_hook import inroot  # loads _ctypes: only for a container that gets a GPU
+
     root_fd = inroot.open_root(rootfs)
     try:
         return inroot.exists(root_fd, "/etc/debian_version")

@@ -1,12 +1,16 @@
 """`gpuwire-runtime`: an OCI runtime in front of runc, for containerd's `BinaryName`.
 
-On `create` (and `run`, create and start in one) it edits `<bundle>/config.json` (devices
-with cgroup allow rules, read-only mounts, the final env, the hardened ld-cache hook); then,
-as for every other subcommand, it execs the real runtime (`runtime` in the config, runc by
-default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
+On `create` (and `run`, create and start in one) it makes the links and the ld cache in the
+container root (`runtime_hook.inject.prepare`, confined as the hook does it) and edits
+`<bundle>/config.json` (devices with cgroup allow rules, read-only mounts, the final env);
+then, as for every other subcommand, it execs the real runtime (`runtime` in the config, runc
+by default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
 (nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
 of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
-else the current directory.
+else the current directory. A GPU container's record (`runtime_hook.holding`) is kept at
+create and forgotten at `delete`. The launcher (`runtime_hook.launcher`) parses the
+arguments the same way, and starts Python only for a create that may ask for a GPU or the
+delete of a container that has a record.
 
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that
@@ -55,11 +59,11 @@ def report_failure(args: list[str], message: str) -> None:
         return
     import time
 
-    from runtime_hook import ocijson
+    from gpuwire import lightjson
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if flag_value(args, ("--log-format", "-log-format")) == "json":
-        entry = ocijson.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
+        entry = lightjson.dumps({"level": "error", "msg": f"gpuwire: {message}", "time": stamp})
     else:
         entry = f'time="{stamp}" level=error msg="gpuwire: {message}"'
     try:
@@ -87,13 +91,19 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     if decided.outcome.error is not None:
         raise RuntimeError(decided.outcome.error)
     if decided.edits is not None:
-        hooks = edits.hooks(decided.edits, settings.hook, settings.ldconfig)
-        ocispec.save(bundle, ocispec.apply(spec, decided.edits, hooks))
+        from runtime_hook import inject
+
+        try:
+            inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
+        except inject.InjectionError as exc:
+            log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
+            raise
+        ocispec.save(bundle, ocispec.apply(spec, decided.edits))
         state = records.runtime_state(sys.argv[1:], container)
         holding.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [])
-        ocispec.save(bundle, ocispec.apply(spec, void, []))
+        ocispec.save(bundle, ocispec.apply(spec, void))
 
 
 def runtime_path(runtime: str) -> str:

@@ -1,9 +1,10 @@
 """The OCI runtime spec (`config.json`): what gpuwire reads from it, and `apply`.
 
-`apply(spec, edits, hooks)` is the one function that puts container edits into a spec, the
-way CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
+`apply(spec, edits)` is the one function that puts container edits into a spec, the way
+CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
 `linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
-mounts, the hooks, and the environment. It returns a new spec and leaves its input alone.
+mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
+the ld cache are not in the spec: the shim makes them, `runtime_hook.inject.prepare`.)
 
 Environment with a key set more than once (containerd appends rather than replaces in some
 paths, and the kubelet sends device-plugin and pod env separately): gpuwire reads the
@@ -16,14 +17,13 @@ from __future__ import annotations
 
 import os
 
-from gpuwire import allocation, devices, nvidia
-from runtime_hook import ocijson
+from gpuwire import allocation, devices, lightjson, nvidia
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from runtime_hook.edits import Edits, Hook
+    from runtime_hook.edits import Edits
 
     Spec = dict[str, Any]
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def load(bundle: str) -> Spec:
     path = os.path.join(bundle, "config.json")
     with open(path, "rb") as f:
-        spec = ocijson.loads(f.read())
+        spec = lightjson.loads(f.read())
     if not isinstance(spec, dict):
         raise ValueError(f"{path} is not a JSON object")
     return spec
@@ -44,7 +44,7 @@ def save(bundle: str, spec: Spec) -> None:
     mode = os.stat(path).st_mode & 0o7777
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     with os.fdopen(fd, "w") as f:
-        f.write(ocijson.dumps(spec))
+        f.write(lightjson.dumps(spec))
     os.replace(tmp, path)
 
 
@@ -102,8 +102,8 @@ def rootfs(spec: Spec, bundle: str) -> str:
     return os.path.normpath(os.path.join(bundle, path))
 
 
-def apply(spec: Spec, edits: Edits, hooks: list[Hook]) -> Spec:
-    """`spec` with `edits` and `hooks` in it."""
+def apply(spec: Spec, edits: Edits) -> Spec:
+    """`spec` with `edits` in it."""
     out = dict(spec)
     process = dict(spec.get("process") or {})
     replaced = set(edits.env)
@@ -153,16 +153,4 @@ def apply(spec: Spec, edits: Edits, hooks: list[Hook]) -> Spec:
             for m in edits.mounts
         ]
 
-    if hooks:
-        section = {k: list(v) for k, v in (spec.get("hooks") or {}).items()}
-        for hook in hooks:
-            section.setdefault(hook["hookName"], []).append(
-                {
-                    "path": hook["path"],
-                    "args": list(hook["args"]),
-                    "env": list(hook["env"]),
-                    "timeout": hook["timeout"],
-                }
-            )
-        out["hooks"] = section
     return out

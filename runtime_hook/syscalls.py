@@ -1,20 +1,81 @@
-"""The Linux system calls Python 3.11's `os` lacks, through ctypes.
+"""The Linux system calls Python 3.11's `os` lacks, called through `_ctypes`.
 
 Injection into a created container needs fd-relative path resolution (`openat2`), mounts
 made from file descriptors (`open_tree`, `move_mount`, `mount_setattr`) and namespace calls
 (`setns`, `unshare`). The new-mount-API syscall numbers are the same on every architecture
 (the kernel's common table), so nothing here is x86-specific. Every failure raises `OSError`
-with the errno and the call that failed. Imported only where a container is actually
-changed: ctypes costs milliseconds at start-up.
+with the errno and the call that failed.
+
+This runs on every GPU container start, and `import ctypes` costs ~3.5 ms of CPU there
+(its module body, `types`, and a libffi closure it makes at import); the C types and
+function pointers below are the few lines of it gpuwire uses, declared on `_ctypes`, the C
+module ctypes itself is built on, as ctypes declares them (~0.4 ms).
 """
 
 from __future__ import annotations
 
-import ctypes
+import _ctypes
 import os
+from _ctypes import CFuncPtr, Structure, _SimpleCData, byref, get_errno, sizeof
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # generic in the stubs only
+    _Int = _SimpleCData[int]
+    _Bytes = _SimpleCData[bytes | None]
+else:
+    _Int = _Bytes = _SimpleCData
+
+
+class c_int(_Int):
+    _type_ = "i"
+
+
+class c_uint(_Int):
+    _type_ = "I"
+
+
+class c_long(_Int):
+    _type_ = "l"
+
+
+class c_ulong(_Int):
+    _type_ = "L"
+
+
+class c_uint64(_Int):
+    _type_ = "Q"
+
+
+class c_char_p(_Bytes):
+    _type_ = "z"
+
+
+c_size_t = c_ulong  # Linux's LP64 and ILP32 ABIs alike
+
+
+class _Function(CFuncPtr):
+    """A libc function returning int, with errno kept for `get_errno` (CDLL's use_errno)."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = c_int
+
+
+# dlopen(NULL): this program and the libraries it loaded, as ctypes.CDLL(None).
+_LIBC = _ctypes.dlopen(None)  # type: ignore[arg-type] # the stub wants a path
+
+
+def _function(name: str, restype: type[_Int] = c_int) -> _Function:
+    function = _Function(_ctypes.dlsym(_LIBC, name))
+    function.restype = restype
+    return function
+
+
+_syscall = _function("syscall", c_long)
+_setns = _function("setns")
+_unshare = _function("unshare")
+_mount = _function("mount")
+_umount2 = _function("umount2")
+_prctl = _function("prctl")
 
 SYS_OPEN_TREE = 428
 SYS_MOVE_MOUNT = 429
@@ -54,22 +115,22 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+class _OpenHow(Structure):
+    _fields_ = (("flags", c_uint64), ("mode", c_uint64), ("resolve", c_uint64))
 
 
-class _MountAttr(ctypes.Structure):
+class _MountAttr(Structure):
     _fields_ = (
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
+        ("attr_set", c_uint64),
+        ("attr_clr", c_uint64),
+        ("propagation", c_uint64),
+        ("userns_fd", c_uint64),
     )
 
 
 def _check(result: int, call: str, path: str | None = None) -> int:
     if result < 0:
-        err = ctypes.get_errno()
+        err = get_errno()
         raise OSError(err, f"{call}: {os.strerror(err)}", path)
     return result
 
@@ -77,12 +138,12 @@ def _check(result: int, call: str, path: str | None = None) -> int:
 def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
     """open `path` relative to `dirfd` under the `resolve` rules; O_CLOEXEC always added."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    fd = _libc.syscall(
+    fd = _syscall(
         SYS_OPENAT2,
-        ctypes.c_int(dirfd),
-        ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
+        c_int(dirfd),
+        c_char_p(os.fsencode(path)),
+        byref(how),
+        c_size_t(sizeof(how)),
     )
     return _check(fd, "openat2", path)
 
@@ -90,63 +151,61 @@ def openat2(dirfd: int, path: str, flags: int, resolve: int, mode: int = 0) -> i
 def open_tree_clone(fd: int) -> int:
     """A detached bind mount of the file or directory `fd` refers to."""
     flags = OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH
-    result = _libc.syscall(
-        SYS_OPEN_TREE, ctypes.c_int(fd), ctypes.c_char_p(b""), ctypes.c_uint(flags)
-    )
+    result = _syscall(SYS_OPEN_TREE, c_int(fd), c_char_p(b""), c_uint(flags))
     return _check(result, "open_tree")
 
 
 def mount_setattr(fd: int, attr_set: int) -> None:
     """Set mount attributes (read-only, nosuid, ...) on the mount `fd` refers to."""
     attr = _MountAttr(attr_set, 0, 0, 0)
-    result = _libc.syscall(
+    result = _syscall(
         SYS_MOUNT_SETATTR,
-        ctypes.c_int(fd),
-        ctypes.c_char_p(b""),
-        ctypes.c_uint(AT_EMPTY_PATH),
-        ctypes.byref(attr),
-        ctypes.c_size_t(ctypes.sizeof(attr)),
+        c_int(fd),
+        c_char_p(b""),
+        c_uint(AT_EMPTY_PATH),
+        byref(attr),
+        c_size_t(sizeof(attr)),
     )
     _check(result, "mount_setattr")
 
 
 def move_mount(from_fd: int, to_fd: int) -> None:
     """Attach the detached mount `from_fd` on top of the file or directory `to_fd`."""
-    result = _libc.syscall(
+    result = _syscall(
         SYS_MOVE_MOUNT,
-        ctypes.c_int(from_fd),
-        ctypes.c_char_p(b""),
-        ctypes.c_int(to_fd),
-        ctypes.c_char_p(b""),
-        ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
+        c_int(from_fd),
+        c_char_p(b""),
+        c_int(to_fd),
+        c_char_p(b""),
+        c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH),
     )
     _check(result, "move_mount")
 
 
 def setns(fd: int, nstype: int) -> None:
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+    _check(_setns(c_int(fd), c_int(nstype)), "setns")
 
 
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+    _check(_unshare(c_int(flags)), "unshare")
 
 
 def make_private(path: str) -> None:
     """Stop mount events from propagating out of (or into) this mount namespace."""
-    result = _libc.mount(None, os.fsencode(path), None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None)
+    result = _mount(None, os.fsencode(path), None, c_ulong(MS_REC | MS_PRIVATE), None)
     _check(result, "mount(MS_PRIVATE)", path)
 
 
 def umount(path: str, flags: int = MNT_DETACH) -> None:
-    _check(_libc.umount2(os.fsencode(path), ctypes.c_int(flags)), "umount2", path)
+    _check(_umount2(os.fsencode(path), c_int(flags)), "umount2", path)
 
 
 def prctl(option: int, arg: int) -> None:
-    result = _libc.prctl(
-        ctypes.c_int(option),
-        ctypes.c_ulong(arg),
-        ctypes.c_ulong(0),
-        ctypes.c_ulong(0),
-        ctypes.c_ulong(0),
+    result = _prctl(
+        c_int(option),
+        c_ulong(arg),
+        c_ulong(0),
+        c_ulong(0),
+        c_ulong(0),
     )
     _check(result, "prctl")

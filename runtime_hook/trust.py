@@ -27,10 +27,10 @@ from gpuwire import allocation, devices, grant, nvidia
 from gpuwire.devices import Device
 from runtime_hook import spec as ocispec
 from runtime_hook.config import Config
-from runtime_hook.discovery import DiscoveryError, Driver, discover
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from runtime_hook.discovery import Driver
     from runtime_hook.spec import Spec
 
 PRIVILEGED_CAPABILITY = "CAP_SYS_ADMIN"
@@ -304,6 +304,8 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
+    from runtime_hook.discovery import DiscoveryError, discover  # _ctypes, ELF: when granted
+
     try:
         outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)
         outcome.driver = discover(config.roots, outcome.capabilities)

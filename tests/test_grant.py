@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwire import allocation, cli
-from gpuwire.grant import GrantError, KeyRing, Subject, subject_names
+from gpuwire.grant import GrantError, KeyRing, Subject, hmac_sha256, subject_names
 
 
 @pytest.fixture
@@ -107,6 +111,17 @@ def test_allocation_round_trip_and_tamper(keydir: Path, tmp_path: Path) -> None:
         allocation.read(d, a.token, ring)
 
 
+@pytest.mark.parametrize("body", ["[]", '"x"', "{", '{"resource": "r"}', "\xff"])
+def test_unreadable_allocation_is_refused_with_the_reason(
+    keydir: Path, tmp_path: Path, body: str
+) -> None:
+    d = tmp_path / "alloc"
+    token = allocation.write(d, "nvidia.com/gpu", ["GPU-a"], KeyRing.load(keydir)).token
+    (d / token).write_bytes(body.encode("latin-1"))
+    with pytest.raises(allocation.AllocationError, match=f"allocation {token} is unreadable"):
+        allocation.read(d, token, KeyRing.load(keydir))
+
+
 def test_allocation_claimed_by_one_sandbox(keydir: Path, tmp_path: Path) -> None:
     d = tmp_path / "alloc"
     a = allocation.write(d, "nvidia.com/gpu", ["GPU-a"], KeyRing.load(keydir))
@@ -131,3 +146,52 @@ def test_allocation_symlink_is_not_followed(keydir: Path, tmp_path: Path) -> Non
 )
 def test_token_of_rejects_other_paths(dest: str) -> None:
     assert allocation.token_of(dest) is None
+
+
+# RFC 4231 section 4: the HMAC-SHA-256 results of test cases 1-4, 6 and 7 (5 is truncated).
+LONG_KEY = b"\xaa" * 131  # longer than SHA-256's block: hashed first
+RFC_4231 = [
+    (b"\x0b" * 20, b"Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+    (
+        b"Jefe",
+        b"what do ya want for nothing?",
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843",
+    ),
+    (
+        b"\xaa" * 20,
+        b"\xdd" * 50,
+        "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe",
+    ),
+    (
+        bytes(range(1, 26)),
+        b"\xcd" * 50,
+        "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b",
+    ),
+    (
+        LONG_KEY,
+        b"Test Using Larger Than Block-Size Key - Hash Key First",
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
+    ),
+    (
+        LONG_KEY,
+        b"This is a test using a larger than block-size key and a larger than block-size data. "
+        b"The key needs to be hashed before being used by the HMAC algorithm.",
+        "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("key", "message", "mac"), RFC_4231)
+def test_mac_is_rfc_4231_hmac_sha256(key: bytes, message: bytes, mac: str) -> None:
+    assert hmac_sha256(key, message) == mac
+
+
+@given(st.binary(max_size=200), st.binary(max_size=300))
+def test_mac_is_what_the_hmac_module_computes(key: bytes, message: bytes) -> None:
+    assert hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@pytest.mark.parametrize("mac", ["é" * 64, "", "0" * 63, "\udc80"])
+def test_a_mac_that_cannot_match_is_refused_not_an_error(keydir: Path, mac: str) -> None:
+    subject = Subject.of("team-a", "trainer", "0", "")
+    assert not KeyRing.load(keydir).verify(f"2026-06:{mac}", subject)

@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import view
 from runtime_hook import cgroup
+from runtime_hook import spec as ocispec
 from runtime_hook.cgroup import CgroupError
+from runtime_hook.discovery import Roots, discover
+from runtime_hook.edits import Layout, container_edits, to_cdi
 from tests.conftest import requires_binary, requires_root
 from tests.runtime_support import Lab
-from tests.test_runtime_runc import DELIVERIES, granted_env, make_bundle, run
+from tests.test_runtime_runc import DELIVERIES, HOOK, granted_env, make_bundle, run
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -118,25 +122,42 @@ def test_symlinked_dev_never_reaches_the_host(lab: Lab, host_dir: Path, delivery
     ]
 
 
-def test_image_env_never_reaches_the_hooks_gpuwire_adds(lab: Lab, tmp_path: Path) -> None:
+def cdi_hook_bundle(lab: Lab, env: dict[str, str]) -> Bundle:
+    """A bundle as a CDI engine writes it from gpuwire's spec: devices, mounts and the
+    `gpuwire-hook ldcache` createContainer hook (`edits.to_cdi`), for plain runc."""
+    bundle = make_bundle(lab, env, delivery="cdi")
+    driver = discover(Roots(str(lab.node)), ("compute", "utility"))
+    edits = container_edits(
+        driver, driver.devices[:1], ("compute", "utility"), Layout.of(debian=True)
+    )
+    bundle.spec = ocispec.apply(bundle.spec, edits)
+    (hook,) = to_cdi(edits, HOOK, "/sbin/ldconfig")["hooks"]
+    bundle.spec["hooks"] = {hook["hookName"]: [{k: v for k, v in hook.items() if k != "hookName"}]}
+    bundle.save()
+    return bundle
+
+
+@pytest.mark.parametrize("delivery", ["shim", "cdi"])
+def test_image_env_never_reaches_what_gpuwire_runs(lab: Lab, tmp_path: Path, delivery: str) -> None:
     """runc < 1.3 hands the image env to createContainer hooks without an env of their own
-    (CVE-2025-23266). The ld-cache hook is Python: PYTHONPATH would run the image's code."""
+    (CVE-2025-23266). The CDI ld-cache hook is Python: PYTHONPATH would run the image's
+    code. The shim runs no hook; its ldconfig runs with an empty env."""
     marker = tmp_path / "pwned"
-    bundle = make_bundle(lab, {}, delivery="shim")
-    evil = bundle.path / "rootfs/evil"
+    evil = lab.root / "evil"
     evil.mkdir()
     (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
     env = granted_env(lab, "0") | {
         "PYTHONPATH": str(evil),
-        "LD_PRELOAD": str(bundle.path / "rootfs/evil/preload.so"),
+        "LD_PRELOAD": str(evil / "preload.so"),
         "PYTHONHOME": "/nonexistent",
     }
-    bundle.spec["process"]["env"] += [f"{k}={v}" for k, v in env.items()]
-    bundle.save()
-    out = run(bundle, "shim")
+    if delivery == "shim":
+        out = run(make_bundle(lab, env, delivery="shim"), "shim")
+    else:
+        out = cdi_hook_bundle(lab, env).run()
     assert out.returncode == 0, out.stderr
     assert not marker.exists()
-    assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]  # the hook ran, unaffected
+    assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]  # the cache was made, unaffected
 
 
 def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
@@ -154,18 +175,21 @@ def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
     assert "injection failed: cannot mount over 'nvidia-smi'" in lab.log_lines()[-1]
 
 
-def test_failed_ldcache_hook_fails_the_start_and_undoes_its_links(lab: Lab) -> None:
+def test_failed_ld_cache_fails_the_create_and_leaves_the_bundle_as_it_was(lab: Lab) -> None:
+    """The shim makes links and ld cache before runc: a failure there (late: after the
+    links and mount points are made) undoes them and leaves config.json unedited."""
     lab.configure(ldconfig="/bin/busybox")  # static, but exits 127 as "ldconfig": fails late
     bundle = make_bundle(lab, granted_env(lab, "0"), delivery="shim")
+    before, spec = snapshot(bundle.path), (bundle.path / "config.json").read_text()
     mounts, node = host_mounts(lab.root.parent), snapshot(lab.node)
     out = run(bundle, "shim")
     assert out.returncode != 0
-    assert "gpuwire-hook ldcache: ldconfig in" in out.stderr
-    libdir = bundle.path / "rootfs/usr/lib/x86_64-linux-gnu"
-    assert not (libdir / "libcuda.so.1").is_symlink()
-    assert not (libdir / "libcuda.so").is_symlink()
+    assert "gpuwire-runtime: ldconfig in" in out.stderr
+    assert snapshot(bundle.path) == before
+    assert (bundle.path / "config.json").read_text() == spec
     assert host_mounts(lab.root.parent) == mounts
     assert snapshot(lab.node) == node
+    assert "injection failed: ldconfig in" in lab.log_lines()[-1]
 
 
 def test_dynamic_ldconfig_is_refused_before_anything_runs(lab: Lab) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from gpuwire.lab.rootfs import busybox_rootfs
 from runtime_hook import cgroup, ldcache, shim
+from tests.conftest import requires_root
+from tests.runtime_support import Lab, container_spec, grant_for
 
 SHIM = str(Path(sys.executable).parent / "gpuwire-runtime")
 
@@ -92,3 +96,48 @@ def test_magic_mounts_are_found_under_the_rootfs_only() -> None:
         "/b/rootfs/proc",
         "/b/rootfs/sys",
     ]
+
+
+HEAVY = ("ctypes", "_hashlib", "json", "re", "typing", "dataclasses", "enum", "tomllib")
+
+
+@requires_root()  # a granted start makes links and ld cache in the rootfs
+@pytest.mark.parametrize(
+    ("env", "logged"),
+    [
+        ({}, None),  # no GPU asked for: left alone
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, "no GPU"),  # refused
+        ({"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": "granted"}, "GPUs 0"),  # injected
+    ],
+)
+def test_container_start_imports_stay_light(
+    tmp_path: Path, env: dict[str, str], logged: str | None
+) -> None:
+    """What the shim imports to decide and edit a bundle (the config cached, as on a node):
+    `python -X importtime` shows each of HEAVY costing milliseconds on every start."""
+    lab = Lab(tmp_path / "lab")
+    if env.get("GPUWIRE_GRANT"):
+        env = {**env, "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
+    bundle = tmp_path / "bundle"
+    busybox_rootfs(bundle / "rootfs")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r});"
+        "from runtime_hook import config, shim;"
+        f"shim.edit_bundle({str(bundle)!r}, 'x', config.load());"
+        f"print(sorted(set({HEAVY!r}) & set(sys.modules)))"
+    )
+    for _ in range(2):  # the first run parses the config with tomllib and caches it
+        (bundle / "config.json").write_text(json.dumps(container_spec(env)))
+        out = subprocess.run(
+            [sys.executable, "-IS", "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"GPUWIRE_CONFIG": str(lab.config)},
+        )
+    assert out.stdout.strip() == "[]"
+    decisions = [line.split(": ", 2)[2] for line in lab.log_lines()[1:]]  # the second run's
+    if logged is None:
+        assert decisions == []
+    else:
+        assert [d[: len(logged)] for d in decisions] == [logged]

@@ -92,6 +92,16 @@ def test_grant_that_does_not_match_is_refused(
     assert why in outcome.verdict.reason
 
 
+def test_grant_with_a_non_ascii_mac_is_refused_with_a_reason(node: tuple[Config, KeyRing]) -> None:
+    config, _ = node
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": "2026-06:" + "é" * 64}
+    outcome = evaluate(container_spec(env), config, claim=True)
+    assert outcome.verdict.status == REFUSED
+    assert "GPUWIRE_GRANT is not valid (invalid: key '2026-06' does not sign" in (
+        outcome.verdict.reason
+    )
+
+
 def test_grant_from_a_key_this_node_does_not_hold(node: tuple[Config, KeyRing]) -> None:
     config, _ = node
     other = KeyRing({"2099-01": b"someone else"})

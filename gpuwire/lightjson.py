@@ -1,7 +1,8 @@
 """JSON on the container-start path without importing the `json` package.
 
 `import json` compiles its regular expressions at import (`re`, which imports `enum`):
-about 10 ms on a small node, on every container start, to read two small documents. The
+about 10 ms on a small node, on every container start, to read a few small documents
+(the OCI spec and state, allocation tokens). The
 work itself is done by the C scanner and encoder `json` wraps (`_json`); this module
 drives them directly with `json`'s defaults (strict strings, ASCII output) and refuses
 NaN and Infinity, which are not JSON. Same parser, same output as `json.loads`/`dumps`.
