@@ -7,7 +7,8 @@ accepted, because a typo in `trust` must not silently fall back to another polic
 The shim reads this on every runtime call and the hook on every GPU container start, but
 `tomllib` imports `typing` and `re` (~15 ms here). So the parsed table is kept in a root-only
 cache (`/run/gpuwire`, marshal) together with the exact bytes it was parsed from; it is used
-only while the file still holds those bytes. Validation always runs.
+only while the file still holds those bytes, and an entry whose file is gone is dropped at
+the next miss. Validation always runs.
 """
 
 from __future__ import annotations
@@ -174,38 +175,54 @@ def _cache_path(st: os.stat_result) -> str:
     return f"{CACHE_DIR}/config-{st.st_dev}-{st.st_ino}"
 
 
-def forget(path: str) -> None:
-    """Drop the cached table of the config file at `path`, before the file goes away (a
-    throwaway config, as the demo's, would otherwise leave its entry behind)."""
-    import contextlib  # here: the container-start path does not pay for it
-
-    with contextlib.suppress(OSError):  # never cached, or already gone
-        os.unlink(_cache_path(os.stat(path)))
+def _read_entry(path: str) -> tuple[str, bytes, dict[str, object]] | None:
+    try:
+        with open(path, "rb") as f:
+            source, data, table = marshal.load(f)  # noqa: S302 - ours, a directory only we write
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    return source, data, table
 
 
 def _cached(st: os.stat_result, data: bytes) -> dict[str, object] | None:
     """The table parsed from exactly `data`, from a directory only we can write."""
     try:
         directory = os.stat(CACHE_DIR)
-        if directory.st_uid != os.geteuid() or directory.st_mode & 0o022:
-            return None
-        with open(_cache_path(st), "rb") as f:
-            source, table = marshal.load(f)  # noqa: S302 - ours, in a directory only we write
-    except (OSError, EOFError, ValueError, TypeError):
+    except OSError:
         return None
-    return table if source == data and isinstance(table, dict) else None
+    if directory.st_uid != os.geteuid() or directory.st_mode & 0o022:
+        return None
+    entry = _read_entry(_cache_path(st))
+    if entry is None or entry[1] != data or not isinstance(entry[2], dict):
+        return None
+    return entry[2]
 
 
-def _remember(st: os.stat_result, data: bytes, table: dict[str, object]) -> None:
+def _remember(source: str, st: os.stat_result, data: bytes, table: dict[str, object]) -> None:
+    """Cache `table`, and drop the entries of config files that are gone or replaced (a
+    miss is rare, so the cache stays as small as the set of live config files)."""
     try:
         os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
         path = _cache_path(st)
         tmp = f"{path}.{os.getpid()}"
         with open(tmp, "wb") as f:
-            marshal.dump((data, table), f)
+            marshal.dump((source, data, table), f)
         os.replace(tmp, path)
+        for name in os.listdir(CACHE_DIR):
+            other = f"{CACHE_DIR}/{name}"
+            if name.startswith("config-") and other != path and not _live(other):
+                os.unlink(other)
     except (OSError, ValueError):
         pass  # a table marshal cannot hold (TOML dates) or a read-only /run: parse each time
+
+
+def _live(entry_path: str) -> bool:
+    """Whether a cache entry still belongs to the file it was parsed from."""
+    entry = _read_entry(entry_path)
+    try:
+        return entry is not None and _cache_path(os.stat(entry[0])) == entry_path
+    except OSError:
+        return False
 
 
 def load(path: str | None = None) -> Config:
@@ -218,7 +235,7 @@ def load(path: str | None = None) -> Config:
         table = _cached(st, data)
         if table is None:
             table = parse_toml(data, source)
-            _remember(st, data, table)
+            _remember(source, st, data, table)
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"{source}: no such configuration file") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -115,15 +116,24 @@ def test_parsed_table_is_reused_only_for_the_same_bytes(
     assert cfg.load(path).trust == "granted"
 
 
-def test_forget_leaves_no_cache_entry_for_a_config_that_goes_away(
-    tmp_path: Path, cache_dir: Path
-) -> None:
-    path = write(tmp_path, 'trust = "any"\n')
-    cfg.load(path)
-    assert len(list(cache_dir.iterdir())) == 1
-    cfg.forget(path)
-    assert list(cache_dir.iterdir()) == []
-    cfg.forget(path)  # nothing cached: nothing to do
+def test_cache_keeps_entries_only_for_live_config_files(tmp_path: Path, cache_dir: Path) -> None:
+    """Throwaway configs (tests, the demo) leave nothing behind once another one is read."""
+
+    def config(name: str) -> str:
+        (tmp_path / name).mkdir()
+        path = write(tmp_path / name, 'trust = "any"\n')
+        cfg.load(path)
+        return path
+
+    def entry(path: str) -> str:
+        st = os.stat(path)
+        return f"config-{st.st_dev}-{st.st_ino}"
+
+    kept, gone = config("kept"), config("gone")
+    assert {e.name for e in cache_dir.iterdir()} == {entry(kept), entry(gone)}
+    Path(gone).unlink()
+    newest = config("newest")
+    assert {e.name for e in cache_dir.iterdir()} == {entry(kept), entry(newest)}
 
 
 def test_cache_in_a_directory_others_can_write_is_ignored(

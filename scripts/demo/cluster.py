@@ -47,7 +47,6 @@ from gpuwire.lab.host import LabError, stop
 from gpuwire.lab.image import write_layout_tar
 from gpuwire.lab.view import VIEW_SCRIPT
 from gpuwire.lab.webhook import serving
-from runtime_hook import config as runtime_config
 from tests.apiserver import ApiServer
 from tests.kubelet import Kubelet
 from tests.podresources import PodResourcesKubelet
@@ -298,7 +297,6 @@ def up() -> Iterator[Cluster]:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuwire-demo-")))
         steps: list[Step] = []
         node_config, runtime_log = write_node_files(workdir, steps)
-        stack.callback(runtime_config.forget, str(node_config))  # the shim's cache of it
         api = stack.enter_context(ApiServer())
         kubeconfig = api.write_kubeconfig(workdir / "kubeconfig")
         register_node(api)
