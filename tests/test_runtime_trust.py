@@ -12,7 +12,14 @@ from gpuwire.grant import KeyRing
 from runtime_hook.config import Config
 from runtime_hook.discovery import Roots
 from runtime_hook.trust import GRANTED, NOT_GPU, REFUSED, evaluate
-from tests.runtime_support import SANDBOX, container_spec, cri_annotations, grant_for, write_keys
+from tests.runtime_support import (
+    POD_UID,
+    SANDBOX,
+    container_spec,
+    cri_annotations,
+    grant_for,
+    write_keys,
+)
 
 
 @pytest.fixture
@@ -168,17 +175,45 @@ def test_allocation_gives_the_tokens_devices_not_the_envs(node: tuple[Config, Ke
         mounts=[allocation_mount(config.allocation_dir, token)],
     )
     assert granted_indices(spec, config) == [2]
-    # the same sandbox again (a restart, a second container) is fine
+    # the same pod again (a restart, a second container) is fine
     assert granted_indices(spec, config) == [2]
-    # another sandbox presenting the same token is refused
-    other = container_spec(
+
+
+def presenting(token: str, config: Config, sandbox: str, pod: str | None) -> dict[str, Any]:
+    """A container of pod `pod` in sandbox `sandbox` that carries the allocation mount."""
+    return container_spec(
         {"NVIDIA_VISIBLE_DEVICES": "all"},
-        annotations=cri_annotations(sandbox="6" * 64),
+        annotations=cri_annotations(sandbox=sandbox, pod=pod),
         mounts=[allocation_mount(config.allocation_dir, token)],
     )
-    outcome = evaluate(other, config, claim=True)
+
+
+def test_allocation_follows_its_pod_into_a_new_sandbox_and_no_further(
+    node: tuple[Config, KeyRing],
+) -> None:
+    config, keys = node
+    token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [uuids(config)[1]], keys)
+    assert granted_indices(presenting(token.token, config, SANDBOX, POD_UID), config) == [1]
+    # the pause container died (or the node rebooted): the kubelet makes a new sandbox and
+    # starts the pod's containers with the Allocate answer it checkpointed
+    assert granted_indices(presenting(token.token, config, "6" * 64, POD_UID), config) == [1]
+    other_pod = presenting(token.token, config, "7" * 64, "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c")
+    outcome = evaluate(other_pod, config, claim=True)
     assert outcome.verdict.status == REFUSED
-    assert f"belongs to sandbox {SANDBOX[:12]}" in outcome.verdict.reason
+    assert f"belongs to pod {POD_UID}, not 0b0d1f4e" in outcome.verdict.reason
+
+
+def test_without_a_pod_uid_the_allocation_stays_with_its_sandbox(
+    node: tuple[Config, KeyRing],
+) -> None:
+    """An older containerd writes no pod UID: the sandbox id is all there is to bind."""
+    config, keys = node
+    token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [uuids(config)[1]], keys)
+    assert granted_indices(presenting(token.token, config, SANDBOX, None), config) == [1]
+    assert granted_indices(presenting(token.token, config, SANDBOX, None), config) == [1]
+    outcome = evaluate(presenting(token.token, config, "6" * 64, None), config, claim=True)
+    assert outcome.verdict.status == REFUSED
+    assert f"belongs to sandbox {SANDBOX[:12]}, not 666666666666" in outcome.verdict.reason
 
 
 def test_allocation_mount_from_elsewhere_proves_nothing(
