@@ -10,6 +10,7 @@ from gpuwire.grant import KeyRing, Subject
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
 POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
+OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"  # another pod's UID
 
 
 def cri_annotations(

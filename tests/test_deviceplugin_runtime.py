@@ -20,13 +20,12 @@ from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import VIEW_SCRIPT, view
 from tests.conftest import requires_binary, requires_root
 from tests.kubelet import Kubelet
-from tests.runtime_support import POD_UID, Lab, cri_annotations
+from tests.runtime_support import OTHER_POD, POD_UID, Lab, cri_annotations
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
 HOOK = str(Path(sys.executable).parent / "gpuwire-hook")
 SHIM = str(Path(sys.executable).parent / "gpuwire-runtime")
-OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"
 
 
 @pytest.fixture

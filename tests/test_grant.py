@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpuwire import allocation, cli
 from gpuwire.grant import GrantError, KeyRing, Subject, hmac_sha256, subject_names
+from tests.runtime_support import OTHER_POD, POD_UID
 
 
 @pytest.fixture
@@ -122,9 +123,6 @@ def test_unreadable_allocation_is_refused_with_the_reason(
         allocation.read(d, token, KeyRing.load(keydir))
 
 
-POD_A, POD_B = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac", "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"
-
-
 @pytest.fixture
 def token(keydir: Path, tmp_path: Path) -> tuple[Path, str]:
     d = tmp_path / "alloc"
@@ -133,13 +131,14 @@ def token(keydir: Path, tmp_path: Path) -> tuple[Path, str]:
 
 def test_allocation_is_bound_to_the_pod_uid_not_the_sandbox(token: tuple[Path, str]) -> None:
     d, t = token
-    assert allocation.claim(d, t, "sandbox-1", POD_A) == allocation.Owner("sandbox-1", POD_A)
-    allocation.claim(d, t, "sandbox-1", POD_A)  # a restart, another container of the pod
-    allocation.claim(d, t, "sandbox-2", POD_A)  # the pod's sandbox recreated
-    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_A}, not {POD_B}"):
-        allocation.claim(d, t, "sandbox-3", POD_B)
-    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_A}"):
-        allocation.claim(d, t, "sandbox-1", POD_B)  # a sandbox id does not stand for the pod
+    assert allocation.claim(d, t, "sandbox-1", POD_UID) == allocation.Owner("sandbox-1", POD_UID)
+    allocation.claim(d, t, "sandbox-1", POD_UID)  # a restart, another container of the pod
+    allocation.claim(d, t, "sandbox-2", POD_UID)  # the pod's sandbox recreated
+    refusal = f"belongs to pod {POD_UID}, not {OTHER_POD}"
+    with pytest.raises(allocation.AllocationError, match=refusal):
+        allocation.claim(d, t, "sandbox-3", OTHER_POD)
+    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_UID}"):
+        allocation.claim(d, t, "sandbox-1", OTHER_POD)  # a sandbox id does not stand for the pod
 
 
 def test_without_a_pod_uid_the_sandbox_is_bound(token: tuple[Path, str]) -> None:
@@ -157,22 +156,23 @@ def test_a_claim_from_before_pod_uids_learns_the_uid_from_its_own_sandbox(
 ) -> None:
     d, t = token
     (d / f"{t}.claim").write_text("sandbox-1")  # as gpuwire wrote claims before
+    # another sandbox: nothing ties it to the pod the claim was made for
     with pytest.raises(allocation.AllocationError, match="belongs to sandbox sandbox-1"):
-        allocation.claim(d, t, "sandbox-2", POD_B)  # another sandbox: nothing ties it to the pod
-    assert allocation.claim(d, t, "sandbox-1", POD_A, write=False).pod == POD_A
+        allocation.claim(d, t, "sandbox-2", OTHER_POD)
+    assert allocation.claim(d, t, "sandbox-1", POD_UID, write=False).pod == POD_UID
     assert (d / f"{t}.claim").read_text() == "sandbox-1"  # a dry run writes nothing
-    allocation.claim(d, t, "sandbox-1", POD_A)  # a container of that sandbox: now the pod's
-    allocation.claim(d, t, "sandbox-2", POD_A)
-    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_A}"):
-        allocation.claim(d, t, "sandbox-1", POD_B)
+    allocation.claim(d, t, "sandbox-1", POD_UID)  # a container of that sandbox: now the pod's
+    allocation.claim(d, t, "sandbox-2", POD_UID)
+    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_UID}"):
+        allocation.claim(d, t, "sandbox-1", OTHER_POD)
     assert sorted(p.name for p in d.iterdir()) == [t, f"{t}.claim"]  # no temporary files left
 
 
 def test_a_dry_run_claims_nothing(token: tuple[Path, str]) -> None:
     d, t = token
-    assert allocation.claim(d, t, "sandbox-1", POD_A, write=False).pod == POD_A
+    assert allocation.claim(d, t, "sandbox-1", POD_UID, write=False).pod == POD_UID
     assert not (d / f"{t}.claim").exists()
-    allocation.claim(d, t, "sandbox-2", POD_B)  # the first real start still owns it
+    allocation.claim(d, t, "sandbox-2", OTHER_POD)  # the first real start still owns it
 
 
 @pytest.mark.parametrize(("sandbox", "pod"), [("s\nandbox", None), ("s", "pod=x"), ("", None)])
@@ -189,19 +189,19 @@ def test_an_identity_the_claim_file_cannot_hold_is_refused(
     ("annotations", "owner"),
     [
         (  # containerd >= 1.6.11
-            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.cri.sandbox-uid": POD_A},
-            allocation.Owner("s1", POD_A),
+            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.cri.sandbox-uid": POD_UID},
+            allocation.Owner("s1", POD_UID),
         ),
         ({"io.kubernetes.cri.sandbox-id": "s1"}, allocation.Owner("s1")),  # older containerd
         (  # CRI-O: the kubelet's pod UID label, copied into the annotations
-            {"io.kubernetes.cri-o.SandboxID": "s2", "io.kubernetes.pod.uid": POD_B},
-            allocation.Owner("s2", POD_B),
+            {"io.kubernetes.cri-o.SandboxID": "s2", "io.kubernetes.pod.uid": OTHER_POD},
+            allocation.Owner("s2", OTHER_POD),
         ),
         (  # containerd never writes CRI-O's key: it proves nothing there
-            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.pod.uid": POD_B},
+            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.pod.uid": OTHER_POD},
             allocation.Owner("s1"),
         ),
-        ({"io.kubernetes.cri.sandbox-uid": POD_A}, None),  # no sandbox: not a CRI container
+        ({"io.kubernetes.cri.sandbox-uid": POD_UID}, None),  # no sandbox: not a CRI container
     ],
 )
 def test_owner_comes_from_the_runtimes_own_annotations(

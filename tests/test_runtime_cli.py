@@ -10,6 +10,7 @@ import pytest
 
 from gpuwire import allocation, cli
 from tests.runtime_support import (
+    OTHER_POD,
     POD_UID,
     SANDBOX,
     Lab,
@@ -17,8 +18,6 @@ from tests.runtime_support import (
     cri_annotations,
     grant_for,
 )
-
-OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"
 
 
 @pytest.fixture

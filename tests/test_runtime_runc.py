@@ -21,7 +21,7 @@ from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import VIEW_SCRIPT, view
 from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import POD_UID, SANDBOX, Lab, cri_annotations, grant_for
+from tests.runtime_support import OTHER_POD, POD_UID, SANDBOX, Lab, cri_annotations, grant_for
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -29,7 +29,6 @@ BIN = Path(sys.executable).parent
 HOOK, SHIM = str(BIN / "gpuwire-hook"), str(BIN / "gpuwire-runtime")
 ENXIO = "cat: can't open '/dev/nvidia{}': No such device or address"
 DELIVERIES = ("prestart", "shim")
-OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"
 
 
 @pytest.fixture

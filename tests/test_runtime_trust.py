@@ -13,6 +13,7 @@ from runtime_hook.config import Config
 from runtime_hook.discovery import Roots
 from runtime_hook.trust import GRANTED, NOT_GPU, REFUSED, evaluate
 from tests.runtime_support import (
+    OTHER_POD,
     POD_UID,
     SANDBOX,
     container_spec,
@@ -188,32 +189,29 @@ def presenting(token: str, config: Config, sandbox: str, pod: str | None) -> dic
     )
 
 
-def test_allocation_follows_its_pod_into_a_new_sandbox_and_no_further(
-    node: tuple[Config, KeyRing],
+@pytest.mark.parametrize(
+    ("pod", "thief", "refusal"),
+    [
+        (POD_UID, OTHER_POD, f"belongs to pod {POD_UID}, not {OTHER_POD}"),
+        (None, None, f"belongs to sandbox {SANDBOX[:12]}, not 777777777777"),
+    ],
+    ids=["pod-uid", "no-pod-uid"],
+)
+def test_allocation_stays_with_its_pod(
+    node: tuple[Config, KeyRing], pod: str | None, thief: str | None, refusal: str
 ) -> None:
+    """With the pod's UID in the spec (containerd >= 1.6.11) the pod keeps its GPU in a new
+    sandbox: its pause container died, or the node rebooted and the kubelet started it again
+    with the Allocate answer it checkpointed. Without one (older containerd) the sandbox is
+    all there is to bind."""
     config, keys = node
     token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [uuids(config)[1]], keys)
-    assert granted_indices(presenting(token.token, config, SANDBOX, POD_UID), config) == [1]
-    # the pause container died (or the node rebooted): the kubelet makes a new sandbox and
-    # starts the pod's containers with the Allocate answer it checkpointed
-    assert granted_indices(presenting(token.token, config, "6" * 64, POD_UID), config) == [1]
-    other_pod = presenting(token.token, config, "7" * 64, "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c")
-    outcome = evaluate(other_pod, config, claim=True)
+    assert granted_indices(presenting(token.token, config, SANDBOX, pod), config) == [1]
+    again = granted_indices(presenting(token.token, config, "6" * 64, pod), config)
+    assert again == ([1] if pod else None)
+    outcome = evaluate(presenting(token.token, config, "7" * 64, thief), config, claim=True)
     assert outcome.verdict.status == REFUSED
-    assert f"belongs to pod {POD_UID}, not 0b0d1f4e" in outcome.verdict.reason
-
-
-def test_without_a_pod_uid_the_allocation_stays_with_its_sandbox(
-    node: tuple[Config, KeyRing],
-) -> None:
-    """An older containerd writes no pod UID: the sandbox id is all there is to bind."""
-    config, keys = node
-    token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [uuids(config)[1]], keys)
-    assert granted_indices(presenting(token.token, config, SANDBOX, None), config) == [1]
-    assert granted_indices(presenting(token.token, config, SANDBOX, None), config) == [1]
-    outcome = evaluate(presenting(token.token, config, "6" * 64, None), config, claim=True)
-    assert outcome.verdict.status == REFUSED
-    assert f"belongs to sandbox {SANDBOX[:12]}, not 666666666666" in outcome.verdict.reason
+    assert refusal in outcome.verdict.reason
 
 
 def test_allocation_mount_from_elsewhere_proves_nothing(
