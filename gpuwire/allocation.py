@@ -162,9 +162,6 @@ class Owner(Record):
             return None
         return f"sandbox {self.sandbox[:12]}, not {other.sandbox[:12]}"
 
-    def describe(self) -> str:
-        return f"pod {self.pod}" if self.pod else f"sandbox {self.sandbox[:12]}"
-
 
 def owner_of(annotations: Mapping[str, str]) -> Owner | None:
     """The pod a container spec's CRI annotations name, if they name its sandbox."""
@@ -193,8 +190,6 @@ def _claimed(path: str) -> Owner | None:
 def _publish(path: str, text: str, *, replace: bool) -> bool:
     """Put `text` at `path` whole, never half-written: a new file (False when another
     process made one first) or, with `replace`, in place of the old one."""
-    import contextlib
-
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".{name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -209,7 +204,7 @@ def _publish(path: str, text: str, *, replace: bool) -> bool:
     except FileExistsError:
         return False
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        if os.path.lexists(tmp):  # ours alone (the pid is in its name); gone once replaced
             os.unlink(tmp)
 
 
