@@ -108,8 +108,9 @@ def grant_verify(argv: list[str]) -> int:
 
 def _program(name: str, given: str | None) -> str:
     """An absolute path to one of gpuwire's programs: as given, else the one installed with
-    this gpuwire (beside its Python, link names kept so an upgrade's switch carries over),
-    else the one on PATH."""
+    this gpuwire (beside its Python as the interpreter was named, links not resolved), else
+    the one on PATH. A console script names its version's own Python, so where versions are
+    switched by a link the installer names the path through the link itself."""
     if given is None:
         beside = Path(sys.executable).parent / name
         found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name) or str(beside)
