@@ -171,25 +171,27 @@ def make_char_device(dir_fd: int, name: str, major: int, minor: int, journal: Jo
     journal.record(os.unlink, name, dir_fd=dir_fd)
 
 
-def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> None:
+def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> bool:
     """Point `name` at `target`, replacing a symlink the image had (restored on undo).
 
-    A real file of that name is the image's own and is left alone.
+    A real file (or directory) of that name is the image's own and is left alone: then
+    the link is not in place, and False says so.
     """
     try:
         os.symlink(target, name, dir_fd=dir_fd)
     except FileExistsError:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISLNK(st.st_mode):
-            return
+            return False
         old = os.readlink(name, dir_fd=dir_fd)
         if old == target:
-            return
+            return True
         os.unlink(name, dir_fd=dir_fd)
         os.symlink(target, name, dir_fd=dir_fd)
         journal.record(_relink, dir_fd, name, old)
-        return
+        return True
     journal.record(os.unlink, name, dir_fd=dir_fd)
+    return True
 
 
 def _relink(dir_fd: int, name: str, target: str) -> None:
