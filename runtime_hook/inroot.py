@@ -137,18 +137,18 @@ class Dirs:
 
 
 def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
-    """An O_PATH fd of the regular file `name` in `dir_fd`, created empty when missing.
+    """An fd of the regular file `name` in `dir_fd`, created empty when missing.
 
     A symlink or a directory in its place is refused: a bind mount over either would land
     somewhere the image chose.
     """
     try:
-        fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
+        fd = journal.keep(syscalls.openat2(dir_fd, name, os.O_PATH, EXACT))
     except FileNotFoundError:
-        os.close(syscalls.openat2(dir_fd, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, EXACT, 0o644))
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+        fd = journal.keep(syscalls.openat2(dir_fd, name, flags, EXACT, 0o644))
         journal.record(os.unlink, name, dir_fd=dir_fd)
-        fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
-    journal.keep(fd)
+        return fd  # made here: a regular file
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise OSError(
             f"cannot mount over {name!r}: the image has something other than a file there"

@@ -251,13 +251,28 @@ def merge(existing: list[Entry], added: list[Entry], folders: list[str]) -> list
     """`existing` with `added` in, replacing entries of the same path, in ldconfig's order.
 
     ldconfig scans the folders on its command line first, so among otherwise equal entries
-    (the same name in two directories) those in `folders` come first, in that order."""
+    (the same name in two directories) those in `folders` come first, in that order. Names
+    are nearly all distinct: the rest of the order is worked out only where they are not."""
     paths = {e.path for e in added}
     entries = [e for e in existing if e.path not in paths] + added
+    keyed = sorted(((libcmp_key(e.name), e) for e in entries), key=_first, reverse=True)
     prefixes = [f.encode().rstrip(b"/") + b"/" for f in folders]
-    entries.sort(key=lambda e: _tie_break(e, prefixes))
-    entries.sort(key=lambda e: libcmp_key(e.name), reverse=True)
-    return entries
+    ordered: list[Entry] = []
+    start = 0
+    while start < len(keyed):
+        end = start + 1
+        while end < len(keyed) and keyed[end][0] == keyed[start][0]:
+            end += 1
+        same = [entry for _, entry in keyed[start:end]]
+        if len(same) > 1:
+            same.sort(key=lambda e: _tie_break(e, prefixes))
+        ordered += same
+        start = end
+    return ordered
+
+
+def _first(pair: tuple[bytes, Entry]) -> bytes:
+    return pair[0]
 
 
 def _tie_break(entry: Entry, folders: list[bytes]) -> tuple[int, int, bytes, int, int, int, int]:
