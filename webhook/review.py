@@ -39,7 +39,7 @@ class Review:
 def parse(body: bytes) -> Review:
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BadReview(f"body is not JSON: {exc}") from exc
     if not isinstance(doc, Mapping):
         raise BadReview("body is not a JSON object")
