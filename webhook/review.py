@@ -19,6 +19,9 @@ from webhook.mutation import Outcome
 
 VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_LENGTH = 120  # longer warnings may be truncated by clients
+# Compact (as the API server writes JSON), and without the check for circular references,
+# which costs a fifth of the encoding: what goes out is plain data built by this package.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
 class BadReview(ValueError):
@@ -36,12 +39,17 @@ class Review:
     dry_run: bool
 
 
+def encode(document: object) -> bytes:
+    """`document` as JSON: the patch, and the answer that carries it."""
+    return _ENCODER.encode(document).encode()
+
+
 def parse(body: bytes) -> Review:
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise BadReview(f"body is not JSON: {exc}") from exc
-    if not isinstance(doc, Mapping):
+    if not isinstance(doc, dict):  # decoded JSON: objects are dicts
         raise BadReview("body is not a JSON object")
     version = doc.get("apiVersion")
     if doc.get("kind") != "AdmissionReview" or version not in VERSIONS:
@@ -50,7 +58,7 @@ def parse(body: bytes) -> Review:
             f"got kind {doc.get('kind')!r}, apiVersion {version!r}"
         )
     request = doc.get("request")
-    if not isinstance(request, Mapping):
+    if not isinstance(request, dict):
         raise BadReview("AdmissionReview has no request object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
@@ -65,7 +73,7 @@ def parse(body: bytes) -> Review:
         uid=uid,
         namespace=namespace,
         operation=operation,
-        kind=str(kind.get("kind", "")) if isinstance(kind, Mapping) else "",
+        kind=str(kind.get("kind", "")) if isinstance(kind, dict) else "",
         pod=request.get("object"),
         dry_run=request.get("dryRun") is True,
     )
@@ -89,7 +97,7 @@ def response(review: Review, outcome: Outcome) -> dict[str, Any]:
         }
     elif outcome.patch:
         answer["patchType"] = "JSONPatch"
-        answer["patch"] = base64.b64encode(json.dumps(list(outcome.patch)).encode()).decode()
+        answer["patch"] = base64.b64encode(encode(outcome.patch)).decode()
     if outcome.warnings:
         answer["warnings"] = _warnings(outcome)
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": answer}
