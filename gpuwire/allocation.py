@@ -4,9 +4,19 @@ Allocate sees device IDs, not the pod, so it cannot sign a namespace and contain
 Instead it writes a token file into a root-only host directory and answers with a read-only
 bind mount of that file at `/run/gpuwire/allocations/<token>`. The kubelet adds that mount;
 a pod author can neither add a mount whose source is in that host directory (that needs a
-hostPath volume, which Pod Security `baseline` forbids) nor replay one: the first sandbox
-that starts with a token claims it, and another sandbox presenting it is refused. The token's
+hostPath volume, which Pod Security `baseline` forbids) nor replay one: the first pod that
+starts with a token claims it, and another pod presenting it is refused. The token's
 content is MAC'd with the grant keys, so a file planted elsewhere proves nothing either.
+
+A claim binds the token to the pod's UID where the runtime writes it into the spec
+(containerd >= 1.6.11 and 1.7: `io.kubernetes.cri.sandbox-uid`; CRI-O: the kubelet's
+`io.kubernetes.pod.uid` label, which it copies into the annotations), so the pod keeps its
+GPU when its sandbox is recreated (the pause container died; a node reboot, after which the
+kubelet reuses its checkpointed Allocate answer). Where the spec carries no UID (older
+containerd) the claim binds the sandbox id, as it always did. A claim written before UIDs
+were read (the sandbox id alone) takes the UID from the first container of that same sandbox
+that presents it.
+
 The node side imports this module on every container start: it reads tokens with
 `gpuwire.lightjson` and `gpuwire.grant`'s MAC, and what only writing one needs (json,
 secrets) is imported there.
@@ -22,7 +32,7 @@ from gpuwire.record import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
 DEFAULT_DIR = "/var/lib/gpuwire/allocations"
 CONTAINER_DIR = "/run/gpuwire/allocations"
@@ -115,24 +125,118 @@ def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Alloca
     return allocation
 
 
-def claim(directory: str | os.PathLike[str], token: str, sandbox: str) -> None:
-    """Bind `token` to the first pod sandbox that uses it; refuse any other sandbox.
+# (sandbox id, pod UID) annotation keys: containerd's CRI plugin, then CRI-O.
+OWNER_ANNOTATIONS = (
+    ("io.kubernetes.cri.sandbox-id", "io.kubernetes.cri.sandbox-uid"),
+    ("io.kubernetes.cri-o.SandboxID", "io.kubernetes.pod.uid"),
+)
 
-    Containers of one sandbox (restarts, several containers) may present it again.
-    """
-    path = os.path.join(directory, f"{token}.claim")
+
+class Owner(Record):
+    """Whom a token is bound to: a pod, by its UID where the runtime names it, else by its
+    sandbox."""
+
+    __slots__ = _fields = ("sandbox", "pod")
+    sandbox: str
+    pod: str | None  # the pod's UID
+
+    def __init__(self, sandbox: str, pod: str | None = None) -> None:
+        self._set(sandbox=sandbox, pod=pod or None)
+
+    def text(self) -> str:
+        return (f"pod={self.pod}\n" if self.pod else "") + f"sandbox={self.sandbox}\n"
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        """A claim file's content; one without `=` is a sandbox id (claims before UIDs)."""
+        if "=" not in text:
+            return cls(text)
+        fields = dict(line.partition("=")[::2] for line in text.splitlines())
+        return cls(fields.get("sandbox", ""), fields.get("pod"))
+
+    def refusal(self, other: Owner) -> str | None:
+        """Why `other` is not this owner (pod UIDs compared where both have one), or None."""
+        if self.pod and other.pod:
+            return None if self.pod == other.pod else f"pod {self.pod}, not {other.pod}"
+        if self.sandbox == other.sandbox:
+            return None
+        return f"sandbox {self.sandbox[:12]}, not {other.sandbox[:12]}"
+
+
+def owner_of(annotations: Mapping[str, str]) -> Owner | None:
+    """The pod a container spec's CRI annotations name, if they name its sandbox."""
+    for sandbox_key, pod_key in OWNER_ANNOTATIONS:
+        if annotations.get(sandbox_key):
+            return Owner(annotations[sandbox_key], annotations.get(pod_key))
+    return None
+
+
+def _checked(owner: Owner) -> Owner:
+    for what, value in (("sandbox id", owner.sandbox), ("pod UID", owner.pod)):
+        if value is not None and not (value.isprintable() and value and "=" not in value):
+            raise AllocationError(f"{what} {value!r} is not one gpuwire can bind a token to")
+    return owner
+
+
+def _claimed(path: str) -> Owner | None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd) as f:
+        return Owner.parse(f.read())
+
+
+def _publish(path: str, text: str, *, replace: bool) -> bool:
+    """Put `text` at `path` whole, never half-written: a new file (False when another
+    process made one first) or, with `replace`, in place of the old one."""
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+        return True
     except FileExistsError:
-        with open(path) as f:
-            owner = f.read()
-        if owner != sandbox:
-            raise AllocationError(
-                f"allocation {token} belongs to sandbox {owner[:12]}, not {sandbox[:12]}"
-            ) from None
-        return
-    with os.fdopen(fd, "w") as f:
-        f.write(sandbox)
+        return False
+    finally:
+        if os.path.lexists(tmp):  # ours alone (the pid is in its name); gone once replaced
+            os.unlink(tmp)
+
+
+def claim(
+    directory: str | os.PathLike[str],
+    token: str,
+    sandbox: str,
+    pod: str | None = None,
+    *,
+    write: bool = True,
+) -> Owner:
+    """Bind `token` to the first pod that presents it; refuse any other. Returns its owner.
+
+    The same pod may present it again: its other containers, restarts, and (where `pod`, the
+    pod's UID, is known) a new sandbox. Without `write` (troubleshooting) nothing is written:
+    the answer is what a container start would get.
+    """
+    presenter = _checked(Owner(sandbox, pod))
+    path = os.path.join(directory, f"{token}.claim")
+    owner = _claimed(path)
+    if owner is None:
+        if not write or _publish(path, presenter.text(), replace=False):
+            return presenter
+        owner = _claimed(path) or presenter  # another start claimed it a moment ago
+    refusal = owner.refusal(presenter)
+    if refusal:
+        raise AllocationError(f"allocation {token} belongs to {refusal}")
+    if owner.pod is None and presenter.pod is not None:
+        owner = Owner(owner.sandbox, presenter.pod)  # the same sandbox: its pod's UID
+        if write:
+            _publish(path, owner.text(), replace=True)
+    return owner
 
 
 def remove(directory: str | os.PathLike[str], token: str) -> None:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpuwire import allocation
 from runtime_hook import cdi, config, containerd_config, trust
 
 
@@ -24,7 +25,9 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
     """The verdict and every fact it rests on, one `label  text` line each."""
     request = outcome.request
     who = "/".join(request.names) if request.names else "(no CRI namespace/name annotations)"
-    sandbox = f" (sandbox {request.sandbox[:12]})" if request.sandbox else ""
+    owner = request.owner
+    pod = f"pod {owner.pod}, " if owner and owner.pod else ""
+    sandbox = f" ({pod}sandbox {owner.sandbox[:12]})" if owner else ""
     lines = [
         f"container   {who}{sandbox}",
         f"request     {request.describe()}",
@@ -33,7 +36,7 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
     allocations = [
         f"{t.token}: {t.error}"
         if t.error or t.allocation is None
-        else f"{t.token}: valid, GPUs {', '.join(t.allocation.devices)}"
+        else f"{t.token}: valid, GPUs {', '.join(t.allocation.devices)}{_binding(t.owner)}"
         for t in outcome.tokens
     ]
     lines += [f"allocation  {a}" for a in allocations or ["none"]]
@@ -62,6 +65,15 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
         decision = f"{verdict.status}: {verdict.reason}"
     lines.append(f"decision    {decision}")
     return lines
+
+
+def _binding(owner: allocation.Owner | None) -> str:
+    """Whom a valid token is bound to: by pod UID where the spec names it, else by sandbox."""
+    if owner is None:
+        return ""
+    if owner.pod:
+        return f"; for pod {owner.pod}, in any of its sandboxes"
+    return f"; for sandbox {owner.sandbox[:12]} only (the spec names no pod UID)"
 
 
 def grant_verify(argv: list[str]) -> int:
@@ -96,8 +108,9 @@ def grant_verify(argv: list[str]) -> int:
 
 def _program(name: str, given: str | None) -> str:
     """An absolute path to one of gpuwire's programs: as given, else the one installed with
-    this gpuwire (beside its Python, link names kept so an upgrade's switch carries over),
-    else the one on PATH."""
+    this gpuwire (beside its Python as the interpreter was named, links not resolved), else
+    the one on PATH. A console script names its version's own Python, so where versions are
+    switched by a link the installer names the path through the link itself."""
     if given is None:
         beside = Path(sys.executable).parent / name
         found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name) or str(beside)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import tomlkit
 from tomlkit.exceptions import ParseError
 
+from gpuwire.allocation import OWNER_ANNOTATIONS
 from gpuwire.grant import SUBJECT_ANNOTATIONS
 from runtime_hook.edits import HOOK_ENV
 
@@ -41,12 +42,12 @@ DEFAULT_CONFIG = Path("/etc/containerd/config.toml")
 DROP_IN = "conf.d/99-gpuwire.toml"  # beside the main file
 BASE_SPEC = Path("/etc/gpuwire/containerd-base-spec.json")
 CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-# The grant binds the namespace and container name containerd writes under these keys, and an
-# allocation binds the sandbox id: no pod may pass its own values through, whatever order
-# containerd applies annotations in.
+# The grant binds the namespace and container name the runtime writes under these keys, and an
+# allocation binds the pod UID and sandbox id: no pod may pass its own values through,
+# whatever order containerd applies annotations in.
 PROTECTED_ANNOTATIONS = (
     *(key for pair in SUBJECT_ANNOTATIONS for key in pair),
-    "io.kubernetes.cri.sandbox-id",
+    *(key for pair in OWNER_ANNOTATIONS for key in pair),
 )
 _HANDLER = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RuntimeClass `handler`
 
@@ -378,7 +379,7 @@ def plan(
         if exposing:
             warnings.append(
                 f"runc's {key} {exposing} not copied to {runtime.name!r}: they would let a pod "
-                f"set {', '.join(PROTECTED_ANNOTATIONS)}, which its GPU grant binds"
+                f"set {', '.join(PROTECTED_ANNOTATIONS)}, which its GPU grant and allocation bind"
             )
     return Plan(changes, warnings)
 

@@ -21,9 +21,11 @@ Python runs as `python -IS` with the directory that holds gpuwire written in: `-
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
 skips `site`. The node side imports only the standard library and gpuwire.
 
-    python -m runtime_hook.launcher /usr/local/libexec/gpuwire
+    python -I -m runtime_hook.launcher /usr/local/libexec/gpuwire
 
-writes both there; point containerd's `BinaryName` at that `gpuwire-runtime`.
+writes both there (`-I`: the gpuwire that is installed, not a source tree in the working
+directory); point containerd's `BinaryName` at that `gpuwire-runtime`. The image does this
+into `/opt/gpuwire/<version>/libexec` (Containerfile, deploy/node/install-node).
 """
 
 from __future__ import annotations

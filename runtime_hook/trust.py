@@ -8,7 +8,8 @@ default) a request is honoured only when
    device anyway), or
 2. it carries the device plugin's allocation mounts (`gpuwire.allocation`): a token file
    from the configured allocation directory at `/run/gpuwire/allocations/<token>`, valid
-   and claimed by this pod sandbox. The devices are the token's, not the env's; or
+   and claimed by this pod (by its UID where the spec names it, else by its sandbox). The
+   devices are the token's, not the env's; or
 3. its `GPUWIRE_GRANT` verifies (`gpuwire.grant`) for its CRI namespace and container name,
    its `NVIDIA_VISIBLE_DEVICES` and its `NVIDIA_DRIVER_CAPABILITIES`. A grant for devices
    `plugin` leaves the devices to the device plugin, so it needs an allocation too.
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from runtime_hook.spec import Spec
 
 PRIVILEGED_CAPABILITY = "CAP_SYS_ADMIN"
-SANDBOX_ANNOTATIONS = ("io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID")
 REQUEST_ENV = (nvidia.VISIBLE_DEVICES_ENV, nvidia.CAPABILITIES_ENV, grant.ENV)
 
 # Verdict statuses
@@ -51,8 +51,8 @@ class ContainerRequest:
         "conflicts",
         "grant",
         "names",
+        "owner",
         "privileged",
-        "sandbox",
         "stray_tokens",
         "tokens",
         "visible",
@@ -64,7 +64,7 @@ class ContainerRequest:
         capabilities: str | None,
         grant: str | None,
         names: tuple[str, str] | None,
-        sandbox: str | None,
+        owner: allocation.Owner | None,
         privileged: bool,
         tokens: tuple[str, ...] = (),
         stray_tokens: tuple[str, ...] = (),
@@ -74,7 +74,7 @@ class ContainerRequest:
         self.capabilities = capabilities  # NVIDIA_DRIVER_CAPABILITIES
         self.grant = grant  # GPUWIRE_GRANT
         self.names = names  # (namespace, container name) from the CRI annotations
-        self.sandbox = sandbox  # pod sandbox id
+        self.owner = owner  # the pod: its sandbox id and, where the runtime names it, UID
         self.privileged = privileged
         self.tokens = tokens  # allocation tokens mounted from the allocation dir
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
@@ -94,7 +94,6 @@ class ContainerRequest:
 def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
     env = ocispec.env(spec)
     notes = ocispec.annotations_of(spec)
-    sandbox = next((notes[k] for k in SANDBOX_ANNOTATIONS if notes.get(k)), None)
     tokens, strays = [], []
     for mount in ocispec.mounts(spec):
         token = allocation.token_of(str(mount.get("destination", "")))
@@ -110,7 +109,7 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         capabilities=env.get(nvidia.CAPABILITIES_ENV),
         grant=env.get(grant.ENV),
         names=grant.subject_names(notes),
-        sandbox=sandbox,
+        owner=allocation.owner_of(notes),
         privileged=PRIVILEGED_CAPABILITY in ocispec.bounding_capabilities(spec),
         tokens=tuple(dict.fromkeys(tokens)),
         stray_tokens=tuple(strays),
@@ -126,20 +125,25 @@ def _inside(source: str, directory: str, token: str) -> bool:
 class TokenCheck:
     """One allocation token: the allocation it proves, or why it proves nothing."""
 
-    __slots__ = ("allocation", "error", "token")
+    __slots__ = ("allocation", "error", "owner", "token")
 
     def __init__(
-        self, token: str, allocation: allocation.Allocation | None, error: str | None
+        self,
+        token: str,
+        allocation: allocation.Allocation | None,
+        error: str | None,
+        owner: allocation.Owner | None = None,
     ) -> None:
         self.token = token
         self.allocation = allocation
         self.error = error
+        self.owner = owner  # whom the token is (or on this start would be) bound to
 
 
 def check_tokens(
     request: ContainerRequest, directory: str, keys: grant.KeyRing, *, claim: bool
 ) -> tuple[TokenCheck, ...]:
-    """Read every token; with `claim`, bind it to this sandbox (a real container start).
+    """Read every token; with `claim`, bind it to this pod (a real container start).
 
     Without `claim` (troubleshooting) an existing claim is only compared, nothing written.
     """
@@ -147,30 +151,16 @@ def check_tokens(
     for token in request.tokens:
         try:
             found = allocation.read(directory, token, keys)
-            if request.sandbox is None:
+            if request.owner is None:
                 raise allocation.AllocationError(
                     f"allocation {token}: the spec names no pod sandbox to bind it to"
                 )
-            if claim:
-                allocation.claim(directory, token, request.sandbox)
-            else:
-                _compare_claim(directory, token, request.sandbox)
-            checks.append(TokenCheck(token, found, None))
+            owner = request.owner
+            owner = allocation.claim(directory, token, owner.sandbox, owner.pod, write=claim)
+            checks.append(TokenCheck(token, found, None, owner))
         except allocation.AllocationError as exc:
             checks.append(TokenCheck(token, None, str(exc)))
     return tuple(checks)
-
-
-def _compare_claim(directory: str, token: str, sandbox: str) -> None:
-    try:
-        with open(f"{directory}/{token}.claim") as f:
-            owner = f.read()
-    except FileNotFoundError:
-        return
-    if owner != sandbox:
-        raise allocation.AllocationError(
-            f"allocation {token} belongs to sandbox {owner[:12]}, not {sandbox[:12]}"
-        )
 
 
 class Verdict:

@@ -9,17 +9,24 @@ from typing import Any
 from gpuwire.grant import KeyRing, Subject
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
+POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
+OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"  # another pod's UID
 
 
 def cri_annotations(
-    namespace: str = NAMESPACE, container: str = CONTAINER, sandbox: str = SANDBOX
+    namespace: str = NAMESPACE,
+    container: str = CONTAINER,
+    sandbox: str = SANDBOX,
+    pod: str | None = POD_UID,
 ) -> dict[str, str]:
-    """The annotations containerd's CRI plugin puts on a Kubernetes container's spec."""
+    """The annotations containerd's CRI plugin puts on a Kubernetes container's spec; the
+    pod's UID since containerd 1.6.11 (`pod=None`: an older containerd)."""
     return {
         "io.kubernetes.cri.container-type": "container",
         "io.kubernetes.cri.sandbox-id": sandbox,
         "io.kubernetes.cri.sandbox-namespace": namespace,
         "io.kubernetes.cri.container-name": container,
+        **({"io.kubernetes.cri.sandbox-uid": pod} if pod else {}),
     }
 
 

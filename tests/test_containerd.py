@@ -14,8 +14,11 @@ kubelet and the webhook would give, shows the same GPU view as the runc tests
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,8 +31,10 @@ from gpuwire.lab.containerd import CRI, Container, Containerd, Mount
 from gpuwire.lab.image import NAME, write_layout_tar
 from gpuwire.lab.rootfs import busybox_rootfs
 from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
+from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
 from tests.runtime_support import Lab, cri_annotations, grant_for
+from tests.waiting import until
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 
@@ -226,6 +231,45 @@ def test_unknown_device_fails_the_start(lab: Lab, node_containerd: Containerd) -
     out = node_containerd.run(container)
     assert out.returncode != 0
     assert "unknown device '9'" in out.stderr
+
+
+def test_a_gpu_container_is_deleted_after_upgrades_removed_its_version(
+    lab: Lab, node_containerd: Containerd, tmp_path: Path
+) -> None:
+    """containerd keeps the runtime path a container started with (its task's options.json)
+    and the runc shim calls it again to kill and delete: through `current`, as the installer
+    configures it, that path reaches the version installed by then."""
+    opt = tmp_path / "opt/gpuwire"
+    for version in ("0.1.0", "0.2.0"):
+        launcher.install(str(opt / version / "libexec"))
+
+    def switch(version: str) -> None:  # as the installer does: one rename
+        (opt / ".current").symlink_to(version)
+        os.replace(opt / ".current", opt / "current")
+
+    switch("0.1.0")
+    binary = str(opt / "current/libexec/gpuwire-runtime")
+    cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
+    container = Container(
+        NAME, ("sleep", "600"), runc_binary=binary, annotations=cri_annotations(),
+        env=granted(lab, "0"),
+    )  # fmt: skip
+    try:
+        started = node_containerd.run_detached(container, cid, tmp_path / "log")
+        assert started.returncode == 0, started.stderr
+        assert (lab.records / cid).exists()  # gpuwire holds GPU 0 for it
+        switch("0.2.0")
+        shutil.rmtree(opt / "0.1.0")  # two upgrades later the installer has removed it
+        node_containerd.ctr("tasks", "kill", "--signal", "SIGKILL", cid)
+        until(lambda: node_containerd.task_status(cid) == "STOPPED")
+        deleted = node_containerd.ctr("tasks", "delete", cid, check=False)
+        assert deleted.returncode == 0, deleted.stderr
+        assert not (lab.records / cid).exists()  # the delete went through gpuwire
+    finally:  # whatever failed, runc itself behind that path lets the container go
+        (opt / "runc/libexec").mkdir(parents=True)
+        (opt / "runc/libexec/gpuwire-runtime").symlink_to(str(shutil.which("runc")))
+        switch("runc")
+        node_containerd.remove(cid)
 
 
 def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path) -> None:

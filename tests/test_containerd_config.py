@@ -150,6 +150,23 @@ def test_pods_cannot_pass_the_annotations_a_grant_binds(main: Path) -> None:
     assert runtimes["runc"]["pod_annotations"] == ["*", "example.com/*"]  # runc's stays
 
 
+@pytest.mark.parametrize(
+    "pattern", ["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.*", "io.kubernetes.cri-o.*"]
+)
+def test_pods_cannot_pass_the_pod_uid_or_sandbox_an_allocation_binds(
+    main: Path, pattern: str
+) -> None:
+    """A pod that set its own pod UID could present another pod's allocation token."""
+    text = ADMIN_V2.replace('["*", "example.com/*"]', f'["{pattern}", "example.com/*"]')
+    result = plan(
+        main, main.parent / "conf.d/99.toml", Runtime(shim=SHIM), files_reader({main: text})
+    )
+    (warning,) = result.warnings
+    assert warning.startswith(f"runc's pod_annotations ['{pattern}'] not copied to 'gpuwire'")
+    runtimes = cri(result.changes[0].new)["containerd"]["runtimes"]
+    assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*"]
+
+
 def test_version_3_uses_the_cri_runtime_plugin(main: Path) -> None:
     files = applied({main: ADMIN_V3}, main, Runtime(shim=SHIM, set_default=True, cdi=True))
     drop_in = files[main.parent / "conf.d/99-gpuwire.toml"]

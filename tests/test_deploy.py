@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ import pytest
 import yaml
 
 from gpuwire import cli
+from runtime_hook import config
 
 REPO = Path(__file__).resolve().parent.parent
 KUSTOMIZATIONS = ["base", "overlays/plugin-less", "overlays/cdi"]
 NAMESPACE = "gpuwire-system"
 IMAGE = "ghcr.io/gpuwire/gpuwire:0.1.0"
+LAUNCHERS = "/opt/gpuwire/current/libexec"  # <version>/libexec in the image, via `current`
 Obj = dict[str, Any]
 
 
@@ -527,3 +530,26 @@ def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() 
     assert IMAGE.endswith(f":{version[1]}")
     assert command == (installed[1].replace("${GPUWIRE_VERSION}", "current"),)
     assert 'ENTRYPOINT ["gpuwire"]' in text
+
+
+def test_the_image_builds_the_launchers_the_node_side_runs() -> None:
+    """containerd calls gpuwire-runtime four times per container and a CDI spec runs
+    gpuwire-hook on every start: production runs the launchers (runtime_hook/launcher.py),
+    not pip's console scripts, at a path that survives upgrades (tests/test_deploy_node.py)."""
+    lines = (REPO / "Containerfile").read_text().replace("\\\n", " ").splitlines()
+    (step,) = [i for i, line in enumerate(lines) if "-m runtime_hook.launcher" in line]
+    words = lines[step].split()
+    # the venv's Python, whose path is the same on the host; -I: gpuwire from the venv, not
+    # from /src, which the launchers would otherwise name and the host does not have
+    assert words[:3] == ["RUN", "/opt/gpuwire/${GPUWIRE_VERSION}/bin/python", "-I"]
+    assert words[-1].replace("${GPUWIRE_VERSION}", "current") == LAUNCHERS
+    installed = next(i for i, line in enumerate(lines) if "uv pip install" in line)
+    build_id = next(i for i, line in enumerate(lines) if "> BUILD_ID" in line)
+    assert installed < step < build_id  # after gpuwire is installed, part of the build's id
+    installer = (REPO / "deploy/node/install-node").read_text()
+    assert re.findall(r"^LAUNCHERS=(\S+)$", installer, re.M) == [LAUNCHERS]
+    for kustomization in KUSTOMIZATIONS:
+        node = find(render(kustomization), "ConfigMap", "gpuwire-node")["data"]
+        toml = node["config.toml"]
+        settings = config.from_table(tomllib.loads(toml), f"{kustomization}: config.toml")
+        assert settings.hook == f"{LAUNCHERS}/gpuwire-hook"  # the CDI spec's ld-cache hook

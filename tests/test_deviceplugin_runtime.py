@@ -1,7 +1,7 @@
 """End to end on the simulated node: the device plugin's Allocate answer, as the kubelet
 passes it to the runtime (env and a read-only bind mount), is accepted by gpuwire's runtime
 side in a real runc container, which then sees exactly the allocated GPUs; the same answer
-replayed into another pod's sandbox gets nothing."""
+replayed into another pod gets nothing, while the same pod in a new sandbox keeps it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import VIEW_SCRIPT, view
 from tests.conftest import requires_binary, requires_root
 from tests.kubelet import Kubelet
-from tests.runtime_support import Lab, cri_annotations
+from tests.runtime_support import OTHER_POD, POD_UID, Lab, cri_annotations
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -56,13 +56,16 @@ def kubelet(lab: Lab, socket_dir: Path) -> Iterator[Kubelet]:
 
 
 def container(
-    lab: Lab, answer: api_pb2.ContainerAllocateResponse, delivery: str, sandbox: str = "5" * 64
+    lab: Lab,
+    answer: api_pb2.ContainerAllocateResponse,
+    delivery: str,
+    sandbox: str = "5" * 64,
+    pod: str | None = POD_UID,
 ) -> Bundle:
     """A container spec as containerd writes it from the kubelet's run options."""
     path = lab.root / f"bundle-{uuid.uuid4().hex[:8]}"
-    bundle = Bundle.create(
-        path, ["sh", "-c", VIEW_SCRIPT], dict(answer.envs), cri_annotations(sandbox=sandbox)
-    )
+    notes = cri_annotations(sandbox=sandbox, pod=pod)
+    bundle = Bundle.create(path, ["sh", "-c", VIEW_SCRIPT], dict(answer.envs), notes)
     bundle.spec["mounts"] += [
         {
             "destination": m.container_path,
@@ -100,12 +103,25 @@ def test_allocated_gpus_and_only_those_reach_the_container(
     assert seen["devices"] == [f"nvidia-uvm nvidia-uvm-tools {nodes} nvidiactl"]
 
 
-def test_answer_replayed_in_another_sandbox_gets_no_gpu(lab: Lab, kubelet: Kubelet) -> None:
+def gpus_seen(bundle: Bundle) -> list[str]:
+    out = bundle.run()
+    assert out.returncode == 0, out.stderr
+    return view(out.stdout)["devices"]
+
+
+def test_answer_replayed_in_another_pod_gets_no_gpu(lab: Lab, kubelet: Kubelet) -> None:
     _, answer = kubelet.admit("nvidia.com/gpu", 1)
-    first = container(lab, answer, "prestart").run()
-    assert first.returncode == 0, first.stderr
-    assert len(view(first.stdout)["smi"]) == 1
-    replay = container(lab, answer, "prestart", sandbox="7" * 64).run()
-    assert replay.returncode == 0, replay.stderr
-    assert view(replay.stdout)["devices"] == ["nvidia*"]  # nothing injected
-    assert "belongs to sandbox 555555555555" in lab.log_lines()[-1]
+    assert gpus_seen(container(lab, answer, "prestart")) != ["nvidia*"]
+    # the kubelet's checkpointed answer, reused for the same pod in a new sandbox
+    assert gpus_seen(container(lab, answer, "prestart", sandbox="6" * 64)) != ["nvidia*"]
+    replay = container(lab, answer, "prestart", sandbox="7" * 64, pod=OTHER_POD)
+    assert gpus_seen(replay) == ["nvidia*"]  # nothing injected
+    assert f"belongs to pod {POD_UID}, not {OTHER_POD}" in lab.log_lines()[-1]
+
+
+def test_without_pod_uids_the_answer_stays_in_its_sandbox(lab: Lab, kubelet: Kubelet) -> None:
+    """containerd before 1.6.11 writes no pod UID: the token binds the first sandbox."""
+    _, answer = kubelet.admit("nvidia.com/gpu", 1)
+    assert gpus_seen(container(lab, answer, "prestart", pod=None)) != ["nvidia*"]
+    assert gpus_seen(container(lab, answer, "prestart", sandbox="7" * 64, pod=None)) == ["nvidia*"]
+    assert "belongs to sandbox 555555555555, not 777777777777" in lab.log_lines()[-1]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpuwire import allocation, cli
 from gpuwire.grant import GrantError, KeyRing, Subject, hmac_sha256, subject_names
+from tests.runtime_support import OTHER_POD, POD_UID
 
 
 @pytest.fixture
@@ -122,13 +123,91 @@ def test_unreadable_allocation_is_refused_with_the_reason(
         allocation.read(d, token, KeyRing.load(keydir))
 
 
-def test_allocation_claimed_by_one_sandbox(keydir: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def token(keydir: Path, tmp_path: Path) -> tuple[Path, str]:
     d = tmp_path / "alloc"
-    a = allocation.write(d, "nvidia.com/gpu", ["GPU-a"], KeyRing.load(keydir))
-    allocation.claim(d, a.token, "sandbox-1")
-    allocation.claim(d, a.token, "sandbox-1")  # a restart of the same pod
-    with pytest.raises(allocation.AllocationError, match="belongs to sandbox"):
-        allocation.claim(d, a.token, "sandbox-2")
+    return d, allocation.write(d, "nvidia.com/gpu", ["GPU-a"], KeyRing.load(keydir)).token
+
+
+def test_allocation_is_bound_to_the_pod_uid_not_the_sandbox(token: tuple[Path, str]) -> None:
+    d, t = token
+    assert allocation.claim(d, t, "sandbox-1", POD_UID) == allocation.Owner("sandbox-1", POD_UID)
+    allocation.claim(d, t, "sandbox-1", POD_UID)  # a restart, another container of the pod
+    allocation.claim(d, t, "sandbox-2", POD_UID)  # the pod's sandbox recreated
+    refusal = f"belongs to pod {POD_UID}, not {OTHER_POD}"
+    with pytest.raises(allocation.AllocationError, match=refusal):
+        allocation.claim(d, t, "sandbox-3", OTHER_POD)
+    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_UID}"):
+        allocation.claim(d, t, "sandbox-1", OTHER_POD)  # a sandbox id does not stand for the pod
+
+
+def test_without_a_pod_uid_the_sandbox_is_bound(token: tuple[Path, str]) -> None:
+    """containerd before 1.6.11 names no pod UID: the binding is the sandbox, as before."""
+    d, t = token
+    allocation.claim(d, t, "sandbox-1")
+    allocation.claim(d, t, "sandbox-1")
+    with pytest.raises(allocation.AllocationError, match="belongs to sandbox sandbox-1, not"):
+        allocation.claim(d, t, "sandbox-2")
+    assert (d / f"{t}.claim").read_text() == "sandbox=sandbox-1\n"
+
+
+def test_a_claim_from_before_pod_uids_learns_the_uid_from_its_own_sandbox(
+    token: tuple[Path, str],
+) -> None:
+    d, t = token
+    (d / f"{t}.claim").write_text("sandbox-1")  # as gpuwire wrote claims before
+    # another sandbox: nothing ties it to the pod the claim was made for
+    with pytest.raises(allocation.AllocationError, match="belongs to sandbox sandbox-1"):
+        allocation.claim(d, t, "sandbox-2", OTHER_POD)
+    assert allocation.claim(d, t, "sandbox-1", POD_UID, write=False).pod == POD_UID
+    assert (d / f"{t}.claim").read_text() == "sandbox-1"  # a dry run writes nothing
+    allocation.claim(d, t, "sandbox-1", POD_UID)  # a container of that sandbox: now the pod's
+    allocation.claim(d, t, "sandbox-2", POD_UID)
+    with pytest.raises(allocation.AllocationError, match=f"belongs to pod {POD_UID}"):
+        allocation.claim(d, t, "sandbox-1", OTHER_POD)
+    assert sorted(p.name for p in d.iterdir()) == [t, f"{t}.claim"]  # no temporary files left
+
+
+def test_a_dry_run_claims_nothing(token: tuple[Path, str]) -> None:
+    d, t = token
+    assert allocation.claim(d, t, "sandbox-1", POD_UID, write=False).pod == POD_UID
+    assert not (d / f"{t}.claim").exists()
+    allocation.claim(d, t, "sandbox-2", OTHER_POD)  # the first real start still owns it
+
+
+@pytest.mark.parametrize(("sandbox", "pod"), [("s\nandbox", None), ("s", "pod=x"), ("", None)])
+def test_an_identity_the_claim_file_cannot_hold_is_refused(
+    token: tuple[Path, str], sandbox: str, pod: str | None
+) -> None:
+    d, t = token
+    with pytest.raises(allocation.AllocationError, match="is not one gpuwire can bind a token to"):
+        allocation.claim(d, t, sandbox, pod)
+    assert not (d / f"{t}.claim").exists()
+
+
+@pytest.mark.parametrize(
+    ("annotations", "owner"),
+    [
+        (  # containerd >= 1.6.11
+            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.cri.sandbox-uid": POD_UID},
+            allocation.Owner("s1", POD_UID),
+        ),
+        ({"io.kubernetes.cri.sandbox-id": "s1"}, allocation.Owner("s1")),  # older containerd
+        (  # CRI-O: the kubelet's pod UID label, copied into the annotations
+            {"io.kubernetes.cri-o.SandboxID": "s2", "io.kubernetes.pod.uid": OTHER_POD},
+            allocation.Owner("s2", OTHER_POD),
+        ),
+        (  # containerd never writes CRI-O's key: it proves nothing there
+            {"io.kubernetes.cri.sandbox-id": "s1", "io.kubernetes.pod.uid": OTHER_POD},
+            allocation.Owner("s1"),
+        ),
+        ({"io.kubernetes.cri.sandbox-uid": POD_UID}, None),  # no sandbox: not a CRI container
+    ],
+)
+def test_owner_comes_from_the_runtimes_own_annotations(
+    annotations: dict[str, str], owner: allocation.Owner | None
+) -> None:
+    assert allocation.owner_of(annotations) == owner
 
 
 def test_allocation_symlink_is_not_followed(keydir: Path, tmp_path: Path) -> None:

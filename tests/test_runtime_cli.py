@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from gpuwire import allocation, cli
-from tests.runtime_support import Lab, container_spec, cri_annotations, grant_for
+from tests.runtime_support import (
+    OTHER_POD,
+    POD_UID,
+    SANDBOX,
+    Lab,
+    container_spec,
+    cri_annotations,
+    grant_for,
+)
 
 
 @pytest.fixture
@@ -31,7 +39,7 @@ def test_valid_grant_is_explained(lab: Lab, capsys: pytest.CaptureFixture[str]) 
     env = {"NVIDIA_VISIBLE_DEVICES": "0,1", "GPUWIRE_GRANT": grant_for(lab.keys, "0,1")}
     code, out = verify(lab, container_spec(env), capsys)
     assert code == 0
-    assert out["container"] == "team-a/trainer (sandbox 555555555555)"
+    assert out["container"] == f"team-a/trainer (pod {POD_UID}, sandbox 555555555555)"
     assert out["grant"] == (
         "valid: key '2026-06' signs namespace=team-a container=trainer devices=0,1 "
         "capabilities=compute,utility"
@@ -77,18 +85,35 @@ def test_allocation_is_checked_but_not_claimed(
         "source": f"{lab.allocations}/{token}",
         "type": "bind",
     }
-    code, out = verify(lab, container_spec({}, mounts=[mount]), capsys)
+
+    def spec(sandbox: str = SANDBOX, pod: str | None = POD_UID) -> dict[str, Any]:
+        return container_spec({}, cri_annotations(sandbox=sandbox, pod=pod), mounts=[mount])
+
+    code, out = verify(lab, spec(), capsys)
     assert code == 0
-    assert out["allocation"] == f"{token}: valid, GPUs {lab.uuid(3)}"
+    assert out["allocation"] == (
+        f"{token}: valid, GPUs {lab.uuid(3)}; for pod {POD_UID}, in any of its sandboxes"
+    )
     assert out["decision"].startswith(f"honoured (allocation): GPUs 3 ({lab.uuid(3)})")
     assert not (lab.allocations / f"{token}.claim").exists()
-    allocation.claim(lab.allocations, token, "9" * 64)
-    code, out = verify(lab, container_spec({}, mounts=[mount]), capsys)
+    code, out = verify(lab, spec(pod=None), capsys)
+    assert out["allocation"] == (
+        f"{token}: valid, GPUs {lab.uuid(3)}; for sandbox 555555555555 only "
+        "(the spec names no pod UID)"
+    )
+    allocation.claim(lab.allocations, token, "9" * 64, OTHER_POD)
+    code, out = verify(lab, spec(), capsys)
     assert code == 1
     assert (
         out["allocation"]
-        == f"{token}: allocation {token} belongs to sandbox 999999999999, not 555555555555"
+        == f"{token}: allocation {token} belongs to pod {OTHER_POD}, not {POD_UID}"
     )
+    code, out = verify(lab, spec(pod=None), capsys)
+    assert out["allocation"] == (
+        f"{token}: allocation {token} belongs to sandbox 999999999999, not 555555555555"
+    )
+    code, out = verify(lab, spec(sandbox="8" * 64, pod=OTHER_POD), capsys)
+    assert code == 0  # the owner's new sandbox
 
 
 def test_not_a_gpu_container(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:

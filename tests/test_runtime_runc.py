@@ -21,7 +21,7 @@ from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import VIEW_SCRIPT, view
 from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, cri_annotations, grant_for
+from tests.runtime_support import OTHER_POD, POD_UID, SANDBOX, Lab, cri_annotations, grant_for
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -113,7 +113,9 @@ def test_image_with_visible_devices_all_and_no_grant_gets_no_gpu(lab: Lab, deliv
 
 
 @pytest.mark.parametrize("delivery", DELIVERIES)
-def test_allocation_token_is_honoured_once_per_sandbox(lab: Lab, delivery: str) -> None:
+def test_allocation_token_follows_its_pod_into_a_new_sandbox_and_no_further(
+    lab: Lab, delivery: str
+) -> None:
     token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
     mount = {  # as the kubelet mounts the device plugin's Allocate response
         "destination": allocation.container_path(token),
@@ -122,17 +124,22 @@ def test_allocation_token_is_honoured_once_per_sandbox(lab: Lab, delivery: str) 
         "options": ["rbind", "ro"],
     }
     env = {"NVIDIA_VISIBLE_DEVICES": "plugin"}
-    first = run(make_bundle(lab, env, delivery=delivery, mounts=[mount]), delivery)
-    assert view(first.stdout)["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(2)})"]
-    again = run(make_bundle(lab, env, delivery=delivery, mounts=[mount]), delivery)
-    assert view(again.stdout)["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl"]
-    thief = make_bundle(
-        lab, env, cri_annotations(sandbox="7" * 64), delivery=delivery, mounts=[mount]
-    )
-    stolen = run(thief, delivery)
-    assert stolen.returncode == 0, stolen.stderr
-    assert view(stolen.stdout)["devices"] == ["nvidia*"]
-    assert f"allocation {token} belongs to sandbox 555555555555" in lab.log_lines()[-1]
+
+    def start(sandbox: str, pod: str) -> dict[str, list[str]]:
+        notes = cri_annotations(sandbox=sandbox, pod=pod)
+        out = run(make_bundle(lab, env, notes, delivery=delivery, mounts=[mount]), delivery)
+        assert out.returncode == 0, out.stderr
+        return view(out.stdout)
+
+    first = start(SANDBOX, POD_UID)
+    assert first["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(2)})"]
+    # the pod's sandbox is recreated (its pause container died, the node rebooted): the
+    # kubelet starts the container again with the Allocate answer it checkpointed
+    again = start("6" * 64, POD_UID)
+    assert again["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia2 nvidiactl"]
+    stolen = start("7" * 64, OTHER_POD)  # another pod presenting a copy of the mount
+    assert stolen["devices"] == ["nvidia*"]
+    assert f"allocation {token} belongs to pod {POD_UID}, not {OTHER_POD}" in lab.log_lines()[-1]
 
 
 @pytest.mark.parametrize("delivery", DELIVERIES)

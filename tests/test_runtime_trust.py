@@ -12,7 +12,15 @@ from gpuwire.grant import KeyRing
 from runtime_hook.config import Config
 from runtime_hook.discovery import Roots
 from runtime_hook.trust import GRANTED, NOT_GPU, REFUSED, evaluate
-from tests.runtime_support import SANDBOX, container_spec, cri_annotations, grant_for, write_keys
+from tests.runtime_support import (
+    OTHER_POD,
+    POD_UID,
+    SANDBOX,
+    container_spec,
+    cri_annotations,
+    grant_for,
+    write_keys,
+)
 
 
 @pytest.fixture
@@ -168,17 +176,42 @@ def test_allocation_gives_the_tokens_devices_not_the_envs(node: tuple[Config, Ke
         mounts=[allocation_mount(config.allocation_dir, token)],
     )
     assert granted_indices(spec, config) == [2]
-    # the same sandbox again (a restart, a second container) is fine
+    # the same pod again (a restart, a second container) is fine
     assert granted_indices(spec, config) == [2]
-    # another sandbox presenting the same token is refused
-    other = container_spec(
+
+
+def presenting(token: str, config: Config, sandbox: str, pod: str | None) -> dict[str, Any]:
+    """A container of pod `pod` in sandbox `sandbox` that carries the allocation mount."""
+    return container_spec(
         {"NVIDIA_VISIBLE_DEVICES": "all"},
-        annotations=cri_annotations(sandbox="6" * 64),
+        annotations=cri_annotations(sandbox=sandbox, pod=pod),
         mounts=[allocation_mount(config.allocation_dir, token)],
     )
-    outcome = evaluate(other, config, claim=True)
+
+
+@pytest.mark.parametrize(
+    ("pod", "thief", "refusal"),
+    [
+        (POD_UID, OTHER_POD, f"belongs to pod {POD_UID}, not {OTHER_POD}"),
+        (None, None, f"belongs to sandbox {SANDBOX[:12]}, not 777777777777"),
+    ],
+    ids=["pod-uid", "no-pod-uid"],
+)
+def test_allocation_stays_with_its_pod(
+    node: tuple[Config, KeyRing], pod: str | None, thief: str | None, refusal: str
+) -> None:
+    """With the pod's UID in the spec (containerd >= 1.6.11) the pod keeps its GPU in a new
+    sandbox: its pause container died, or the node rebooted and the kubelet started it again
+    with the Allocate answer it checkpointed. Without one (older containerd) the sandbox is
+    all there is to bind."""
+    config, keys = node
+    token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [uuids(config)[1]], keys)
+    assert granted_indices(presenting(token.token, config, SANDBOX, pod), config) == [1]
+    again = granted_indices(presenting(token.token, config, "6" * 64, pod), config)
+    assert again == ([1] if pod else None)
+    outcome = evaluate(presenting(token.token, config, "7" * 64, thief), config, claim=True)
     assert outcome.verdict.status == REFUSED
-    assert f"belongs to sandbox {SANDBOX[:12]}" in outcome.verdict.reason
+    assert refusal in outcome.verdict.reason
 
 
 def test_allocation_mount_from_elsewhere_proves_nothing(
