@@ -9,6 +9,7 @@ HAMi keep working. What a request means for a given pod, cluster and policy is d
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ KNOWN = (
     HAMI_USE_UUID,
     HAMI_NOUSE_UUID,
 )
+_KNOWN = frozenset(KNOWN)
 
 ACCEPTED = {
     MODEL: "comma-separated model names (case-insensitive substrings, e.g. A100,H100), "
@@ -129,7 +131,8 @@ class GpuRequest:
     cores_limit: int | None = None
     profiles: tuple[str, ...] = ()
     containers: tuple[str, ...] = ()
-    given: Mapping[str, str] = field(default_factory=dict)  # annotation → raw value, as asked
+    # annotation → raw value, as asked; left out of the hash (a dict has none), not of equality
+    given: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def asks(self) -> bool:
@@ -301,9 +304,17 @@ def parse(annotations: Mapping[str, str]) -> GpuRequest:
 
     Empty values count as not given (as HAMi treats its annotations).
     """
-    given = {k: v for k in KNOWN if (v := annotations.get(k, "")).strip()}
-    if not given:
-        return NOTHING  # most pods
+    given = tuple(
+        [(k, annotations[k]) for k in KNOWN if k in annotations and annotations[k].strip()]
+    )
+    return _parse(given) if given else NOTHING  # most pods ask for nothing
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(items: tuple[tuple[str, str], ...]) -> GpuRequest:
+    """Memoized: a Deployment's pods all carry the same annotations. The request returned is
+    shared, so it is read-only, `given` included; errors are not kept (each raises afresh)."""
+    given = dict(items)
     p = _Parser(given)
     fields: dict[str, Any] = {}
     if not given.keys().isdisjoint(MODEL_KEYS):
@@ -321,4 +332,4 @@ def parse(annotations: Mapping[str, str]) -> GpuRequest:
 
 def unknown(annotations: Mapping[str, str]) -> list[str]:
     """`gpuwire.io/` keys this grammar does not know (typos, most likely)."""
-    return sorted(k for k in annotations if k.startswith(PREFIX) and k not in KNOWN)
+    return sorted([k for k in annotations if k.startswith(PREFIX) and k not in _KNOWN])

@@ -10,8 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from gpuwire import sim
+
+# Property tests check behaviour, not time: Hypothesis's per-example deadline (200 ms) would
+# make them fail on a loaded machine, which is a timed assertion in disguise.
+settings.register_profile("gpuwire", deadline=None)
+settings.load_profile("gpuwire")
 
 
 def requires_root() -> pytest.MarkDecorator:

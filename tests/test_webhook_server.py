@@ -163,6 +163,7 @@ def test_an_admitted_pod_admitted_again_gets_no_patch(http: httpx.Client) -> Non
             "request.uid is missing",
         ),
         (b"\xff\xfe", "body is not JSON"),
+        (b"[" * 100_000, "body is not JSON"),  # nested deeper than a decoder recurses
     ],
 )
 def test_malformed_bodies_get_400_with_a_status(

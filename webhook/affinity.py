@@ -21,7 +21,7 @@ REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 def _object(value: object, where: str) -> Mapping[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):  # decoded JSON: objects are dicts
         raise MalformedPod(f"{where} is {type(value).__name__}, not an object")
     return value
 

@@ -15,12 +15,15 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from gpuwire import nodegpus, nvidia
-from gpuwire.annotations import normalise_model
+from gpuwire.annotations import GpuRequest, normalise_model
+
+if TYPE_CHECKING:
+    from webhook.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +111,12 @@ class Inventory:
     def normalised(self) -> dict[str, str]:
         """Each product label value as model names are compared with it."""
         return {p: normalise_model(p) for p in self.products}
+
+    @functools.cached_property
+    def placements(self) -> dict[tuple[GpuRequest, bool], Placement]:
+        """Requests already resolved against this snapshot (`placement.place` fills it); a new
+        snapshot starts with none."""
+        return {}
 
     def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
         """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""

@@ -33,6 +33,7 @@ VISIBLE = nvidia.VISIBLE_DEVICES_ENV
 CAPS = nvidia.CAPABILITIES_ENV
 VOID = devices.Kind.VOID.value
 NO_RULE = Rule(match=(), annotations=False)
+NOWHERE = Placement()  # of a pod without GPU containers: no constraint
 # Few distinct values, asked on every admission (the contract module stays import-light).
 _capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
 
@@ -125,7 +126,7 @@ class _Mutation:
                 f"{keys.MEMORY_LIMIT} or {keys.CORES_LIMIT}"
             )
         gpu = self.gpu_containers(request)
-        placement = Placement()
+        placement = NOWHERE
         if gpu:
             try:
                 placement = place(request, self.inventory, self.policy.unknown_model == "allow")
@@ -239,7 +240,7 @@ class _Mutation:
 
     def capabilities(self, request: GpuRequest) -> str:
         caps = request.capabilities or self.policy.capabilities
-        extra = sorted(set(_capabilities(caps)) - set(self.rule.capabilities))
+        extra = sorted(set(_capabilities(caps)).difference(self.rule.capabilities))
         if extra:
             value = request.given.get(keys.CAPABILITIES, f"unset (policy default {caps})")
             raise Denied(
@@ -303,19 +304,31 @@ class _Mutation:
     # --- shared steps
 
     def sign(self, container: str, visible: str, caps: str | None) -> str | None:
-        subject = grant.Subject.of(self.namespace, container, visible, caps)
         self.granted = True
-        if not self.keyring.keys:
-            warning = f"no grant key loaded: {grant.ENV} not written"
-            if warning not in self.warnings:
-                self.warnings.append(warning)
-            return None
-        return self.keyring.sign(subject)
+        if self.keyring.keys:
+            key_id = self.keyring.signing_id
+            key = self.keyring.keys[key_id]
+            return _grant(key_id, key, self.namespace, container, visible, caps)
+        grant.Subject.of(self.namespace, container, visible, caps)  # unknown caps: still refused
+        warning = f"no grant key loaded: {grant.ENV} not written"
+        if warning not in self.warnings:
+            self.warnings.append(warning)
+        return None
 
     def env(self, c: Container, desired: Mapping[str, str | None]) -> list[Op]:
         ops, changes = env_ops(c, desired)
         self.warnings += [_describe(change) for change in changes]
         return ops
+
+
+@functools.lru_cache(maxsize=4096)
+def _grant(
+    key_id: str, key: bytes, namespace: str, container: str, visible: str, caps: str | None
+) -> str:
+    """GPUWIRE_GRANT for one container. Memoized: a Deployment's pods get the same grants, and
+    each costs two parses and two SHA-256 runs (errors, such as unknown capabilities, are not
+    kept: they raise afresh)."""
+    return grant.KeyRing({key_id: key}).sign(grant.Subject.of(namespace, container, visible, caps))
 
 
 def mutate(

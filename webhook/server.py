@@ -9,7 +9,6 @@ holds one object, so anything larger is not a review and gets 413 without being 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import ssl
 import time
@@ -50,7 +49,7 @@ async def _body(request: Request) -> bytes | None:
 
 
 def _json(status: int, body: object) -> Response:
-    return Response(json.dumps(body).encode(), status, media_type="application/json")
+    return Response(review.encode(body), status, media_type="application/json")
 
 
 def create_app(

@@ -64,7 +64,11 @@ class NodeWatch:
         """Nothing to poll: the watch pushes."""
 
     def _publish(self) -> None:
-        self._current = Inventory.of(self._nodes.values())
+        """A new snapshot only when the GPU nodes changed: most events are heartbeats or nodes
+        without GPUs, and what admissions resolved against a snapshot is kept with it."""
+        found = Inventory.of(self._nodes.values())
+        if found != self._current:
+            self._current = found
 
     def _run(self) -> None:
         backoff = 0.5
