@@ -44,13 +44,11 @@ Goal: at most 25 ms added median start through containerd.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -59,7 +57,7 @@ from pathlib import Path
 from bench.common import Summary, report, summarise
 from gpuwire.elfstub import shared_object
 from gpuwire.lab.containerd import Container, Containerd
-from gpuwire.lab.image import NAME, layout_files
+from gpuwire.lab.image import NAME, layout_files, write_tar
 from gpuwire.lab.rootfs import Bundle, busybox_rootfs
 from runtime_hook import launcher
 from tests.runtime_support import Lab, cri_annotations, grant_for
@@ -217,12 +215,7 @@ def write_image(dest: Path) -> Path:
         rootfs = busybox_rootfs(Path(tmp) / "rootfs")
         add_image_libraries(rootfs)
         files = layout_files(rootfs)
-    with tarfile.open(dest, mode="w") as tar:
-        for path, data in sorted(files.items()):
-            info = tarfile.TarInfo(path)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return dest
+    return write_tar(dest, files)
 
 
 def containerd_half(runs: int, python: str) -> None:
