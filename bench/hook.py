@@ -2,30 +2,42 @@
 
     sudo .venv/bin/python -m bench.hook [--runs N] [--only runc|containerd] [--python P]
 
-runc: every case is `runc run` of a busybox container running `true` on the simulated node,
-timed from exec to exit (deletion untimed); cases take turns, in a new random order each
-round, so that drift on the machine hits them alike and what one start leaves for the
-kernel to finish (namespaces torn down in the background) does not always land on the
-same next case. The baseline is plain runc; the others add gpuwire:
+The image is busybox with the libraries of a typical GPU image (IMAGE_LIBRARIES of them in
+/usr/lib/x86_64-linux-gnu) and the ld.so.cache its build made: what gpuwire reads and
+extends on each GPU start (and what ldconfig scanned, before gpuwire wrote the cache).
+
+runc: every case is `runc run` of that container running `true` on the simulated node,
+timed from exec to exit (deletion untimed). Before each start the image's cache is put back
+(untimed), so every GPU start writes it anew; the links and mount points the first start
+made stay, as they did before gpuwire wrote the cache (on a fresh root each is one more
+file made, ~0.1 ms each on this machine's disk; the containerd half makes them on every
+start, in a fresh snapshot). Cases take turns, in a new random order each round, so that
+drift on the machine hits them alike and what one start leaves for the kernel to finish
+(namespaces torn down in the background) does not always land on the same next case. The
+baseline is plain runc; the others add gpuwire:
 
 - the prestart hook (`gpuwire-hook prestart` in the spec, as `base_runtime_spec` does),
   for a container that asks for no GPU and for one granted a GPU;
 - the shim (`gpuwire-runtime run`, the shell launcher), likewise: a container that asks for
   no GPU never starts Python, a granted one starts it once (links and ld cache included);
-- the same GPU start through pip's console script instead of the `-IS` launcher.
+- the same GPU start through pip's console script instead of the `-IS` launcher;
+- the floors of the two designs: a prestart hook that is `python -IS -c pass`, and a
+  runtime that is `python -IS` exec'ing runc: what any Python hook or shim pays before
+  doing anything (starting Python in front of runc also slows runc's own start here).
 
 Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
-(`python -IS -c pass`) is printed as the floor any Python hook pays. `--python` picks the
-interpreter the launchers run (default: this one). It matters: a node runs the image's
+(`python -IS -c pass`) is printed as well. `--python` picks the interpreter the launchers
+run (default: this one). It matters: a node runs the image's
 python-build-standalone (static, PGO), which starts faster than a shared-library build such
 as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
 
-containerd: a private containerd (gpuwire.lab.containerd) starts the busybox image through
+containerd: a private containerd (gpuwire.lab.containerd) starts the image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
 reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
-`BinaryName`), asking for no GPU and for one granted GPU. `start` times `ctr run --detach`
-(create and start: what a kubelet waits for); `run` times `ctr run --rm` of `true` (also
-the exit and the two deletes: every runtime call containerd makes for a container).
+`BinaryName`), asking for no GPU and for one granted GPU, and with the shim's floor (Python
+exec'ing runc) as `--runc-binary`. `start` times `ctr run --detach` (create and start:
+what a kubelet waits for); `run` times `ctr run --rm` of `true` (also the exit and the two
+deletes: every runtime call containerd makes for a container).
 Goal: at most 25 ms added median start through containerd.
 """
 
@@ -43,27 +55,55 @@ import uuid
 from pathlib import Path
 
 from bench.common import Summary, report, summarise
+from gpuwire.elfstub import shared_object
 from gpuwire.lab.containerd import Container, Containerd
-from gpuwire.lab.image import NAME, write_layout_tar
-from gpuwire.lab.rootfs import Bundle
+from gpuwire.lab.image import NAME, layout_files, write_tar
+from gpuwire.lab.rootfs import Bundle, busybox_rootfs
 from runtime_hook import launcher
 from tests.runtime_support import Lab, cri_annotations, grant_for
 
 CONSOLE_SCRIPTS = Path(sys.executable).parent
+IMAGE_LIBRARIES = 150  # about what the ld.so.cache of a CUDA runtime image lists
+FLOOR_SCRIPT = """\
+#!{python} -IS
+import os, sys
+os.execv({runc!r}, ["runc", *sys.argv[1:]])
+"""
+
+
+def add_image_libraries(rootfs: Path) -> None:
+    """IMAGE_LIBRARIES libraries with their SONAME links, and the cache `ldconfig -r` made."""
+    libdir = rootfs / "usr/lib/x86_64-linux-gnu"
+    for i in range(IMAGE_LIBRARIES):
+        soname = f"libimage{i}.so.{i % 7}"
+        (libdir / f"{soname}.0.{i}").write_bytes(shared_object(soname))
+        (libdir / soname).symlink_to(f"{soname}.0.{i}")
+    subprocess.run(["ldconfig", "-r", str(rootfs)], check=True)
+
+
+def write_floor(path: Path, python: str) -> str:
+    """A runtime that is Python exec'ing runc: the shim's floor."""
+    path.write_text(FLOOR_SCRIPT.format(python=python, runc=shutil.which("runc")))
+    path.chmod(0o755)
+    return str(path)
 
 
 class Case:
-    """One way of starting the container: its bundle, runtime and pristine config.json."""
+    """One way of starting the container: its bundle, runtime, and the pristine config.json
+    and ld.so.cache that a start rewrites."""
 
     def __init__(self, name: str, bundle: Bundle, runtime: str) -> None:
         self.name = name
         self.bundle = bundle
         self.runtime = runtime
         self.config = (bundle.path / "config.json").read_text()
+        self.cache = bundle.path / "rootfs/etc/ld.so.cache"
+        self.image_cache = self.cache.read_bytes()
         self.seconds: list[float] = []
 
     def run_once(self) -> None:
         (self.bundle.path / "config.json").write_text(self.config)  # the shim edits it
+        self.cache.write_bytes(self.image_cache)
         cid = f"gpuwire-bench-{uuid.uuid4().hex[:12]}"
         start = time.perf_counter()
         out = subprocess.run(
@@ -78,19 +118,23 @@ class Case:
             raise SystemExit(f"{self.name}: {out.stderr.strip()}")
 
 
-def make_cases(lab: Lab, libexec: str) -> list[Case]:
+def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
     hook = f"{libexec}/gpuwire-hook"
     shim = f"{libexec}/gpuwire-runtime"
+    floor = write_floor(Path(libexec) / "python-execs-runc", python)
     gpu = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
 
-    def bundle(name: str, env: dict[str, str], prestart: str | None = None) -> Bundle:
+    def bundle(
+        name: str, env: dict[str, str], prestart: str | None = None, args: list[str] | None = None
+    ) -> Bundle:
         made = Bundle.create(lab.root / name, ["true"], env, cri_annotations())
+        add_image_libraries(made.path / "rootfs")
         if prestart:
             made.spec["hooks"] = {
                 "prestart": [
                     {
                         "path": prestart,
-                        "args": ["gpuwire-hook", "prestart"],
+                        "args": args or ["gpuwire-hook", "prestart"],
                         "env": [f"GPUWIRE_CONFIG={lab.config}"],
                     }
                 ]
@@ -109,6 +153,12 @@ def make_cases(lab: Lab, libexec: str) -> list[Case]:
             bundle("script-gpu", gpu, str(CONSOLE_SCRIPTS / "gpuwire-hook")),
             "runc",
         ),
+        Case(
+            "floor: hook python -IS pass",
+            bundle("floor-hook", {}, python, [python, "-IS", "-c", "pass"]),
+            "runc",
+        ),
+        Case("floor: python execs runc", bundle("floor-shim", {}), floor),
     ]
 
 
@@ -126,7 +176,7 @@ def runc_half(runs: int, python: str) -> None:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
         launcher.install(f"{tmp}/libexec", python)
-        cases = make_cases(lab, f"{tmp}/libexec")
+        cases = make_cases(lab, f"{tmp}/libexec", python)
         for case in cases:  # warm caches (page cache, the config cache) untimed
             case.run_once()
             case.seconds.clear()
@@ -159,11 +209,21 @@ def _timed(containerd: Containerd, container: Container, cid: str, *, detach: bo
     return elapsed
 
 
+def write_image(dest: Path) -> Path:
+    """The image (busybox, IMAGE_LIBRARIES libraries, their cache) as an OCI layout tar."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rootfs = busybox_rootfs(Path(tmp) / "rootfs")
+        add_image_libraries(rootfs)
+        files = layout_files(rootfs)
+    return write_tar(dest, files)
+
+
 def containerd_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
         launcher.install(f"{tmp}/libexec", python)
         shim = f"{tmp}/libexec/gpuwire-runtime"
+        floor = write_floor(Path(tmp) / "libexec/python-execs-runc", python)
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
         variants = {
@@ -174,10 +234,13 @@ def containerd_half(runs: int, python: str) -> None:
             "gpuwire-runtime, 1 GPU": Container(
                 NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
             ),
+            "floor: python execs runc": Container(
+                NAME, ("true",), runc_binary=floor, annotations=annotations
+            ),
         }
         with Containerd.create() as containerd:
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
-            containerd.import_image(write_layout_tar(lab.root / "busybox.tar"))
+            containerd.import_image(write_image(lab.root / "image.tar"))
             samples: dict[tuple[str, bool], list[float]] = {}
             kinds = [(name, detach) for name in variants for detach in (True, False)]
             order = random.Random(0)
@@ -201,7 +264,7 @@ def main() -> int:
     parser.add_argument("--only", choices=("runc", "containerd"))
     parser.add_argument("--python", default=sys.executable, help="interpreter of the launchers")
     args = parser.parse_args()
-    tools = {"runc": ("runc",), "containerd": ("runc", "containerd", "ctr")}[
+    tools = {"runc": ("runc", "ldconfig"), "containerd": ("runc", "containerd", "ctr", "ldconfig")}[
         args.only or "containerd"
     ]
     missing = [tool for tool in tools if shutil.which(tool) is None]

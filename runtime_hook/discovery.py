@@ -24,7 +24,7 @@ import stat
 
 from gpuwire import nvidia
 from gpuwire.devices import Device, normalise_bus_id
-from runtime_hook import elf, inroot
+from runtime_hook import elf, inroot, ldsocache
 from runtime_hook.config import Roots as Roots  # re-exported: where discovery reads
 
 
@@ -46,13 +46,15 @@ class HostFile:
 
 
 class Library(HostFile):
-    """A driver library, with the SONAME programs load it by (libcuda.so.1)."""
+    """A driver library, with the SONAME programs load it by (libcuda.so.1) and the flags
+    ldconfig files it under in the ld cache (None: unknown to gpuwire)."""
 
-    __slots__ = ("soname",)
+    __slots__ = ("flags", "soname")
 
-    def __init__(self, name: str, host_path: str, soname: str | None) -> None:
+    def __init__(self, name: str, host_path: str, soname: str | None, flags: int | None) -> None:
         super().__init__(name, host_path)
         self.soname = soname
+        self.flags = flags
 
 
 class Node:
@@ -205,7 +207,8 @@ def find_library(root_fd: int, dirs: tuple[str, ...], name: str, bits: int) -> L
                 continue
             info = elf.read(fd)
             if info.bits == bits:
-                return Library(name, _host_path(fd), info.soname)
+                flags = ldsocache.library_flags(info)
+                return Library(name, _host_path(fd), info.soname, flags)
         except elf.ElfError:
             continue
         finally:

@@ -3,7 +3,8 @@
 `container_edits(driver, devices, capabilities, layout)` → `Edits`: device nodes (with the
 numbers a cgroup allow rule needs), read-only nosuid nodev bind mounts of the driver's
 libraries, binaries and firmware, the links programs load libraries by, the library
-folders whose ld cache must be rebuilt, and the final environment. No file, process or
+folders whose ld cache must be rebuilt and the entries ldconfig would give them, and the
+final environment. No file, process or
 socket is touched here, so every delivery shares it and tests read it directly:
 
 - the shim writes it into `config.json` (`runtime_hook.spec.apply`),
@@ -11,8 +12,8 @@ socket is touched here, so every delivery shares it and tests read it directly:
 - `gpuwire cdi generate` renders it with `to_cdi` (`deviceNodes`, `mounts`, `env`, `hooks`
   are CDI's `containerEdits` fields, spelled as CDI spells them).
 
-Links and the ld cache are not mounts: they are made inside the container root by the
-hardened `gpuwire-hook ldcache` (see `runtime_hook.ldcache`), which `hooks()` renders as a
+Links and the ld cache are not mounts: they are made inside the container root (see
+`runtime_hook.ldcache`); for CDI by `gpuwire-hook ldcache`, which `hooks()` renders as a
 `createContainer` hook with an explicit environment. Its arguments are written by
 `ldcache_args` and read back by `parse_ldcache_args`, here, so the format lives once.
 """
@@ -20,6 +21,7 @@ hardened `gpuwire-hook ldcache` (see `runtime_hook.ldcache`), which `hooks()` re
 from __future__ import annotations
 
 from gpuwire import nvidia
+from runtime_hook import ldsocache
 
 TYPE_CHECKING = False  # typing costs milliseconds on every container start; mypy sees this
 if TYPE_CHECKING:
@@ -90,9 +92,10 @@ class Layout:
 
 
 class Edits:
-    """The changes one container gets. Links are (target, link path) pairs."""
+    """The changes one container gets. Links are (target, link path) pairs; ld cache
+    entries (path, flags) pairs, None where ldconfig must work them out."""
 
-    __slots__ = ("device_nodes", "env", "ldcache_folders", "links", "mounts")
+    __slots__ = ("device_nodes", "env", "ldcache_entries", "ldcache_folders", "links", "mounts")
 
     def __init__(
         self,
@@ -101,12 +104,14 @@ class Edits:
         mounts: list[Mount],
         links: list[tuple[str, str]],
         ldcache_folders: list[str],
+        ldcache_entries: list[tuple[str, int]] | None,
     ) -> None:
         self.env = env
         self.device_nodes = device_nodes
         self.mounts = mounts
         self.links = links
         self.ldcache_folders = ldcache_folders
+        self.ldcache_entries = ldcache_entries
 
 
 def device_node(node: Node) -> DeviceNode:
@@ -159,6 +164,7 @@ def container_edits(
     mounts: list[Mount] = []
     links: list[tuple[str, str]] = []
     folders: list[str] = []
+    entries: list[tuple[str, int]] | None = []
     for libs, libdir in (
         (driver.libraries, layout.libdir),
         (driver.libraries32, layout.libdir32),
@@ -168,12 +174,19 @@ def container_edits(
             continue
         folders.append(libdir)
         mounts += [bind_mount(lib.host_path, f"{libdir}/{lib.name}") for lib in chosen]
-        links += [
+        here = [
             (lib.name, f"{libdir}/{lib.soname}")
             for lib in chosen
             if lib.soname and lib.soname != lib.name
         ]
-        links += _extra_links(chosen, libdir, driver.version)
+        here += _extra_links(chosen, libdir, driver.version)
+        links += here
+        found = ldsocache.folder_entries(
+            libdir,
+            [(lib.name, lib.soname, lib.flags) for lib in chosen],
+            [(target, link.rpartition("/")[2]) for target, link in here],
+        )
+        entries = None if found is None or entries is None else entries + found
     for cap in capabilities:
         mounts += [
             bind_mount(b.host_path, f"{layout.bindir}/{b.name}")
@@ -186,7 +199,7 @@ def container_edits(
         nvidia.VISIBLE_DEVICES_ENV: visible_devices(devices),
         nvidia.CAPABILITIES_ENV: nvidia.canonical_capabilities(",".join(capabilities)),
     }
-    return Edits(env, [device_node(n) for n in nodes], mounts, links, folders)
+    return Edits(env, [device_node(n) for n in nodes], mounts, links, folders, entries)
 
 
 def _unique(libs: Iterable[Library]) -> list[Library]:
@@ -210,38 +223,53 @@ def _extra_links(libs: list[Library], libdir: str, version: str) -> list[tuple[s
 
 
 def ldcache_args(edits: Edits, ldconfig: str) -> list[str]:
-    """`gpuwire-hook` arguments that make the links and rebuild the ld cache."""
+    """`gpuwire-hook` arguments that make the links and the ld cache (`--entry`: what
+    gpuwire writes into it; without, the host's ldconfig builds it)."""
     args = ["ldcache", "--ldconfig", ldconfig]
     for folder in edits.ldcache_folders:
         args += ["--folder", folder]
     for target, link in edits.links:
         args += ["--link", f"{target}::{link}"]
+    for path, flags in edits.ldcache_entries or ():
+        args += ["--entry", f"{flags:#x}::{path}"]
     return args
 
 
-def parse_ldcache_args(args: list[str]) -> tuple[str, list[str], list[tuple[str, str]]]:
-    """(ldconfig, folders, links) from `ldcache_args` output; ValueError names a bad one."""
-    ldconfig, folders, links = "", [], []
+LdcacheArgs = tuple[str, list[str], list[tuple[str, str]], list[tuple[str, int]] | None]
+
+
+def parse_ldcache_args(args: list[str]) -> LdcacheArgs:
+    """(ldconfig, folders, links, entries or None) from `ldcache_args` output; ValueError
+    names a bad one."""
+    ldconfig, folders, links, entries = "", [], [], []
     pairs = iter(args)
     for flag in pairs:
         value = next(pairs, None)
         if value is None:
             raise ValueError(f"{flag} needs a value")
+        first, sep, path = value.partition("::")
         if flag == "--ldconfig":
             ldconfig = value
         elif flag == "--folder" and value.startswith("/"):
             folders.append(value)
-        elif flag == "--link" and "::" in value and value.split("::", 1)[1].startswith("/"):
-            target, link = value.split("::", 1)
-            links.append((target, link))
+        elif flag == "--link" and sep and path.startswith("/"):
+            links.append((first, path))
+        elif flag == "--entry" and sep and path.startswith("/") and _is_flags(first):
+            entries.append((path, int(first, 16)))
         else:
             raise ValueError(
                 f"bad argument {flag} {value!r}: accepted are --ldconfig PATH, "
-                "--folder /DIR, --link TARGET::/LINK"
+                "--folder /DIR, --link TARGET::/LINK, --entry 0xFLAGS::/PATH"
             )
     if not ldconfig.startswith("/"):
         raise ValueError("--ldconfig must name the host's ldconfig by absolute path")
-    return ldconfig, folders, links
+    return ldconfig, folders, links, entries or None
+
+
+def _is_flags(text: str) -> bool:
+    return (
+        text.startswith("0x") and len(text) > 2 and all(c in "0123456789abcdef" for c in text[2:])
+    )
 
 
 def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:

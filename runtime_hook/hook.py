@@ -6,9 +6,10 @@
   to the log.
 - `gpuwire-hook poststop`: removes the container's record (`gpuwire.records`) when the
   runtime deletes it.
-- `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]...`: the links and ld
-  cache for a container whose devices and mounts the runtime already made (the shim's and
-  CDI's `createContainer` hook). Runs in the container's mount namespace, before pivot_root.
+- `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]... [--entry F::P]...`:
+  the links and ld cache for a container whose devices and mounts the runtime already made
+  (CDI's `createContainer` hook). Runs in the container's mount namespace, before
+  pivot_root.
 
 Both must start fast: they run on container start, so imports here are only what the path
 taken needs.
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: gpuwire-hook prestart | gpuwire-hook poststop"
-    " | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]...\n"
+    " | gpuwire-hook ldcache --ldconfig PATH [--folder DIR]... [--link T::L]..."
+    " [--entry F::P]...\n"
 )
 
 
@@ -107,12 +109,12 @@ def ldcache(args: list[str]) -> int:
 
     journal = inroot.Journal()
     try:
-        ldconfig, folders, links = parse_ldcache_args(args)
+        ldconfig, folders, links, entries = parse_ldcache_args(args)
         bundle = str(read_state()["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
         ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
-        cache.make_links(inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal), links)
-        if folders:
+        dirs = inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal)
+        if not cache.make(dirs, links, folders, entries):
             cache.update(rootfs, folders, ldconfig_fd)
     except (OSError, ValueError, RuntimeError) as exc:
         journal.undo()

@@ -5,8 +5,9 @@ the ld cache before runc creates it (the shim).
 container's `/dev` is a tmpfs that exists only in the container's mount namespace. So:
 
 1. on the host: the device cgroup allow rules (v1; v2 refused, see `runtime_hook.cgroup`),
-   a sealed copy of ldconfig, and each mount source opened and cloned into a detached,
-   read-only, nosuid, nodev mount (`open_tree`), resolved here, where the host is trusted;
+   the host's ldconfig checked and opened, and each mount source opened and cloned into a
+   detached, read-only, nosuid, nodev mount (`open_tree`), resolved here, where the host is
+   trusted;
 2. in a forked child that enters `/proc/<pid>/ns/mnt`: the rootfs opened, every path in it
    resolved inside it (`runtime_hook.inroot`), device nodes made, the detached mounts moved
    onto their targets (`move_mount`, no path string in between), links and ld cache made;
@@ -15,9 +16,11 @@ container's `/dev` is a tmpfs that exists only in the container's mount namespac
 `prepare`, for the shim: runc makes the device nodes and mounts that config.json lists,
 but the links and the ld cache need code of gpuwire's in the container root. Rather than a
 `createContainer` hook (a second Python process on every GPU container start), the shim
-makes them itself before it execs runc: the same child, entering a private mount namespace
-instead of the container's, in which the libraries are bound onto their places only for
-ldconfig to read them. Their mount points (empty files) stay for runc to mount onto.
+makes them itself before it execs runc, in its own process: both are files written through
+descriptors resolved in the root (`runtime_hook.ldcache`). Only where the cache is left to
+ldconfig, which reads the libraries, does a child enter a private mount namespace in which
+the libraries are bound onto their places for ldconfig alone; their mount points (empty
+files) stay for runc to mount onto.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
 
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
-        ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
+        ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))  # opened on the host
         trees = [journal.keep(detached_mount(m["hostPath"])) for m in edits.mounts]
         mnt_ns = journal.keep(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
         cgroup.allow(directory, edits.device_nodes, journal)
@@ -78,11 +81,15 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
 
 def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
-    libraries = [m for m in edits.mounts if _folder(m["containerPath"]) in edits.ldcache_folders]
-    cache = Edits(edits.env, [], libraries, edits.links, edits.ldcache_folders)
 
     def steps(journal: inroot.Journal) -> None:
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
+        dirs = inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal)
+        folders = edits.ldcache_folders
+        if ldcache.make(dirs, edits.links, folders, edits.ldcache_entries):
+            return
+        libraries = [m for m in edits.mounts if _folder(m["containerPath"]) in folders]
+        cache = Edits(edits.env, [], libraries, edits.links, folders, None)
         trees = [journal.keep(detached_mount(m["hostPath"])) for m in libraries]
         # The child isolates itself at once (as ldconfig needs), so it runs ldconfig directly.
         child.run(lambda: _inside(ldcache.isolate, rootfs, cache, trees, ldconfig_fd, ldcache.run))
@@ -118,8 +125,9 @@ def _inside(
     ldconfig_fd: int,
     make_cache: Callable[[str, list[str], int], None],
 ) -> None:
-    """In the namespaces `enter` enters: nodes, mounts, links, then `make_cache`
-    (`ldcache.update`, or `ldcache.run` where `enter` already isolated); all or nothing."""
+    """In the namespaces `enter` enters: nodes, mounts, links and the cache, which is left
+    to `make_cache` (`ldcache.update`, or `ldcache.run` where `enter` already isolated) where
+    gpuwire cannot write it; all or nothing."""
     enter()
     os.umask(0)
     journal = inroot.Journal()
@@ -134,9 +142,9 @@ def _inside(
             parent, _, name = mount["containerPath"].rpartition("/")
             syscalls.move_mount(tree, inroot.mount_target(dirs.make(parent), name, journal))
             journal.record(syscalls.umount, f"/proc/self/fd/{tree}")
-        ldcache.make_links(dirs, edits.links)
-        if edits.ldcache_folders:
-            make_cache(rootfs, edits.ldcache_folders, ldconfig_fd)
+        folders = edits.ldcache_folders
+        if not ldcache.make(dirs, edits.links, folders, edits.ldcache_entries):
+            make_cache(rootfs, folders, ldconfig_fd)
     except BaseException as exc:
         leftover = journal.undo()
         if leftover:

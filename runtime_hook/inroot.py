@@ -137,18 +137,18 @@ class Dirs:
 
 
 def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
-    """An O_PATH fd of the regular file `name` in `dir_fd`, created empty when missing.
+    """An fd of the regular file `name` in `dir_fd`, created empty when missing.
 
     A symlink or a directory in its place is refused: a bind mount over either would land
     somewhere the image chose.
     """
     try:
-        fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
+        fd = journal.keep(syscalls.openat2(dir_fd, name, os.O_PATH, EXACT))
     except FileNotFoundError:
-        os.close(syscalls.openat2(dir_fd, name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, EXACT, 0o644))
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+        fd = journal.keep(syscalls.openat2(dir_fd, name, flags, EXACT, 0o644))
         journal.record(os.unlink, name, dir_fd=dir_fd)
-        fd = syscalls.openat2(dir_fd, name, os.O_PATH, EXACT)
-    journal.keep(fd)
+        return fd  # made here: a regular file
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise OSError(
             f"cannot mount over {name!r}: the image has something other than a file there"
@@ -171,25 +171,27 @@ def make_char_device(dir_fd: int, name: str, major: int, minor: int, journal: Jo
     journal.record(os.unlink, name, dir_fd=dir_fd)
 
 
-def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> None:
+def make_symlink(dir_fd: int, name: str, target: str, journal: Journal) -> bool:
     """Point `name` at `target`, replacing a symlink the image had (restored on undo).
 
-    A real file of that name is the image's own and is left alone.
+    A real file (or directory) of that name is the image's own and is left alone: then
+    the link is not in place, and False says so.
     """
     try:
         os.symlink(target, name, dir_fd=dir_fd)
     except FileExistsError:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if not stat.S_ISLNK(st.st_mode):
-            return
+            return False
         old = os.readlink(name, dir_fd=dir_fd)
         if old == target:
-            return
+            return True
         os.unlink(name, dir_fd=dir_fd)
         os.symlink(target, name, dir_fd=dir_fd)
         journal.record(_relink, dir_fd, name, old)
-        return
+        return True
     journal.record(os.unlink, name, dir_fd=dir_fd)
+    return True
 
 
 def _relink(dir_fd: int, name: str, target: str) -> None:

@@ -102,7 +102,7 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
         state = records.runtime_state(sys.argv[1:], container)
         holding.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
-        void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [])
+        void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [], [])
         ocispec.save(bundle, ocispec.apply(spec, void))
 
 

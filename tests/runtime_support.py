@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -57,22 +56,6 @@ def write_keys(directory: Path) -> KeyRing:
 
 def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = NAMESPACE) -> str:
     return keys.sign(Subject.of(namespace, CONTAINER, visible, caps))
-
-
-def elf32_shared_object(soname: str) -> bytes:
-    """A 32-bit x86 ELF shared object naming `soname` (gpuwire.elfstub writes 64-bit)."""
-    ehdr, phdr, dyn = struct.Struct("<16sHHIIIIIHHHHHH"), struct.Struct("<8I"), struct.Struct("<iI")
-    strtab = b"\0" + soname.encode() + b"\0"
-    dyn_off = ehdr.size + 2 * phdr.size
-    str_off = dyn_off + 4 * dyn.size
-    entries = ((14, 1), (5, str_off), (10, len(strtab)), (0, 0))  # SONAME, STRTAB, STRSZ, NULL
-    dynamic = b"".join(dyn.pack(tag, value) for tag, value in entries)
-    size = str_off + len(strtab)
-    ident = b"\x7fELF" + bytes([1, 1, 1, 0]) + bytes(8)
-    header = ehdr.pack(ident, 3, 3, 1, 0, ehdr.size, 0, 0, ehdr.size, phdr.size, 2, 40, 0, 0)
-    load = phdr.pack(1, 0, 0, 0, size, size, 4, 0x1000)
-    dynamic_phdr = phdr.pack(2, dyn_off, dyn_off, dyn_off, len(dynamic), len(dynamic), 4, 4)
-    return header + load + dynamic_phdr + dynamic + strtab
 
 
 class Lab:

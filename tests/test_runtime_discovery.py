@@ -10,6 +10,7 @@ import pytest
 
 from gpuwire import nvidia, sim
 from gpuwire.devices import Device
+from gpuwire.elfstub import shared_object
 from runtime_hook.discovery import (
     DiscoveryError,
     Roots,
@@ -17,7 +18,6 @@ from runtime_hook.discovery import (
     parse_proc_devices,
     parse_version,
 )
-from tests.runtime_support import elf32_shared_object
 
 VERSION = sim.DEFAULT_DRIVER
 
@@ -113,7 +113,7 @@ def test_compat32_finds_32_bit_libraries_and_never_a_64_bit_one(
     root, _ = sim_node
     lib32 = root / nvidia.LIBDIR_DEBIAN_32
     lib32.mkdir(parents=True)
-    (lib32 / f"libcuda.so.{VERSION}").write_bytes(elf32_shared_object("libcuda.so.1"))
+    (lib32 / f"libcuda.so.{VERSION}").write_bytes(shared_object("libcuda.so.1", bits=32))
     # A 64-bit file in a 32-bit directory is not a 32-bit library.
     shutil.copy(
         root / nvidia.LIBDIR_DEBIAN / f"libnvidia-ml.so.{VERSION}",

@@ -107,8 +107,24 @@ def test_every_capability_is_canonical_in_the_env(driver: Driver) -> None:
 
 def test_ldcache_arguments_round_trip(driver: Driver) -> None:
     edits = container_edits(driver, driver.devices, ("compute",), Layout.of(debian=True))
-    ldconfig, folders, links = parse_ldcache_args(ldcache_args(edits, "/sbin/ldconfig")[1:])
-    assert (ldconfig, folders, links) == ("/sbin/ldconfig", edits.ldcache_folders, edits.links)
+    assert edits.ldcache_entries is not None
+    assert (f"{DEB}/libcuda.so.1", 0x303) in edits.ldcache_entries
+    parsed = parse_ldcache_args(ldcache_args(edits, "/sbin/ldconfig")[1:])
+    assert parsed == (
+        "/sbin/ldconfig",
+        edits.ldcache_folders,
+        edits.links,
+        edits.ldcache_entries,
+    )
+
+
+def test_ldcache_arguments_without_entries_leave_the_cache_to_ldconfig(driver: Driver) -> None:
+    """A spec written before gpuwire wrote caches itself has no --entry: ldconfig builds it."""
+    edits = container_edits(driver, driver.devices, ("compute",), Layout.of(debian=True))
+    args = [a for a in ldcache_args(edits, "/sbin/ldconfig")[1:] if not a.startswith("0x")]
+    assert "--entry" in args
+    _, folders, _, entries = parse_ldcache_args([a for a in args if a != "--entry"])
+    assert (folders, entries) == ([DEB], None)
 
 
 @pytest.mark.parametrize(
@@ -116,6 +132,9 @@ def test_ldcache_arguments_round_trip(driver: Driver) -> None:
     [
         (["--folder", "relative/dir", "--ldconfig", "/sbin/ldconfig"], "bad argument --folder"),
         (["--link", "a::b", "--ldconfig", "/sbin/ldconfig"], "bad argument --link"),
+        (["--entry", "771::/lib/libx.so.1", "--ldconfig", "/x"], "bad argument --entry"),
+        (["--entry", "0x303::lib/libx.so.1", "--ldconfig", "/x"], "bad argument --entry"),
+        (["--entry", "0xzz::/lib/libx.so.1", "--ldconfig", "/x"], "bad argument --entry"),
         (["--ldconfig"], "--ldconfig needs a value"),
         (["--folder", "/x"], "--ldconfig must name the host's ldconfig by absolute path"),
         (["--ldconfig", "ldconfig"], "absolute path"),

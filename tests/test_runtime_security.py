@@ -82,7 +82,7 @@ ATTACKS = {
 
 @pytest.mark.parametrize("delivery", DELIVERIES)
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-@pytest.mark.parametrize("inside", ["usr/lib/x86_64-linux-gnu", "usr/bin"])
+@pytest.mark.parametrize("inside", ["usr/lib/x86_64-linux-gnu", "usr/bin", "etc"])
 def test_symlinked_rootfs_dirs_never_reach_the_host(
     lab: Lab, host_dir: Path, delivery: str, attack: str, inside: str
 ) -> None:
@@ -175,11 +175,15 @@ def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
     assert "injection failed: cannot mount over 'nvidia-smi'" in lab.log_lines()[-1]
 
 
+OLD_FORMAT_CACHE = b"ld.so-1.7.0\0" + bytes(4)  # libc5's format: left to ldconfig
+
+
 def test_failed_ld_cache_fails_the_create_and_leaves_the_bundle_as_it_was(lab: Lab) -> None:
     """The shim makes links and ld cache before runc: a failure there (late: after the
     links and mount points are made) undoes them and leaves config.json unedited."""
     lab.configure(ldconfig="/bin/busybox")  # static, but exits 127 as "ldconfig": fails late
     bundle = make_bundle(lab, granted_env(lab, "0"), delivery="shim")
+    (bundle.path / "rootfs/etc/ld.so.cache").write_bytes(OLD_FORMAT_CACHE)
     before, spec = snapshot(bundle.path), (bundle.path / "config.json").read_text()
     mounts, node = host_mounts(lab.root.parent), snapshot(lab.node)
     out = run(bundle, "shim")

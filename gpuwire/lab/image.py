@@ -98,6 +98,11 @@ def write_layout_tar(
             script.write_text(text)
             script.chmod(0o755)
         files = layout_files(rootfs, name, env, cmd)
+    return write_tar(dest, files)
+
+
+def write_tar(dest: Path, files: Mapping[str, bytes]) -> Path:
+    """Write `files` (path in the archive → content) as a tar at `dest`, in path order."""
     with tarfile.open(dest, mode="w") as tar:
         for path, data in sorted(files.items()):
             info = tarfile.TarInfo(path)
