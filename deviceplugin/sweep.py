@@ -66,16 +66,19 @@ def sweep(allocation_dir: str, checkpoint_path: Path, grace: float, now: float) 
     except FileNotFoundError:
         return []
     for name in sorted(names):
-        token = name.split(".", 1)[0]
+        token = name.lstrip(".").split(".", 1)[0]  # `.TOKEN.PID.tmp`: a write a kill cut short
         if allocation.token_of(allocation.container_path(token)) != token or token in in_use:
             continue
         try:
             age = now - os.lstat(Path(allocation_dir, name)).st_mtime
         except FileNotFoundError:
             continue
-        if age >= grace and token not in removed:
+        if age < grace:
+            continue
+        if name.startswith("."):
+            Path(allocation_dir, name).unlink(missing_ok=True)
+        if token not in removed:
             allocation.remove(allocation_dir, token)
-            Path(allocation_dir, f"{token}.tmp").unlink(missing_ok=True)
             removed.append(token)
     if removed:
         log.info("removed %d allocation token(s) no pod uses", len(removed))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from gpuwire import lightjson
+from gpuwire import atomicfile, lightjson
 from gpuwire.grant import KeyRing, hmac_sha256, mac_matches
 from gpuwire.record import Record
 
@@ -81,11 +81,7 @@ def write(
         "mac": _mac(keys, key_id, allocation),
     }
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, allocation.token)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(json.dumps(body))
-    os.replace(tmp, path)
+    atomicfile.replace(os.path.join(directory, allocation.token), json.dumps(body).encode(), 0o644)
     return allocation
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import stat
 
+from gpuwire import atomicfile
 from gpuwire.record import Record
 
 TYPE_CHECKING = False
@@ -274,11 +275,7 @@ def write(root: str, record: ContainerRecord) -> None:
     """Write (or replace) `record` atomically in `root`, a directory only root can write."""
     path = _path(root, record.id)
     os.makedirs(root, mode=0o700, exist_ok=True)
-    tmp = os.path.join(root, f".{record.id}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(encode(record))
-    os.replace(tmp, path)
+    atomicfile.replace(path, encode(record).encode(), 0o600)
 
 
 def remove(root: str, container: str) -> bool:

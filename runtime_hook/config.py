@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, grant, records
+from gpuwire import allocation, atomicfile, grant, records
 
 ENV = "GPUWIRE_CONFIG"
 CACHE_DIR = "/run/gpuwire"
@@ -204,10 +204,7 @@ def _remember(source: str, st: os.stat_result, data: bytes, table: dict[str, obj
     try:
         os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
         path = _cache_path(st)
-        tmp = f"{path}.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            marshal.dump((source, data, table), f)
-        os.replace(tmp, path)
+        atomicfile.replace(path, marshal.dumps((source, data, table)), 0o600)
         for name in os.listdir(CACHE_DIR):
             other = f"{CACHE_DIR}/{name}"
             if name.startswith("config-") and other != path and not _live(other):

@@ -21,7 +21,6 @@ import glob
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -30,6 +29,7 @@ from typing import Any, Protocol
 import tomlkit
 from tomlkit.exceptions import ParseError
 
+from gpuwire import atomicfile
 from gpuwire.allocation import OWNER_ANNOTATIONS
 from gpuwire.grant import SUBJECT_ANNOTATIONS
 from runtime_hook.edits import HOOK_ENV
@@ -429,12 +429,4 @@ def write(changes: list[Change]) -> None:
     for c in changes:
         c.path.parent.mkdir(parents=True, exist_ok=True)
         mode = c.path.stat().st_mode & 0o7777 if c.path.exists() else 0o644
-        fd, tmp = tempfile.mkstemp(dir=c.path.parent, prefix=f".{c.path.name}.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(c.new)
-            os.chmod(tmp, mode)
-            os.replace(tmp, c.path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        atomicfile.replace(str(c.path), c.new.encode(), mode)

@@ -39,7 +39,7 @@ import shlex
 import sys
 
 import runtime_hook
-from gpuwire import allocation, nvidia, records
+from gpuwire import allocation, atomicfile, nvidia, records
 from runtime_hook import config, shim
 
 RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
@@ -198,11 +198,8 @@ def install(directory: str, python: str = sys.executable) -> list[str]:
     written = []
     for name, render in ((RUNTIME, render_runtime), (HOOK, render_hook)):
         path = os.path.join(directory, name)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(render(python, package_parent))
-        os.chmod(tmp, 0o755)  # noqa: S103 - an executable, root-owned like its directory
-        os.replace(tmp, path)
+        # an executable, root-owned like its directory
+        atomicfile.replace(path, render(python, package_parent).encode(), 0o755)
         written.append(path)
     return written
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from gpuwire import allocation, devices, lightjson, nvidia
+from gpuwire import allocation, atomicfile, devices, lightjson, nvidia
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,12 +40,8 @@ def load(bundle: str) -> Spec:
 def save(bundle: str, spec: Spec) -> None:
     """Replace `<bundle>/config.json` atomically, keeping its mode."""
     path = os.path.join(bundle, "config.json")
-    tmp = f"{path}.gpuwire.tmp"
     mode = os.stat(path).st_mode & 0o7777
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(lightjson.dumps(spec))
-    os.replace(tmp, path)
+    atomicfile.replace(path, lightjson.dumps(spec).encode(), mode)
 
 
 def env_entries(spec: Spec) -> list[tuple[str, str]]:

@@ -85,6 +85,17 @@ def test_sweep_removes_unreferenced_tokens_past_the_grace_period(
     assert sorted(os.listdir(alloc)) == sorted([kept, fresh])  # gone's claim went too
 
 
+def test_a_write_cut_short_goes_with_its_token(tokens: tuple[Path, list[str]]) -> None:
+    alloc, (kept, gone, unclaimed) = tokens
+    for token in (kept, gone, "c" * 32):  # "c…": only the temporary file was ever made
+        (alloc / f".{token}.77.tmp").write_text('{"resour')
+        os.utime(alloc / f".{token}.77.tmp", (1000, 1000))
+    cp = alloc.parent / "kubelet_internal_checkpoint"
+    cp.write_text(checkpoint(kept))
+    assert sorted(sweep(str(alloc), cp, grace=100, now=2000)) == sorted([gone, unclaimed, "c" * 32])
+    assert sorted(os.listdir(alloc)) == sorted([kept, f".{kept}.77.tmp"])
+
+
 def test_no_checkpoint_no_sweep(tokens: tuple[Path, list[str]]) -> None:
     alloc, _ = tokens
     assert sweep(str(alloc), alloc.parent / "missing", grace=0, now=2000) == []
