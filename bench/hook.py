@@ -58,6 +58,7 @@ from bench.common import Summary, report, summarise
 from gpuwire.elfstub import shared_object
 from gpuwire.lab.containerd import Container, Containerd
 from gpuwire.lab.image import NAME, layout_files, write_tar
+from gpuwire.lab.resident import Resident
 from gpuwire.lab.rootfs import Bundle, busybox_rootfs
 from runtime_hook import launcher
 from tests.runtime_support import Lab, cri_annotations, grant_for
@@ -118,9 +119,11 @@ class Case:
             raise SystemExit(f"{self.name}: {out.stderr.strip()}")
 
 
-def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
+def make_cases(lab: Lab, libexec: str, served: str, python: str) -> list[Case]:
     hook = f"{libexec}/gpuwire-hook"
     shim = f"{libexec}/gpuwire-runtime"
+    served_hook = f"{served}/gpuwire-hook"
+    served_shim = f"{served}/gpuwire-runtime"
     floor = write_floor(Path(libexec) / "python-execs-runc", python)
     gpu = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
 
@@ -148,6 +151,9 @@ def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
         Case("prestart hook, 1 GPU", bundle("hook-gpu", gpu, hook), "runc"),
         Case("shim, no GPU", bundle("shim-void", {}), shim),
         Case("shim, 1 GPU", bundle("shim-gpu", gpu), shim),
+        Case("resident: hook, no GPU", bundle("r-hook-void", {}, served_hook), "runc"),
+        Case("resident: hook, 1 GPU", bundle("r-hook-gpu", gpu, served_hook), "runc"),
+        Case("resident: shim, 1 GPU", bundle("r-shim-gpu", gpu), served_shim),
         Case(
             "hook via console script, 1 GPU",
             bundle("script-gpu", gpu, str(CONSOLE_SCRIPTS / "gpuwire-hook")),
@@ -175,15 +181,17 @@ def runc_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
-        launcher.install(f"{tmp}/libexec", python)
-        cases = make_cases(lab, f"{tmp}/libexec", python)
-        for case in cases:  # warm caches (page cache, the config cache) untimed
-            case.run_once()
-            case.seconds.clear()
-        order = random.Random(0)  # the same orders on every run of the bench
-        for _ in range(runs):
-            for case in order.sample(cases, len(cases)):
+        launcher.install(f"{tmp}/libexec", python, socket=None)
+        launcher.install(f"{tmp}/served", python, socket=f"{tmp}/resident.sock")
+        cases = make_cases(lab, f"{tmp}/libexec", f"{tmp}/served", python)
+        with Resident(f"{tmp}/resident.sock", python):
+            for case in cases:  # warm caches (page cache, the config cache) untimed
                 case.run_once()
+                case.seconds.clear()
+            order = random.Random(0)  # the same orders on every run of the bench
+            for _ in range(runs):
+                for case in order.sample(cases, len(cases)):
+                    case.run_once()
     base, *others = (summarise(c.name, c.seconds) for c in cases)
     print(report(f"container start on runc, {runs} runs each", base, others))
     print()
@@ -221,8 +229,10 @@ def write_image(dest: Path) -> Path:
 def containerd_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
-        launcher.install(f"{tmp}/libexec", python)
+        launcher.install(f"{tmp}/libexec", python, socket=None)
+        launcher.install(f"{tmp}/served", python, socket=f"{tmp}/resident.sock")
         shim = f"{tmp}/libexec/gpuwire-runtime"
+        served = f"{tmp}/served/gpuwire-runtime"
         floor = write_floor(Path(tmp) / "libexec/python-execs-runc", python)
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
@@ -234,11 +244,14 @@ def containerd_half(runs: int, python: str) -> None:
             "gpuwire-runtime, 1 GPU": Container(
                 NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
             ),
+            "resident: gpuwire-runtime, 1 GPU": Container(
+                NAME, ("true",), runc_binary=served, annotations=annotations, env=granted
+            ),
             "floor: python execs runc": Container(
                 NAME, ("true",), runc_binary=floor, annotations=annotations
             ),
         }
-        with Containerd.create() as containerd:
+        with Containerd.create() as containerd, Resident(f"{tmp}/resident.sock", python):
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_image(lab.root / "image.tar"))
             samples: dict[tuple[str, bool], list[float]] = {}
