@@ -180,22 +180,34 @@ def listen(path: str) -> socket.socket:
 
 
 def serve(listener: socket.socket) -> None:
+    """Keep one child forked ahead, waiting in accept: a call never waits for the fork."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     gc.collect()
     gc.freeze()  # what is loaded now stays shared with every child
     while True:
-        conn, _ = listener.accept()
-        if os.fork() == 0:
+        accepted, tell = os.pipe()
+        waiting = os.fork()
+        if waiting == 0:
+            os.close(accepted)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its own
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             gc.disable()
-            listener.close()
             status = 1
             try:
+                conn, _ = listener.accept()
+                listener.close()
+                os.close(tell)  # the parent forks the next one now
                 status = answer(conn)
             finally:
                 os._exit(status)
-        conn.close()
+        os.close(tell)
+        try:
+            os.read(accepted, 1)  # end of file: the child has a call (or has died)
+        except BaseException:  # stopping: the child waiting in accept goes too
+            os.kill(waiting, signal.SIGKILL)
+            raise
+        finally:
+            os.close(accepted)
 
 
 def main(argv: list[str] | None = None) -> int:

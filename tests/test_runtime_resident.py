@@ -26,6 +26,7 @@ from gpuwire.lab.resident import Resident
 from runtime_hook import launcher, resident
 from tests.conftest import requires_binary, requires_root
 from tests.runtime_support import Lab
+from tests.waiting import until
 
 pytestmark = [requires_root(), requires_binary("cc")]
 
@@ -199,12 +200,30 @@ def test_without_a_compiler_the_launchers_run_python(
 def test_a_resident_that_does_not_greet_is_passed_by(site: Site) -> None:
     """A stopped (or swamped) resident holds no start up for long, and never serves a call
     that has already run its fallback."""
-    pid = site.pid
-    os.kill(pid, signal.SIGSTOP)
+    stopped = [site.pid, waiting_child(site.pid)]  # the resident, and its child forked ahead
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
     try:
         out = site.call("hook", "no-such-subcommand")
     finally:
-        os.kill(pid, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
     assert (out.returncode, out.stdout) == (0, "fell back: argv0 no-such-subcommand\n")
     again = site.call("hook", "no-such-subcommand")  # served again, the late one dropped
     assert (again.returncode, again.stdout) == (2, "")
+
+
+def test_a_stopped_resident_leaves_neither_socket_nor_child(tmp_path: Path) -> None:
+    socket = str(tmp_path / "resident.sock")
+    with Resident(socket) as running:
+        waiting = waiting_child(running.process.pid)
+    assert running.process.returncode == 0  # SIGTERM: a clean stop
+    assert not os.path.exists(socket)
+    assert not Path(f"/proc/{waiting}").exists()  # the child forked ahead went with it
+
+
+def waiting_child(pid: int) -> int:
+    """The child a resident keeps forked ahead, waiting in accept."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    until(lambda: len(children.read_text().split()) == 1)
+    return int(children.read_text())
