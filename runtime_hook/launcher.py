@@ -15,7 +15,13 @@ and a kubelet waits for the first two. pip's console scripts start Python with `
   container id the records refuse) to Python, which answers as before. A container may ask
   for a GPU only if its config.json names `NVIDIA_VISIBLE_DEVICES` or an allocation mount;
   one `grep` finds either, or a JSON escape that could spell them.
-- `gpuwire-hook` runs Python directly (it has work to do whenever it is called).
+- `gpuwire-hook` is a shell script that runs Python at once (it has work to do whenever
+  it is called).
+
+Where a C compiler can build it, `gpuwire-call` (runtime_hook/call.c) goes beside them and
+both hand their Python part to the resident gpuwire (runtime_hook.resident), which has it
+loaded already; the Python command line is what `gpuwire-call` runs where no resident
+answers.
 
 Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
@@ -137,21 +143,8 @@ shim "$@"
 """
 
 HOOK_SCRIPT = """\
-#!{python} -IS
-# gpuwire launcher: isolated mode, no site (runtime_hook/launcher.py)
-import gc, os, sys
-gc.disable()
-sys.path.insert(0, {path!r})
-from runtime_hook.hook import main
-status = main()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(status)
-"""
-# With a resident gpuwire: gpuwire-call asks it, and runs the same Python where none answers.
-HOOK_CALL_SCRIPT = """\
 #!/bin/sh
-# gpuwire-hook launcher (runtime_hook/launcher.py): the resident gpuwire, else Python.
+# gpuwire-hook launcher (runtime_hook/launcher.py): Python, or the resident gpuwire first.
 exec {entry} -IS -c {code} "$0" "$@"
 """
 HOOK_CODE = (
@@ -177,8 +170,8 @@ def _key_checks() -> str:
     return "\n".join(arms)
 
 
-class Resident:
-    """Where the launchers ask the resident gpuwire first (runtime_hook.resident)."""
+class Call:
+    """gpuwire-call and the socket of the resident gpuwire it asks (runtime_hook.resident)."""
 
     __slots__ = ("call", "socket")
 
@@ -192,7 +185,12 @@ class Resident:
         return " ".join(shlex.quote(w) for w in words) + " $(($# + 1)) " + shlex.quote(python)
 
 
-def render_runtime(python: str, path: str, served: Resident | None = None) -> str:
+def entry(python: str, path: str, kind: str, call: Call | None) -> str:
+    """What a launcher execs: Python, or gpuwire-call in front of it."""
+    return call.entry(kind, python, path) if call else shlex.quote(python)
+
+
+def render_runtime(python: str, path: str, call: Call | None = None) -> str:
     """The `gpuwire-runtime` shell script for this interpreter and gpuwire directory."""
     if not all(c.isalnum() or c in "_/" for c in "".join(MARKERS)):
         raise ValueError(f"markers {MARKERS} need escaping for grep -E")
@@ -202,7 +200,7 @@ def render_runtime(python: str, path: str, served: Resident | None = None) -> st
     )
     flags = shim.BUNDLE_FLAGS
     return RUNTIME_SCRIPT.format(
-        entry=served.entry("runtime", python, path) if served else shlex.quote(python),
+        entry=entry(python, path, "runtime", call),
         code=shlex.quote(code),
         bundle_flags=_alternatives(flags),
         bundle_flags_eq=_alternatives(tuple(f"{f}=*" for f in flags)),
@@ -216,11 +214,9 @@ def render_runtime(python: str, path: str, served: Resident | None = None) -> st
     )
 
 
-def render_hook(python: str, path: str, served: Resident | None = None) -> str:
-    if served is None:
-        return HOOK_SCRIPT.format(python=python, path=path)
+def render_hook(python: str, path: str, call: Call | None = None) -> str:
     code = shlex.quote(HOOK_CODE.format(path=path))
-    return HOOK_CALL_SCRIPT.format(entry=served.entry("hook", python, path), code=code)
+    return HOOK_SCRIPT.format(entry=entry(python, path, "hook", call), code=code)
 
 
 def build_call(directory: str) -> str | None:
@@ -260,15 +256,15 @@ def install(
     is copied elsewhere (as `python` names the interpreter there)."""
     package_parent = resident.token()
     os.makedirs(directory, exist_ok=True)
-    call = build_call(directory) if socket else None
-    served = None
-    if call and socket:
-        served = Resident(os.path.join(runs_from, CALL) if runs_from else call, socket)
+    built = build_call(directory) if socket else None
+    call = None
+    if built and socket:
+        call = Call(os.path.join(runs_from, CALL) if runs_from else built, socket)
     written = []
     for name, render in ((RUNTIME, render_runtime), (HOOK, render_hook)):
         path = os.path.join(directory, name)
         # an executable, root-owned like its directory
-        atomicfile.replace(path, render(python, package_parent, served).encode(), 0o755)
+        atomicfile.replace(path, render(python, package_parent, call).encode(), 0o755)
         written.append(path)
     return written
 

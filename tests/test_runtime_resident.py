@@ -193,7 +193,7 @@ def test_without_a_compiler_the_launchers_run_python(
     monkeypatch.setenv("CC", "/nonexistent/cc")
     _, hook = launcher.install(str(tmp_path), python="/usr/bin/python3")
     assert not (tmp_path / launcher.CALL).exists()
-    assert Path(hook).read_text().startswith("#!/usr/bin/python3 -IS\n")
+    assert "\nexec /usr/bin/python3 -IS -c " in Path(hook).read_text()
     assert f"{launcher.CALL} not built (no C compiler" in capfd.readouterr().err
 
 

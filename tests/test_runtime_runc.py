@@ -224,7 +224,8 @@ def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None
 
 def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
     """`python -m runtime_hook.launcher DIR`, no resident: the shell launcher hands a GPU create
-    to the shim, which makes links and ld cache itself (no hook in the spec); the hook's is -IS."""
+    to the shim, which makes links and ld cache itself (no hook in the spec); the hook runs
+    Python -IS at once."""
     shim_path, hook_path = launcher.install(str(tmp_path / "libexec"), socket=None)
     bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
     out = bundle.run(runtime=shim_path)
@@ -234,4 +235,4 @@ def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
     assert seen["ldcache"] == ["libcuda.so.1"]
     assert "hooks" not in json.loads((bundle.path / "config.json").read_text())
     assert Path(shim_path).read_text().startswith("#!/bin/sh\n")
-    assert Path(hook_path).read_text().startswith(f"#!{sys.executable} -IS\n")
+    assert f"\nexec {sys.executable} -IS -c " in Path(hook_path).read_text()
