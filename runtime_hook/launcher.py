@@ -270,6 +270,10 @@ def install(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].startswith("/"):
-        sys.exit("usage: python -m runtime_hook.launcher /ABSOLUTE/DIR")
-    print("\n".join(install(sys.argv[1])))
+    args = sys.argv[1:]
+    socket = resident.DEFAULT_SOCKET
+    if args[:1] == ["--socket"] and len(args) > 1:
+        socket, args = args[1], args[2:]
+    if len(args) != 1 or not args[0].startswith("/") or not socket.startswith("/"):
+        sys.exit("usage: python -m runtime_hook.launcher [--socket /RESIDENT.sock] /ABSOLUTE/DIR")
+    print("\n".join(install(args[0], socket=socket)))

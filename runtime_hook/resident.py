@@ -89,18 +89,35 @@ class Request:
                 self.env[os.fsdecode(name)] = os.fsdecode(value)
 
 
-def shares_namespaces(pid: int) -> bool:
-    """Whether the caller sees the files, cgroups and processes we see (its pid is 0 where
-    it is not in our PID namespace)."""
-    for kind in NAMESPACES:
-        try:
-            theirs = os.stat(f"/proc/{pid}/ns/{kind}")
-        except OSError:
-            return False
-        ours = os.stat(f"/proc/self/ns/{kind}")
-        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
-            return False
-    return pid > 0
+def namespaces(pid: str) -> list[tuple[int, int]] | None:
+    """Which of NAMESPACES a process is in; None where its /proc entry cannot be read."""
+    try:
+        return [
+            (info.st_dev, info.st_ino)
+            for info in (os.stat(f"/proc/{pid}/ns/{kind}") for kind in NAMESPACES)
+        ]
+    except OSError:
+        return None
+
+
+class Served:
+    """Whom this resident serves: launchers of its build, root callers in its namespaces."""
+
+    __slots__ = ("namespaces", "token")
+
+    def __init__(self) -> None:
+        self.token = token()
+        self.namespaces = namespaces("self")
+
+    def serves(self, request: Request, pid: int, uid: int) -> bool:
+        """The caller's pid is 0 where it is not in our PID namespace."""
+        return (
+            uid == 0
+            and request.token == self.token
+            and request.kind in KINDS
+            and pid > 0
+            and namespaces(str(pid)) == self.namespaces
+        )
 
 
 def take_on(request: Request) -> None:
@@ -127,7 +144,7 @@ def run(request: Request) -> bytes:
     return b"e" + os.fsencode(runtime) if runtime is not None else b"x%d" % status
 
 
-def answer(conn: socket.socket) -> int:
+def answer(conn: socket.socket, served: Served) -> int:
     """In the forked child: greet, read the request, serve it or decline it, answer."""
     pid, uid, _ = PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER.size))
     try:
@@ -144,12 +161,7 @@ def answer(conn: socket.socket) -> int:
             os.close(fd)
         conn.send(b"f")
         return 0
-    if (
-        uid != 0
-        or request.token != token()
-        or request.kind not in KINDS
-        or not shares_namespaces(pid)
-    ):
+    if not served.serves(request, pid, uid):
         conn.send(b"f")
         return 0
     take_on(request)
@@ -182,6 +194,7 @@ def listen(path: str) -> socket.socket:
 def serve(listener: socket.socket) -> None:
     """Keep one child forked ahead, waiting in accept: a call never waits for the fork."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    served = Served()
     gc.collect()
     gc.freeze()  # what is loaded now stays shared with every child
     while True:
@@ -197,7 +210,7 @@ def serve(listener: socket.socket) -> None:
                 conn, _ = listener.accept()
                 listener.close()
                 os.close(tell)  # the parent forks the next one now
-                status = answer(conn)
+                status = answer(conn, served)
             finally:
                 os._exit(status)
         os.close(tell)
