@@ -11,7 +11,10 @@ from runtime_hook import resident
 
 
 def command(python: str, socket: str) -> list[str]:
-    """The resident started as the launchers start Python: `-IS`, gpuwire's directory first."""
+    """The resident as an admin starts it; for another interpreter (the bench's `--python`),
+    as the launchers start one: `-IS`, with gpuwire's directory written in."""
+    if python == sys.executable:
+        return [python, "-I", "-m", "runtime_hook.resident", "--socket", socket]
     code = (
         f"import sys; sys.path.insert(0, {resident.token()!r}); "
         "from runtime_hook.resident import main; sys.exit(main())"
