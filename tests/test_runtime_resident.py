@@ -227,3 +227,13 @@ def waiting_child(pid: int) -> int:
     children = Path(f"/proc/{pid}/task/{pid}/children")
     until(lambda: len(children.read_text().split()) == 1)
     return int(children.read_text())
+
+
+def test_gpuwire_call_compiles_without_warnings() -> None:
+    """The C file's lint: what -Wall -Wextra would say, a failure."""
+    out = subprocess.run(
+        ["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", launcher.CALL_SOURCE],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
