@@ -85,7 +85,7 @@ class Request:
         self.env = {}
         for entry in fields[4 + count :]:
             name, eq, value = entry.partition(b"=")
-            if eq:
+            if eq and name:  # as Python's own start skips what it cannot hold
                 self.env[os.fsdecode(name)] = os.fsdecode(value)
 
 
