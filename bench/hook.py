@@ -21,23 +21,28 @@ baseline is plain runc; the others add gpuwire:
 - the shim (`gpuwire-runtime run`, the shell launcher), likewise: a container that asks for
   no GPU never starts Python, a granted one starts it once (links and ld cache included);
 - the same GPU start through pip's console script instead of the `-IS` launcher;
-- the floors of the two designs: a prestart hook that is `python -IS -c pass`, and a
+- the hook and the shim again, from launchers that hand their Python part to a resident
+  gpuwire (runtime_hook.resident, on a private socket, started with the same Python)
+  through gpuwire-call: what a node the installer set up runs;
+- the floors of a Python design: a prestart hook that is `python -IS -c pass`, and a
   runtime that is `python -IS` exec'ing runc: what any Python hook or shim pays before
   doing anything (starting Python in front of runc also slows runc's own start here).
 
-Goal: at most 15 ms added median for a GPU container on runc. The interpreter's own start
-(`python -IS -c pass`) is printed as well. `--python` picks the interpreter the launchers
-run (default: this one). It matters: a node runs the image's
+Goal: at most 15 ms added median for a GPU container on runc. What one call costs is
+printed as well: `/bin/true`, the interpreter's own start (`python -IS -c pass`), and a
+call the resident serves that does nothing. `--python` picks the interpreter the
+launchers and the resident run (default: this one). It matters: a node runs the image's
 python-build-standalone (static, PGO), which starts faster than a shared-library build such
 as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
 
 containerd: a private containerd (gpuwire.lab.containerd) starts the image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
 reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
-`BinaryName`), asking for no GPU and for one granted GPU, and with the shim's floor (Python
-exec'ing runc) as `--runc-binary`. `start` times `ctr run --detach` (create and start:
-what a kubelet waits for); `run` times `ctr run --rm` of `true` (also the exit and the two
-deletes: every runtime call containerd makes for a container).
+`BinaryName`), asking for no GPU and for one granted GPU (Python, and served by the
+resident), and with the shim's floor (Python exec'ing runc) as `--runc-binary`. `start`
+times `ctr run --detach` (create and start: what a kubelet waits for); `run` times
+`ctr run --rm` of `true` (also the exit and the two deletes: every runtime call containerd
+makes for a container).
 Goal: at most 25 ms added median start through containerd.
 """
 
@@ -58,8 +63,9 @@ from bench.common import Summary, report, summarise
 from gpuwire.elfstub import shared_object
 from gpuwire.lab.containerd import Container, Containerd
 from gpuwire.lab.image import NAME, layout_files, write_tar
+from gpuwire.lab.resident import Resident
 from gpuwire.lab.rootfs import Bundle, busybox_rootfs
-from runtime_hook import launcher
+from runtime_hook import launcher, resident
 from tests.runtime_support import Lab, cri_annotations, grant_for
 
 CONSOLE_SCRIPTS = Path(sys.executable).parent
@@ -118,9 +124,11 @@ class Case:
             raise SystemExit(f"{self.name}: {out.stderr.strip()}")
 
 
-def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
+def make_cases(lab: Lab, libexec: str, served: str, python: str) -> list[Case]:
     hook = f"{libexec}/gpuwire-hook"
     shim = f"{libexec}/gpuwire-runtime"
+    served_hook = f"{served}/gpuwire-hook"
+    served_shim = f"{served}/gpuwire-runtime"
     floor = write_floor(Path(libexec) / "python-execs-runc", python)
     gpu = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
 
@@ -148,6 +156,9 @@ def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
         Case("prestart hook, 1 GPU", bundle("hook-gpu", gpu, hook), "runc"),
         Case("shim, no GPU", bundle("shim-void", {}), shim),
         Case("shim, 1 GPU", bundle("shim-gpu", gpu), shim),
+        Case("resident: hook, no GPU", bundle("r-hook-void", {}, served_hook), "runc"),
+        Case("resident: hook, 1 GPU", bundle("r-hook-gpu", gpu, served_hook), "runc"),
+        Case("resident: shim, 1 GPU", bundle("r-shim-gpu", gpu), served_shim),
         Case(
             "hook via console script, 1 GPU",
             bundle("script-gpu", gpu, str(CONSOLE_SCRIPTS / "gpuwire-hook")),
@@ -162,34 +173,46 @@ def make_cases(lab: Lab, libexec: str, python: str) -> list[Case]:
     ]
 
 
-def interpreter_floor(runs: int, python: str) -> Summary:
+def timed_command(name: str, argv: list[str], runs: int) -> Summary:
     seconds = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([python, "-IS", "-c", "pass"], check=True)
+        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
         seconds.append(time.perf_counter() - start)
-    return summarise("python -IS -c pass", seconds)
+    return summarise(name, seconds)
 
 
 def runc_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory(prefix="gpuwire-bench-") as tmp:
         lab = Lab(Path(tmp) / "lab")
         os.environ["GPUWIRE_CONFIG"] = str(lab.config)  # the shim reads it
-        launcher.install(f"{tmp}/libexec", python)
-        cases = make_cases(lab, f"{tmp}/libexec", python)
-        for case in cases:  # warm caches (page cache, the config cache) untimed
-            case.run_once()
-            case.seconds.clear()
-        order = random.Random(0)  # the same orders on every run of the bench
-        for _ in range(runs):
-            for case in order.sample(cases, len(cases)):
+        socket = f"{tmp}/resident.sock"
+        launcher.install(f"{tmp}/libexec", python, socket=None)
+        launcher.install(f"{tmp}/served", python, socket=socket)
+        cases = make_cases(lab, f"{tmp}/libexec", f"{tmp}/served", python)
+        with Resident(socket, python):
+            for case in cases:  # warm caches (page cache, the config cache) untimed
                 case.run_once()
+                case.seconds.clear()
+            order = random.Random(0)  # the same orders on every run of the bench
+            for _ in range(runs):
+                for case in order.sample(cases, len(cases)):
+                    case.run_once()
+            # a call the resident serves that does nothing (gpuwire-hook's usage error)
+            call = [f"{tmp}/served/{launcher.CALL}", socket, resident.token(), "hook", "2"]
+            served = [*call, "/bin/false", "gpuwire-hook", "no-such-subcommand"]
+            calls = [
+                timed_command("/bin/true", ["/bin/true"], runs),
+                timed_command("python -IS -c pass", [python, "-IS", "-c", "pass"], runs),
+                timed_command("a served call doing nothing", served, runs),
+            ]
     base, *others = (summarise(c.name, c.seconds) for c in cases)
     print(report(f"container start on runc, {runs} runs each", base, others))
     print()
     print(added(base, others))
-    floor = interpreter_floor(runs, python)
-    print(f"{floor.name:32} {floor.p50_ms:7.1f} ms (the floor of any Python hook: {python})")
+    print()
+    print(f"what a call costs ({python}, from this Python, {runs} runs each)")
+    print("\n".join(f"{c.name:32} {c.p50_ms:7.1f} ms" for c in calls))
 
 
 def added(base: Summary, others: list[Summary]) -> str:
@@ -221,8 +244,10 @@ def write_image(dest: Path) -> Path:
 def containerd_half(runs: int, python: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         lab = Lab(Path(tmp) / "lab")
-        launcher.install(f"{tmp}/libexec", python)
+        launcher.install(f"{tmp}/libexec", python, socket=None)
+        launcher.install(f"{tmp}/served", python, socket=f"{tmp}/resident.sock")
         shim = f"{tmp}/libexec/gpuwire-runtime"
+        served = f"{tmp}/served/gpuwire-runtime"
         floor = write_floor(Path(tmp) / "libexec/python-execs-runc", python)
         granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
         annotations = cri_annotations()
@@ -234,11 +259,14 @@ def containerd_half(runs: int, python: str) -> None:
             "gpuwire-runtime, 1 GPU": Container(
                 NAME, ("true",), runc_binary=shim, annotations=annotations, env=granted
             ),
+            "resident: gpuwire-runtime, 1 GPU": Container(
+                NAME, ("true",), runc_binary=served, annotations=annotations, env=granted
+            ),
             "floor: python execs runc": Container(
                 NAME, ("true",), runc_binary=floor, annotations=annotations
             ),
         }
-        with Containerd.create() as containerd:
+        with Containerd.create() as containerd, Resident(f"{tmp}/resident.sock", python):
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_image(lab.root / "image.tar"))
             samples: dict[tuple[str, bool], list[float]] = {}

@@ -15,7 +15,13 @@ and a kubelet waits for the first two. pip's console scripts start Python with `
   container id the records refuse) to Python, which answers as before. A container may ask
   for a GPU only if its config.json names `NVIDIA_VISIBLE_DEVICES` or an allocation mount;
   one `grep` finds either, or a JSON escape that could spell them.
-- `gpuwire-hook` runs Python directly (it has work to do whenever it is called).
+- `gpuwire-hook` is a shell script that runs Python at once (it has work to do whenever
+  it is called).
+
+Where a C compiler can build it, `gpuwire-call` (runtime_hook/call.c) goes beside them and
+both hand their Python part to the resident gpuwire (runtime_hook.resident), which has it
+loaded already; the Python command line is what `gpuwire-call` runs where no resident
+answers.
 
 Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
@@ -36,11 +42,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
+import subprocess
 import sys
 
-import runtime_hook
 from gpuwire import allocation, atomicfile, nvidia, records
-from runtime_hook import config, shim
+from runtime_hook import config, resident, shim
 
 RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
 # JSON escapes that could spell a character of the markers below (`\/`, `\u002f`, `\u0041`
@@ -57,7 +64,7 @@ RUNTIME_SCRIPT = """\
 # gpuwire-runtime launcher (runtime_hook/launcher.py): Python only for a create that may
 # ask for a GPU, the configured runtime exec'd directly for everything else.
 shim() {{
-	exec {python} -IS -c {code} "$0" "$@"
+	exec {entry} -IS -c {code} "$0" "$@"
 }}
 # exec $1 with the other arguments if it is the runtime's first executable candidate
 run() {{
@@ -136,17 +143,17 @@ shim "$@"
 """
 
 HOOK_SCRIPT = """\
-#!{python} -IS
-# gpuwire launcher: isolated mode, no site (runtime_hook/launcher.py)
-import gc, os, sys
-gc.disable()
-sys.path.insert(0, {path!r})
-from runtime_hook.hook import main
-status = main()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(status)
+#!/bin/sh
+# gpuwire-hook launcher (runtime_hook/launcher.py): Python, or the resident gpuwire first.
+exec {entry} -IS -c {code} "$0" "$@"
 """
+HOOK_CODE = (
+    "import gc, os, sys; gc.disable(); del sys.argv[0]; sys.path.insert(0, {path!r}); "
+    "from runtime_hook.hook import main; status = main(); "
+    "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)"
+)
+CALL = "gpuwire-call"
+CALL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "call.c")
 
 
 def _alternatives(words: tuple[str, ...]) -> str:
@@ -163,7 +170,27 @@ def _key_checks() -> str:
     return "\n".join(arms)
 
 
-def render_runtime(python: str, path: str) -> str:
+class Call:
+    """gpuwire-call and the socket of the resident gpuwire it asks (runtime_hook.resident)."""
+
+    __slots__ = ("call", "socket")
+
+    def __init__(self, call: str, socket: str = resident.DEFAULT_SOCKET) -> None:
+        self.call = call
+        self.socket = socket
+
+    def entry(self, kind: str, python: str, path: str) -> str:
+        """The start of the command line: gpuwire-call, then the Python it falls back to."""
+        words = (self.call, self.socket, path, kind)
+        return " ".join(shlex.quote(w) for w in words) + " $(($# + 1)) " + shlex.quote(python)
+
+
+def entry(python: str, path: str, kind: str, call: Call | None) -> str:
+    """What a launcher execs: Python, or gpuwire-call in front of it."""
+    return call.entry(kind, python, path) if call else shlex.quote(python)
+
+
+def render_runtime(python: str, path: str, call: Call | None = None) -> str:
     """The `gpuwire-runtime` shell script for this interpreter and gpuwire directory."""
     if not all(c.isalnum() or c in "_/" for c in "".join(MARKERS)):
         raise ValueError(f"markers {MARKERS} need escaping for grep -E")
@@ -173,7 +200,7 @@ def render_runtime(python: str, path: str) -> str:
     )
     flags = shim.BUNDLE_FLAGS
     return RUNTIME_SCRIPT.format(
-        python=shlex.quote(python),
+        entry=entry(python, path, "runtime", call),
         code=shlex.quote(code),
         bundle_flags=_alternatives(flags),
         bundle_flags_eq=_alternatives(tuple(f"{f}=*" for f in flags)),
@@ -187,24 +214,66 @@ def render_runtime(python: str, path: str) -> str:
     )
 
 
-def render_hook(python: str, path: str) -> str:
-    return HOOK_SCRIPT.format(python=python, path=path)
+def render_hook(python: str, path: str, call: Call | None = None) -> str:
+    code = shlex.quote(HOOK_CODE.format(path=path))
+    return HOOK_SCRIPT.format(entry=entry(python, path, "hook", call), code=code)
 
 
-def install(directory: str, python: str = sys.executable) -> list[str]:
-    """Write both launchers into `directory`; returns their paths (runtime, hook)."""
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(runtime_hook.__file__)))
+def build_call(directory: str) -> str | None:
+    """gpuwire-call compiled into `directory` (static: it runs whatever the host's glibc);
+    None, and why on stderr, where no C compiler can build it."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    target = os.path.join(directory, CALL)
+    staging = f"{target}.{os.getpid()}.tmp"
+    if compiler is not None:
+        built = subprocess.run(
+            [compiler, "-O2", "-static", "-s", "-o", staging, CALL_SOURCE],
+            capture_output=True,
+            text=True,
+        )
+        if built.returncode == 0:
+            os.chmod(staging, 0o755)  # noqa: S103 - an executable, like the launchers
+            os.rename(staging, target)
+            return target
+        reason = built.stderr.strip().splitlines()[-1:] or [f"status {built.returncode}"]
+    else:
+        reason = ["no C compiler (cc, or $CC)"]
+    sys.stderr.write(
+        f"gpuwire: {CALL} not built ({reason[0]}): every GPU start runs Python from the start\n"
+    )
+    return None
+
+
+def install(
+    directory: str,
+    python: str = sys.executable,
+    socket: str | None = resident.DEFAULT_SOCKET,
+    runs_from: str | None = None,
+) -> list[str]:
+    """Write both launchers into `directory`, asking the resident gpuwire on `socket` first
+    where gpuwire-call can be built (`socket` None: Python only); returns the launchers'
+    paths (runtime, hook). `runs_from`: where the directory will be when they run, if it
+    is copied elsewhere (as `python` names the interpreter there)."""
+    package_parent = resident.token()
     os.makedirs(directory, exist_ok=True)
+    built = build_call(directory) if socket else None
+    call = None
+    if built and socket:
+        call = Call(os.path.join(runs_from, CALL) if runs_from else built, socket)
     written = []
     for name, render in ((RUNTIME, render_runtime), (HOOK, render_hook)):
         path = os.path.join(directory, name)
         # an executable, root-owned like its directory
-        atomicfile.replace(path, render(python, package_parent).encode(), 0o755)
+        atomicfile.replace(path, render(python, package_parent, call).encode(), 0o755)
         written.append(path)
     return written
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].startswith("/"):
-        sys.exit("usage: python -m runtime_hook.launcher /ABSOLUTE/DIR")
-    print("\n".join(install(sys.argv[1])))
+    args = sys.argv[1:]
+    socket = resident.DEFAULT_SOCKET
+    if args[:1] == ["--socket"] and len(args) > 1:
+        socket, args = args[1], args[2:]
+    if len(args) != 1 or not args[0].startswith("/") or not socket.startswith("/"):
+        sys.exit("usage: python -m runtime_hook.launcher [--socket /RESIDENT.sock] /ABSOLUTE/DIR")
+    print("\n".join(install(args[0], socket=socket)))

@@ -122,11 +122,11 @@ def runtime_path(runtime: str) -> str:
     raise RuntimeError(f"runtime {runtime!r} not found (PATH={os.environ.get('PATH', '')})")
 
 
-def main() -> int:
+def decide(args: list[str]) -> tuple[int, str | None]:
+    """Everything but the exec: (0, the runtime to exec with `args`), or (status, None)."""
     from runtime_hook import holding
     from runtime_hook.config import ConfigError, load
 
-    args = sys.argv[1:]
     create = is_create(args)
     runtime = "runc"
     try:
@@ -140,12 +140,23 @@ def main() -> int:
     except (ConfigError, OSError, ValueError, RuntimeError) as exc:
         if create:
             report_failure(args, str(exc))
-            return 1
+            return 1, None
         # delete, kill, state ... must keep working with a broken config
         sys.stderr.write(f"gpuwire-runtime: {exc}; using runc\n")
     try:
-        path = runtime_path(runtime)
+        return 0, runtime_path(runtime)
+    except RuntimeError as exc:
+        report_failure(args, str(exc))
+    return 127, None
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    status, path = decide(args)
+    if path is None:
+        return status
+    try:
         os.execv(path, [path, *args])  # noqa: S606 - the configured runtime, argv untouched
-    except (OSError, RuntimeError) as exc:
+    except OSError as exc:
         report_failure(args, str(exc))
     return 127

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +95,18 @@ class Lab:
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+@functools.cache
+def served_launchers() -> Path:
+    """A libexec whose launchers only a resident gpuwire can serve (the Python they would
+    fall back to does not exist), with that resident running: once per test session."""
+    from gpuwire.lab.resident import Resident
+    from runtime_hook import launcher
+
+    home = Path(tempfile.mkdtemp(prefix="gpuwire-served-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    socket = str(home / "resident.sock")
+    launcher.install(str(home / "libexec"), python="/nonexistent/python3", socket=socket)
+    atexit.register(Resident(socket).close)  # runs first: atexit goes in reverse
+    return home / "libexec"

@@ -33,7 +33,7 @@ from gpuwire.lab.rootfs import busybox_rootfs
 from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
 from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, cri_annotations, grant_for
+from tests.runtime_support import Lab, cri_annotations, grant_for, served_launchers
 from tests.waiting import until
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
@@ -185,10 +185,12 @@ def granted(lab: Lab, visible: str) -> dict[str, str]:
     return {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible)}
 
 
+@pytest.mark.parametrize("served", [False, True], ids=["python", "resident"])
 def test_ctr_run_through_the_shim_gives_the_granted_gpus(
-    lab: Lab, node_containerd: Containerd
+    lab: Lab, node_containerd: Containerd, served: bool
 ) -> None:
-    seen = run_view(node_containerd, granted(lab, "1,3"))
+    shim = str(served_launchers() / launcher.RUNTIME) if served else SHIM
+    seen = run_view(node_containerd, granted(lab, "1,3"), runc_binary=shim)
     expected = granted_view(lab.inventory.devices, (1, 3))
     assert shown(seen, expected) == expected
     assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
@@ -272,12 +274,14 @@ def test_a_gpu_container_is_deleted_after_upgrades_removed_its_version(
         node_containerd.remove(cid)
 
 
-def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("served", [False, True], ids=["python", "resident"])
+def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path, served: bool) -> None:
     """containerd starts a container from the base spec `configure --prestart-hook` wrote
     (with the process a pod would add), and the hook in it gives the granted GPU."""
+    hook = str(served_launchers() / launcher.HOOK) if served else HOOK
     with Containerd.create(cri=True) as containerd:
         base = containerd.home / "base-spec.json"
-        configure(containerd, "--prestart-hook", "--hook-path", HOOK, "--base-spec", str(base))
+        configure(containerd, "--prestart-hook", "--hook-path", hook, "--base-spec", str(base))
         containerd.start()
         spec = json.loads(base.read_text())
         spec["root"] = {"path": str(busybox_rootfs(tmp_path / "rootfs"))}

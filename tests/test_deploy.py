@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gpuwire import cli
-from runtime_hook import config
+from runtime_hook import config, resident
 from webhook import policy
 
 REPO = Path(__file__).resolve().parent.parent
@@ -513,7 +513,7 @@ def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() 
     for src in sources:
         assert (REPO / src).exists(), src
     node = find(render("base"), "DaemonSet", "gpuwire-node")
-    (command,) = {tuple(c["command"]) for c in containers(node)}
+    (command,) = {tuple(c["command"]) for c in containers(node) if c["name"] != "resident"}
     installed = re.search(r"COPY deploy/node/install-node (\S+)", text)
     assert installed is not None
     version = re.search(r"ARG GPUWIRE_VERSION=(\S+)", text)
@@ -521,6 +521,30 @@ def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() 
     assert IMAGE.endswith(f":{version[1]}")
     assert command == (installed[1].replace("${GPUWIRE_VERSION}", "current"),)
     assert 'ENTRYPOINT ["gpuwire"]' in text
+
+
+def test_the_node_runs_the_resident_in_the_hosts_namespaces() -> None:
+    """The resident serves the host's runc and containerd only where it shares their mount,
+    cgroup and PID namespaces (runtime_hook.resident.NAMESPACES), from the host's copy of
+    gpuwire the launchers name (through `current`, which the installer has switched)."""
+    node = find(render("base"), "DaemonSet", "gpuwire-node")
+    assert node["spec"]["template"]["spec"]["hostPID"] is True
+    (container,) = [c for c in containers(node) if c["name"] == "resident"]
+    nsenter, *words = container["command"]
+    flags = words[: words.index("--")]
+    assert nsenter == "nsenter"
+    assert "--target=1" in flags
+    flag = {"mnt": "--mount", "cgroup": "--cgroup", "pid": None}  # pid: hostPID
+    entered = {flag[kind] for kind in resident.NAMESPACES} - {None}
+    assert entered <= set(flags)
+    python = words[words.index("--") + 1 :]
+    assert python == [
+        f"{LAUNCHERS.rsplit('/', 1)[0]}/bin/python",
+        "-I",
+        "-m",
+        "runtime_hook.resident",
+    ]
+    assert container["securityContext"]["privileged"] is True
 
 
 def test_the_image_builds_the_launchers_the_node_side_runs() -> None:

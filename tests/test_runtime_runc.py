@@ -21,14 +21,23 @@ from gpuwire.lab.rootfs import Bundle
 from gpuwire.lab.view import VIEW_SCRIPT, view
 from runtime_hook import launcher
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import OTHER_POD, POD_UID, SANDBOX, Lab, cri_annotations, grant_for
+from tests.runtime_support import (
+    OTHER_POD,
+    POD_UID,
+    SANDBOX,
+    Lab,
+    cri_annotations,
+    grant_for,
+    served_launchers,
+)
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
 BIN = Path(sys.executable).parent
 HOOK, SHIM = str(BIN / "gpuwire-hook"), str(BIN / "gpuwire-runtime")
 ENXIO = "cat: can't open '/dev/nvidia{}': No such device or address"
-DELIVERIES = ("prestart", "shim")
+# "-resident": the same launchers, served by a resident gpuwire (runtime_hook.resident)
+DELIVERIES = ("prestart", "shim", "prestart-resident", "shim-resident")
 
 
 @pytest.fixture
@@ -49,11 +58,11 @@ def make_bundle(
 ) -> Bundle:
     path = lab.root / f"bundle-{uuid.uuid4().hex[:8]}"
     bundle = Bundle.create(path, ["sh", "-c", script], env, cri_annotations() | (annotations or {}))
-    if delivery == "prestart":
+    if delivery.startswith("prestart"):
         bundle.spec["hooks"] = {
             "prestart": [
                 {
-                    "path": HOOK,
+                    "path": launchers(delivery)[0],
                     "args": ["gpuwire-hook", "prestart"],
                     "env": [f"GPUWIRE_CONFIG={lab.config}"],
                 }
@@ -64,8 +73,16 @@ def make_bundle(
     return bundle
 
 
+def launchers(delivery: str) -> tuple[str, str]:
+    """(gpuwire-hook, gpuwire-runtime) for this delivery."""
+    if delivery.endswith("-resident"):
+        served = served_launchers()
+        return str(served / launcher.HOOK), str(served / launcher.RUNTIME)
+    return HOOK, SHIM
+
+
 def run(bundle: Bundle, delivery: str) -> subprocess.CompletedProcess[str]:
-    return bundle.run(runtime=SHIM if delivery == "shim" else "runc")
+    return bundle.run(runtime=launchers(delivery)[1] if delivery.startswith("shim") else "runc")
 
 
 def granted_env(lab: Lab, visible: str, caps: str = "") -> dict[str, str]:
@@ -89,7 +106,7 @@ def test_granted_container_sees_exactly_its_gpus(lab: Lab, delivery: str) -> Non
     ]
     assert seen["libcuda"] == ["read-only"]
     assert seen["ldcache"] == ["libcuda.so.1"]  # busybox has no ldconfig: the host's ran
-    if delivery == "shim":  # the shim also finalises the env the process sees
+    if delivery.startswith("shim"):  # the shim also finalises the env the process sees
         assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
     assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
 
@@ -103,7 +120,7 @@ def test_image_with_visible_devices_all_and_no_grant_gets_no_gpu(lab: Lab, deliv
     assert seen["devices"] == ["nvidia*"]  # the glob matched nothing
     assert "libcuda" not in seen
     assert "ldcache" not in seen
-    assert seen["env"] == ["void" if delivery == "shim" else "all"]
+    assert seen["env"] == ["void" if delivery.startswith("shim") else "all"]
     (line,) = lab.log_lines()
     assert line.endswith(
         "team-a/trainer: no GPU: NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES= not "
@@ -206,9 +223,10 @@ def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None
 
 
 def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
-    """`python -m runtime_hook.launcher DIR`: the shell launcher hands a GPU create to the
-    shim, which makes links and ld cache itself (no hook in the spec); the hook's is -IS."""
-    shim_path, hook_path = launcher.install(str(tmp_path / "libexec"))
+    """`python -m runtime_hook.launcher DIR`, no resident: the shell launcher hands a GPU create
+    to the shim, which makes links and ld cache itself (no hook in the spec); the hook runs
+    Python -IS at once."""
+    shim_path, hook_path = launcher.install(str(tmp_path / "libexec"), socket=None)
     bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
     out = bundle.run(runtime=shim_path)
     assert out.returncode == 0, out.stderr
@@ -217,4 +235,4 @@ def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
     assert seen["ldcache"] == ["libcuda.so.1"]
     assert "hooks" not in json.loads((bundle.path / "config.json").read_text())
     assert Path(shim_path).read_text().startswith("#!/bin/sh\n")
-    assert Path(hook_path).read_text().startswith(f"#!{sys.executable} -IS\n")
+    assert f"\nexec {sys.executable} -IS -c " in Path(hook_path).read_text()

@@ -45,6 +45,7 @@ from gpuwire.devices import Device
 from gpuwire.lab.containerd import CRI, Containerd
 from gpuwire.lab.host import LabError, stop
 from gpuwire.lab.image import write_layout_tar
+from gpuwire.lab.resident import Resident, command
 from gpuwire.lab.view import VIEW_SCRIPT
 from gpuwire.lab.webhook import serving
 from tests.apiserver import ApiServer
@@ -275,10 +276,17 @@ def handlers_of(dump: str) -> tuple[dict[str, Handler], str]:
 
 def start_containerd(cluster: Cluster, stack: ExitStack) -> None:
     """A private containerd with the gpuwire handler as its default runtime (as the nvidia
-    runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim."""
+    runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim:
+    the launcher, served by a resident gpuwire, as on a node the installer set up."""
+    libexec, socket = cluster.workdir / "libexec", str(cluster.workdir / "resident.sock")
+    install = ["-I", "-m", "runtime_hook.launcher", "--socket", socket, str(libexec)]
+    run(cluster.steps, "the launchers and gpuwire-call", [sys.executable, *install])
+    stack.enter_context(Resident(socket))
+    cluster.steps.append(Step("the resident gpuwire", tuple(command(sys.executable, socket))))
     containerd = stack.enter_context(Containerd.create(cri=True))
     configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
-    run(cluster.steps, "the gpuwire handler in containerd", [*configure, "--set-default"])
+    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime")]
+    run(cluster.steps, "the gpuwire handler in containerd", [*configure, *runtime, "--set-default"])
     containerd.start(env={"GPUWIRE_CONFIG": str(cluster.node_config)})
     started = ("containerd", "--config", str(containerd.config))
     cluster.steps.append(Step("containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started)))
