@@ -27,9 +27,9 @@ Python runs as `python -IS` with the directory that holds gpuwire written in: `-
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
 skips `site`. The node side imports only the standard library and gpuwire. A run lasts
 milliseconds, so the launchers turn the cyclic garbage collector off (it would only walk
-the freshly imported modules), and the hook ends with `os._exit` once its output is
-flushed: tearing down an interpreter with the injection's modules loaded costs ~2 ms, on
-every GPU container start, for nothing (every file it wrote is closed by then).
+the freshly imported modules), and end with `os._exit` once their output is flushed:
+tearing down an interpreter with the injection's modules loaded costs ~2 ms, on every GPU
+container start, for nothing (every file it wrote is closed by then).
 
     python -I -m runtime_hook.launcher /usr/local/libexec/gpuwire
 
@@ -64,7 +64,7 @@ RUNTIME_SCRIPT = """\
 # gpuwire-runtime launcher (runtime_hook/launcher.py): Python only for a create that may
 # ask for a GPU, the configured runtime exec'd directly for everything else.
 shim() {{
-	exec {entry} -IS -c {code} "$0" "$@"
+	exec {command} "$0" "$@"
 }}
 # exec $1 with the other arguments if it is the runtime's first executable candidate
 run() {{
@@ -145,11 +145,12 @@ shim "$@"
 HOOK_SCRIPT = """\
 #!/bin/sh
 # gpuwire-hook launcher (runtime_hook/launcher.py): Python, or the resident gpuwire first.
-exec {entry} -IS -c {code} "$0" "$@"
+exec {command} "$0" "$@"
 """
-HOOK_CODE = (
+# What a launcher runs with `python -IS -c`, then its own path and arguments.
+PYTHON_CODE = (
     "import gc, os, sys; gc.disable(); del sys.argv[0]; sys.path.insert(0, {path!r}); "
-    "from runtime_hook.hook import main; status = main(); "
+    "from {module} import main; status = main(); "
     "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)"
 )
 CALL = "gpuwire-call"
@@ -175,7 +176,7 @@ class Call:
 
     __slots__ = ("call", "socket")
 
-    def __init__(self, call: str, socket: str = resident.DEFAULT_SOCKET) -> None:
+    def __init__(self, call: str, socket: str) -> None:
         self.call = call
         self.socket = socket
 
@@ -185,23 +186,25 @@ class Call:
         return " ".join(shlex.quote(w) for w in words) + " $(($# + 1)) " + shlex.quote(python)
 
 
-def entry(python: str, path: str, kind: str, call: Call | None) -> str:
-    """What a launcher execs: Python, or gpuwire-call in front of it."""
-    return call.entry(kind, python, path) if call else shlex.quote(python)
+def python_code(path: str, module: str) -> str:
+    """`module.main()` with gpuwire's directory `path` first, as `python -IS -c` runs it."""
+    return PYTHON_CODE.format(path=path, module=module)
+
+
+def command(python: str, path: str, kind: str, module: str, call: Call | None) -> str:
+    """What a launcher execs, for the shell: Python running `module.main`, with
+    gpuwire-call in front of it where one was built."""
+    start = call.entry(kind, python, path) if call else shlex.quote(python)
+    return f"{start} -IS -c {shlex.quote(python_code(path, module))}"
 
 
 def render_runtime(python: str, path: str, call: Call | None = None) -> str:
     """The `gpuwire-runtime` shell script for this interpreter and gpuwire directory."""
     if not all(c.isalnum() or c in "_/" for c in "".join(MARKERS)):
         raise ValueError(f"markers {MARKERS} need escaping for grep -E")
-    code = (
-        f"import gc, sys; gc.disable(); del sys.argv[0]; sys.path.insert(0, {path!r}); "
-        f"from runtime_hook.shim import main; sys.exit(main())"
-    )
     flags = shim.BUNDLE_FLAGS
     return RUNTIME_SCRIPT.format(
-        entry=entry(python, path, "runtime", call),
-        code=shlex.quote(code),
+        command=command(python, path, "runtime", "runtime_hook.shim", call),
         bundle_flags=_alternatives(flags),
         bundle_flags_eq=_alternatives(tuple(f"{f}=*" for f in flags)),
         creating=_alternatives(shim.CREATING),
@@ -215,8 +218,7 @@ def render_runtime(python: str, path: str, call: Call | None = None) -> str:
 
 
 def render_hook(python: str, path: str, call: Call | None = None) -> str:
-    code = shlex.quote(HOOK_CODE.format(path=path))
-    return HOOK_SCRIPT.format(entry=entry(python, path, "hook", call), code=code)
+    return HOOK_SCRIPT.format(command=command(python, path, "hook", "runtime_hook.hook", call))
 
 
 def build_call(directory: str) -> str | None:
@@ -256,9 +258,8 @@ def install(
     is copied elsewhere (as `python` names the interpreter there)."""
     package_parent = resident.token()
     os.makedirs(directory, exist_ok=True)
-    built = build_call(directory) if socket else None
     call = None
-    if built and socket:
+    if socket and (built := build_call(directory)):
         call = Call(os.path.join(runs_from, CALL) if runs_from else built, socket)
     written = []
     for name, render in ((RUNTIME, render_runtime), (HOOK, render_hook)):

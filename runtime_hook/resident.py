@@ -138,9 +138,10 @@ def take_on(request: Request) -> None:
 
 def run(request: Request) -> bytes:
     """Run the call as the Python launcher would; the answer for gpuwire-call."""
+    args = request.argv[1:]
     if request.kind == "hook":
-        return b"x%d" % hook.main()
-    status, runtime = shim.decide(sys.argv[1:])
+        return b"x%d" % hook.main(args)
+    status, runtime = shim.decide(args)
     return b"e" + os.fsencode(runtime) if runtime is not None else b"x%d" % status
 
 
@@ -155,14 +156,11 @@ def answer(conn: socket.socket, served: Served) -> int:
     if not data:
         return 0
     try:
-        request = Request(data, fds)
+        request: Request | None = Request(data, fds)
     except ValueError:
-        for fd in fds:
-            os.close(fd)
-        conn.send(b"f")
-        return 0
-    if not served.serves(request, pid, uid):
-        conn.send(b"f")
+        request = None
+    if request is None or not served.serves(request, pid, uid):
+        conn.send(b"f")  # the caller's descriptors go with this child
         return 0
     take_on(request)
     try:

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from gpuwire.lab.host import Closing, LabError, stop
-from runtime_hook import resident
+from runtime_hook import launcher, resident
 
 
 def command(python: str, socket: str) -> list[str]:
@@ -15,11 +15,8 @@ def command(python: str, socket: str) -> list[str]:
     as the launchers start one: `-IS`, with gpuwire's directory written in."""
     if python == sys.executable:
         return [python, "-I", "-m", "runtime_hook.resident", "--socket", socket]
-    code = (
-        f"import sys; sys.path.insert(0, {resident.token()!r}); "
-        "from runtime_hook.resident import main; sys.exit(main())"
-    )
-    return [python, "-IS", "-c", code, "--socket", socket]
+    code = launcher.python_code(resident.token(), "runtime_hook.resident")
+    return [python, "-IS", "-c", code, "gpuwire-resident", "--socket", socket]
 
 
 class Resident(Closing):
