@@ -308,6 +308,8 @@ class ApiServer:
         self._store: dict[str, dict[tuple[str, str], Obj]] = {r.plural: {} for r in RESOURCES}
         self._history: deque[Event] = deque(maxlen=history)
         self._rv = self._epoch = 0
+        self._in_flight = 0  # requests logged and not yet answered in full
+        self._closing = False
         self._faults: list[Fault] = []
         self._sockets: set[socket.socket] = set()
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
@@ -324,13 +326,15 @@ class ApiServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close_watches()
         self._http.shutdown()
-        with self._lock:  # idle keep-alive connections too: nothing is served after this
-            for sock in self._sockets:
+        self._http.server_close()  # a client that reconnects is refused, at once
+        with self._lock:  # watches end cleanly, and so does any request being answered
+            self._closing = True
+            self._lock.notify_all()
+            self._lock.wait_for(lambda: self._in_flight == 0, timeout=5)
+            for sock in self._sockets:  # idle keep-alive connections too
                 with contextlib.suppress(OSError):  # already closed by the client
                     sock.shutdown(socket.SHUT_RDWR)
-        self._http.server_close()
 
     def client(self) -> k8s.ApiClient:
         return k8s.ApiClient(k8s.Configuration(host=self.url))
@@ -580,12 +584,12 @@ class ApiServer:
         bookmark_at = time.monotonic() + self.bookmark_interval if bookmarks else math.inf
         while True:
             with self._lock:
-                while self._rv <= cursor and self._epoch == epoch:
+                while self._rv <= cursor and self._epoch == epoch and not self._closing:
                     wake = min(deadline, bookmark_at)
                     if time.monotonic() >= wake:
                         break
                     self._lock.wait(min(wake - time.monotonic(), 60))
-                if self._epoch != epoch or time.monotonic() >= deadline:
+                if self._epoch != epoch or self._closing or time.monotonic() >= deadline:
                     return
                 oldest = self._history[0].rv if self._history else self._rv + 1
                 events = [e for e in self._history if e.rv > cursor]
@@ -658,23 +662,32 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         content_type = self.headers.get("Content-Type", "")
-        self.api.requests.append(Request(self.command, url.path, query, content_type))
+        with self.api._lock:
+            self.api._in_flight += 1
+            self.api.requests.append(Request(self.command, url.path, query, content_type))
+        try:
+            self._answer(url.path, query, content_type)
+        finally:
+            with self.api._lock:
+                self.api._in_flight -= 1
+                self.close_connection |= self.api._closing  # no next request on this one
+                self.api._lock.notify_all()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def _answer(self, path: str, query: dict[str, str], content_type: str) -> None:
         try:
             raw = self._body()
-            self.api._fault(self.command, url.path, query)
+            self.api._fault(self.command, path, query)
             try:
                 body = json.loads(raw) if raw else None
             except ValueError as e:
                 raise StatusError(400, f"the request body is not valid JSON: {e}") from e
-            self._route(
-                self.command, [p for p in url.path.split("/") if p], query, content_type, body
-            )
+            self._route(self.command, [p for p in path.split("/") if p], query, content_type, body)
         except StatusError as e:
             self._send(e.code, e.status)
         except Exception as e:  # a bug here, not in the request: say so, keep serving
             self._send(500, StatusError(500, f"test apiserver bug: {e!r}").status)
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
     def _body(self) -> bytes:
         length = self.headers.get("Content-Length") or "0"
