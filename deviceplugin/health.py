@@ -18,6 +18,7 @@ from deviceplugin.discovery import HealthEvent
 # 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVER_AFTER = 300.0
+KEPT_CAUSES = 8
 
 
 @dataclass(frozen=True)
@@ -31,11 +32,13 @@ class HealthPolicy:
 
 @dataclass
 class HealthBook:
-    """When each device last had a critical event."""
+    """When each device last had a critical event, and the critical events since it was
+    last healthy (the most recent `KEPT_CAUSES`): what a device taint says."""
 
     policy: HealthPolicy
     uuids: frozenset[str]
     last_bad: dict[str, float] = field(default_factory=dict)
+    causes: dict[str, tuple[HealthEvent, ...]] = field(default_factory=dict)
 
     def record(self, events: Iterable[HealthEvent], now: float) -> set[str]:
         """Apply events; returns the devices they concern (empty if all were ignored)."""
@@ -46,6 +49,7 @@ class HealthBook:
             targets = self.uuids if event.uuid is None else {event.uuid} & self.uuids
             for uuid in targets:
                 self.last_bad[uuid] = now
+                self.causes[uuid] = (*self.causes.get(uuid, ())[1 - KEPT_CAUSES :], event)
             hit |= targets
         return hit
 
@@ -58,6 +62,7 @@ class HealthBook:
 
     def recover(self, uuid: str) -> None:
         self.last_bad.pop(uuid, None)
+        self.causes.pop(uuid, None)
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.last_bad)

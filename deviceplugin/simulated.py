@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from deviceplugin import inotify
-from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
+from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus, pcie_root
 from gpuwire import sim
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,11 @@ class SimDiscovery:
 
     def discover(self) -> NodeGpus:
         inventory = sim.load_inventory(self.root)
-        gpus = tuple(Gpu(g.device, g.compute_capability) for g in inventory.gpus)
+        sysfs = self.root / "sys"
+        gpus = tuple(
+            Gpu(g.device, g.compute_capability, pcie_root=pcie_root(sysfs, g.device.pci_bus_id))
+            for g in inventory.gpus
+        )
         return NodeGpus(inventory.driver_version, inventory.cuda_version, gpus)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:

@@ -41,6 +41,12 @@ class HealthState:
         with self._cond:
             return self._settle()
 
+    def causes(self) -> dict[str, tuple[HealthEvent, ...]]:
+        """The unhealthy devices, each with the critical events since it was last healthy."""
+        with self._cond:
+            self._settle()
+            return dict(self._book.causes)
+
     def _settle(self) -> frozenset[str]:
         """Let devices whose quiet period is over recover, if the driver still sees them."""
         now = self._clock()

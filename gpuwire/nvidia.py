@@ -172,3 +172,52 @@ def gfd_family(major: int, minor: int) -> str:
         if (major, minor) >= start:
             family = name
     return family
+
+
+# Architecture and brand as NVML names them (go-nvlib `pkg/nvlib/device/device.go`,
+# GetArchitectureAsString, GetBrandAsString): the strings NVIDIA's DRA driver publishes.
+ARCHITECTURES = {
+    "kepler": "Kepler",
+    "maxwell": "Maxwell",
+    "pascal": "Pascal",
+    "volta": "Volta",
+    "turing": "Turing",
+    "ampere": "Ampere",
+    "ada-lovelace": "Ada Lovelace",
+    "hopper": "Hopper",
+    "blackwell": "Blackwell",
+}
+# NVML brand constants (pynvml NVML_BRAND_*) → go-nvlib's names.
+BRANDS = {
+    "NVML_BRAND_QUADRO": "Quadro",
+    "NVML_BRAND_TESLA": "Tesla",
+    "NVML_BRAND_NVS": "NVS",
+    "NVML_BRAND_GEFORCE": "GeForce",
+    "NVML_BRAND_TITAN": "Titan",
+    "NVML_BRAND_NVIDIA_VAPPS": "NvidiaVApps",
+    "NVML_BRAND_NVIDIA_VPC": "NvidiaVPC",
+    "NVML_BRAND_NVIDIA_VCS": "NvidiaVCS",
+    "NVML_BRAND_NVIDIA_VWS": "NvidiaVWS",
+    "NVML_BRAND_NVIDIA_CLOUD_GAMING": "NvidiaCloudGaming",
+    "NVML_BRAND_QUADRO_RTX": "QuadroRTX",
+    "NVML_BRAND_NVIDIA_RTX": "NvidiaRTX",
+    "NVML_BRAND_NVIDIA": "Nvidia",
+    "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
+    "NVML_BRAND_TITAN_RTX": "TitanRTX",
+}
+
+
+def architecture(major: int, minor: int) -> str:
+    """`Ampere`, `Ada Lovelace`, `Hopper`, … for a compute capability (`Unknown` past the table)."""
+    return ARCHITECTURES.get(gfd_family(major, minor), "Unknown")
+
+
+def brand_of(product: str) -> str:
+    """The brand a product name implies, where NVML's own answer is not at hand: the brand
+    word in the name (GeForce, Quadro, Titan, Tesla), else `Nvidia` (data-centre GPUs since
+    the A100 report NVML_BRAND_NVIDIA)."""
+    words = product.lower().replace("-", " ").split()
+    for word, brand in (("geforce", "GeForce"), ("quadro", "Quadro"), ("titan", "Titan")):
+        if word in words:
+            return brand + ("RTX" if "rtx" in words else "")
+    return "Tesla" if "tesla" in words else "Nvidia"

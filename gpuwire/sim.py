@@ -151,6 +151,7 @@ def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
 
 
 def _symlink(path: Path, target: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     path.symlink_to(target)
 
@@ -162,6 +163,13 @@ def _char_device(path: Path, major: int, minor: int) -> None:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     else:  # a placeholder: without root no test can open it anyway
         path.write_bytes(b"")
+
+
+def pcie_path(d: Device) -> str:
+    """Where sysfs keeps a simulated GPU: `pci0000:40/0000:40:01.0/0000:47:00.0`."""
+    domain = d.pci_bus_id.split(":")[0]
+    bus = (0x00, 0x40, 0x80, 0xC0)[d.index // 2 % 4]
+    return f"pci{domain}:{bus:02x}/{domain}:{bus:02x}:01.0/{d.pci_bus_id}"
 
 
 def _information(d: Device) -> str:
@@ -259,6 +267,12 @@ def write_node(root: str | os.PathLike[str], inventory: Inventory, layout: str =
                 bindir / name, f"#!/bin/sh\necho '{name}: gpuwire simulated driver {ver}'\n", 0o755
             )
     _write(bindir / "nvidia-smi", _nvidia_smi(inventory), 0o755)
+    # sysfs: each GPU under a PCIe root complex (a pair per root port, as behind the PCIe
+    # switches of a DGX), with its NUMA node
+    for d in inventory.devices:
+        path = pcie_path(d)
+        _write(root / "sys/devices" / path / "numa_node", f"{d.numa_node}\n")
+        _symlink(root / "sys/bus/pci/devices" / d.pci_bus_id, f"../../../devices/{path}")
     # firmware, inventory, an empty fault stream
     for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(root / nvidia.FIRMWARE_DIR / ver / fw, b"gpuwire simulated GSP firmware\n")
