@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,19 +59,25 @@ class HealthState:
                 self._book.record([HealthEvent(uuid, None, "does not answer")], now)
         return self._book.unhealthy()
 
-    def watch(self, done: Callable[[], bool], poll: float = 1.0) -> Iterator[frozenset[str]]:
-        """The unhealthy set now, then each time it changes, until `done()` (checked at least
-        every `poll` seconds and on every `wake()`)."""
+    def watch(
+        self, done: Callable[[], bool], poll: float = 1.0, every: float | None = None
+    ) -> Iterator[frozenset[str]]:
+        """The unhealthy set now, then each time it changes (and with `every`, at least that
+        often), until `done()` (checked at least every `poll` seconds and on every `wake()`)."""
         last: frozenset[str] | None = None
+        sent = -math.inf
         while not done():
             with self._cond:
                 current = self._settle()
-                if current == last:
+                now = self._clock()
+                if current == last and (every is None or now - sent < every):
                     due = self._book.next_due()
-                    wait = poll if due is None else min(poll, max(0.0, due - self._clock()))
+                    wait = poll if due is None else min(poll, max(0.0, due - now))
+                    if every is not None:
+                        wait = min(wait, sent + every - now)
                     self._cond.wait(wait)
                     continue
-            last = current
+            last, sent = current, now
             yield current
 
     def wake(self) -> None:
