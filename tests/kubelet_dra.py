@@ -26,6 +26,7 @@ forgot, and the pod and container side (the CRI kubelet stand-in takes the CDI i
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import re
 import stat
@@ -232,7 +233,7 @@ class DraKubelet:
         for entry in offered:
             version, _, name = entry.partition(".")
             if name == service and entry in self.versions:
-                return version
+                return str(version)
         return None
 
     def _connect(self, info: Any, path: Path) -> Plugin:
@@ -250,7 +251,7 @@ class DraKubelet:
         if "v1.DRAResourceHealth" in self.versions:
             for version in ("v1", "v1alpha1"):
                 if f"{version}.DRAResourceHealth" in offered:
-                    return version
+                    return str(version)
             return None
         return "v1alpha1" if "v1alpha1.DRAResourceHealth" in self.versions else None
 
@@ -271,8 +272,7 @@ class DraKubelet:
                 del self._gone[driver]
 
     def _delete_slices(self, driver: str | None) -> None:
-        from kubernetes import client
-
+        client: Any = importlib.import_module("kubernetes.client")
         selector = f"spec.nodeName={self.node}" + (f",spec.driver={driver}" if driver else "")
         api = client.ResourceV1Api(self.api)
         for item in api.list_resource_slice(field_selector=selector).items:

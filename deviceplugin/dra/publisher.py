@@ -13,6 +13,7 @@ on them, and says so once in the log.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import threading
@@ -45,8 +46,7 @@ class Publisher:
         taints: Callable[[], Mapping[str, Sequence[Taint]]],
         resync: float = RESYNC,
     ) -> None:
-        from kubernetes import client
-
+        client: Any = importlib.import_module("kubernetes.client")
         self.core = client.CoreV1Api(api_client)
         self.resource = client.ResourceV1Api(api_client)
         self.driver = driver
@@ -128,8 +128,7 @@ class Publisher:
         watcher.join(timeout=WATCH_SECONDS + 1)
 
     def _watch(self, stop: threading.Event) -> None:
-        from kubernetes import watch
-
+        watch: Any = importlib.import_module("kubernetes.watch")
         while not stop.is_set():
             try:
                 for _ in watch.Watch().stream(
