@@ -191,6 +191,7 @@ def pod(annotations: dict[str, str] | None = None, **container: Any) -> Obj:
 SENT = {
     "gpuwire annotation": pod({"gpuwire.io/gpu-model": "A100"}),
     "HAMi alias": pod({"nvidia.com/use-gputype": "A100"}),
+    "CDI device annotation": pod({"cdi.k8s.io/x": "nvidia.com/gpu=all"}),
     "GPU limit": pod(resources={"limits": {"nvidia.com/gpu": "1"}}),
     "GPU request only": pod(resources={"requests": {"nvidia.com/gpumem": "1000"}}),
     "hand-written env": pod(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
