@@ -1,6 +1,6 @@
 """A CDI spec for this node's GPUs: the container edits, laid out the way CDI wants them.
 
-The edits are the shim's and the hook's (`runtime_hook.edits`), so all three deliveries
+The edits are the shim's and the hook's (`gpuwire.edits`), so all three deliveries
 inject the same thing. A spec has one device per GPU under two names, its index and its
 UUID, plus `all`; a device holds only its own `/dev/nvidiaN`. What every GPU container
 needs (control nodes, the driver's libraries, binaries and firmware, the ld-cache hook, env)
@@ -27,12 +27,31 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwire import nvidia
-from runtime_hook.discovery import Driver, Library
-from runtime_hook.edits import Layout, container_edits, device_node, to_cdi
+from gpuwire.driver import Driver, Library
+from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, device_node, ldcache_args
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.edits import DeviceNode
+    from typing import TypedDict
+
+    from gpuwire.edits import DeviceNode, Mount
+
+    class Hook(TypedDict):
+        hookName: str
+        path: str
+        args: list[str]
+        env: list[str]
+        timeout: int
+
+    class ContainerEdits(TypedDict):
+        env: list[str]
+        deviceNodes: list[DeviceNode]
+        mounts: list[Mount]
+        hooks: list[Hook]
+
+
+HOOK_TIMEOUT = 30
+LDCACHE_HOOK = "createContainer"
 
 Spec = dict[str, Any]
 
@@ -41,7 +60,6 @@ ALL = "all"
 _VENDOR = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _CLASS = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
 _KIND = re.compile(rf"^({_VENDOR})/({_CLASS})$")
-EXTENSIONS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
 class CdiError(ValueError):
@@ -160,23 +178,26 @@ def generate(
     return spec
 
 
-def output_format(path: str) -> str:
-    """json or yaml, from the file name, as CDI engines load only these extensions."""
-    extension = os.path.splitext(path)[1].lower()
-    if extension not in EXTENSIONS:
-        raise CdiError(
-            f"--output {path}: extension {extension or '(none)'!r} is not one CDI engines "
-            f"load: accepted are {', '.join(EXTENSIONS)} (or say --format for a file that "
-            "will be renamed)"
-        )
-    return EXTENSIONS[extension]
+def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:
+    """The hooks the edits need: one ld-cache hook, or none when no library is mounted."""
+    if not edits.ldcache_folders and not edits.links:
+        return []
+    return [
+        {
+            "hookName": LDCACHE_HOOK,
+            "path": hook_path,
+            "args": ["gpuwire-hook", *ldcache_args(edits, ldconfig)],
+            "env": list(HOOK_ENV),
+            "timeout": HOOK_TIMEOUT,
+        }
+    ]
 
 
-def render(spec: Spec, fmt: str) -> str:
-    if fmt == "json":
-        import json
-
-        return json.dumps(spec, indent=2) + "\n"
-    import yaml
-
-    return str(yaml.safe_dump(spec, sort_keys=False, default_flow_style=False))
+def to_cdi(edits: Edits, hook_path: str, ldconfig: str) -> ContainerEdits:
+    """The edits as a CDI `containerEdits` object."""
+    return {
+        "env": [f"{k}={v}" for k, v in edits.env.items()],
+        "deviceNodes": list(edits.device_nodes),
+        "mounts": list(edits.mounts),
+        "hooks": hooks(edits, hook_path, ldconfig),
+    }

@@ -22,10 +22,9 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuwire import nvidia
+from gpuwire import elf, ldsocache, nvidia, resolve
 from gpuwire.devices import Device, normalise_bus_id
-from runtime_hook import elf, inroot, ldsocache
-from runtime_hook.config import Roots as Roots  # re-exported: where discovery reads
+from gpuwire.nvidia import Roots
 
 
 class DiscoveryError(RuntimeError):
@@ -57,7 +56,7 @@ class Library(HostFile):
         self.flags = flags
 
 
-class Node:
+class CharDevice:
     """A device node: its name under /dev, its numbers, and its path under the dev root."""
 
     __slots__ = ("host_path", "major", "minor", "name")
@@ -69,7 +68,7 @@ class Node:
         self.host_path = host_path
 
     def __repr__(self) -> str:
-        return f"Node({self.name!r}, {self.major}, {self.minor})"
+        return f"CharDevice({self.name!r}, {self.major}, {self.minor})"
 
 
 class Driver:
@@ -93,7 +92,7 @@ class Driver:
         version: str,
         devices: tuple[Device, ...],
         gpu_major: int,
-        control_nodes: dict[str, Node],
+        control_nodes: dict[str, CharDevice],
         libraries: dict[str, tuple[Library, ...]],
         libraries32: dict[str, tuple[Library, ...]],
         binaries: dict[str, tuple[HostFile, ...]],
@@ -109,9 +108,9 @@ class Driver:
         self.binaries = binaries  # capability → binaries found
         self.firmware = firmware  # GSP firmware files
 
-    def gpu_node(self, device: Device) -> Node:
+    def gpu_node(self, device: Device) -> CharDevice:
         name = f"nvidia{device.minor}"
-        return Node(name, self.gpu_major, device.minor, f"{self.roots.dev}/dev/{name}")
+        return CharDevice(name, self.gpu_major, device.minor, f"{self.roots.dev}/dev/{name}")
 
 
 # -- procfs: pure parsers of the driver's formats ---------------------------------------
@@ -199,7 +198,7 @@ def find_library(root_fd: int, dirs: tuple[str, ...], name: str, bits: int) -> L
     """The first `dirs/name` under the root that is an ELF library of `bits` bits."""
     for libdir in dirs:
         try:
-            fd = inroot.lookup(root_fd, f"{libdir}/{name}", os.O_RDONLY)
+            fd = resolve.lookup(root_fd, f"{libdir}/{name}", os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             continue
         try:
@@ -219,7 +218,7 @@ def find_library(root_fd: int, dirs: tuple[str, ...], name: str, bits: int) -> L
 def find_binary(root_fd: int, name: str) -> HostFile | None:
     for bindir in nvidia.HOST_BINDIRS:
         try:
-            fd = inroot.lookup(root_fd, f"{bindir}/{name}")
+            fd = resolve.lookup(root_fd, f"{bindir}/{name}")
         except (FileNotFoundError, NotADirectoryError):
             continue
         try:
@@ -233,7 +232,7 @@ def find_binary(root_fd: int, name: str) -> HostFile | None:
 def find_firmware(root_fd: int, version: str) -> tuple[HostFile, ...]:
     """GSP firmware `lib/firmware/nvidia/<version>/gsp*.bin`, as NVIDIA mounts it."""
     try:
-        fd = inroot.lookup(
+        fd = resolve.lookup(
             root_fd, f"{nvidia.FIRMWARE_DIR}/{version}", os.O_RDONLY | os.O_DIRECTORY
         )
     except (FileNotFoundError, NotADirectoryError):
@@ -262,10 +261,10 @@ def discover(roots: Roots, capabilities: tuple[str, ...] = nvidia.CAPABILITIES) 
         major = gpu_major if major_name is None else majors.get(major_name)
         host_path = f"{roots.dev}/dev/{name}"
         if major is not None and os.path.exists(host_path):
-            control[name] = Node(name, major, minor, host_path)
+            control[name] = CharDevice(name, major, minor, host_path)
 
     wanted = nvidia.with_implied(capabilities)
-    root_fd = inroot.open_root(roots.driver)
+    root_fd = resolve.open_root(roots.driver)
     try:
         libraries, libraries32 = {}, {}
         for cap in wanted:

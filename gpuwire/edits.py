@@ -7,21 +7,20 @@ folders whose ld cache must be rebuilt and the entries ldconfig would give them,
 final environment. No file, process or
 socket is touched here, so every delivery shares it and tests read it directly:
 
-- the shim writes it into `config.json` (`runtime_hook.spec.apply`),
-- the prestart hook applies it to a created container (`runtime_hook.inject`),
+- the shim writes it into `config.json` (`runtime_hook.start.spec.apply`),
+- the prestart hook applies it to a created container (`runtime_hook.injection.inject`),
 - `gpuwire cdi generate` renders it with `to_cdi` (`deviceNodes`, `mounts`, `env`, `hooks`
   are CDI's `containerEdits` fields, spelled as CDI spells them).
 
 Links and the ld cache are not mounts: they are made inside the container root (see
-`runtime_hook.ldcache`); for CDI by `gpuwire-hook ldcache`, which `hooks()` renders as a
+`runtime_hook.injection.ldcache`); for CDI by `gpuwire-hook ldcache`, which `hooks()` renders as a
 `createContainer` hook with an explicit environment. Its arguments are written by
 `ldcache_args` and read back by `parse_ldcache_args`, here, so the format lives once.
 """
 
 from __future__ import annotations
 
-from gpuwire import nvidia
-from runtime_hook import ldsocache
+from gpuwire import ldsocache, nvidia
 
 TYPE_CHECKING = False  # typing costs milliseconds on every container start; mypy sees this
 if TYPE_CHECKING:
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from typing import TypedDict
 
     from gpuwire.devices import Device
-    from runtime_hook.discovery import Driver, Library, Node
+    from gpuwire.driver import CharDevice, Driver, Library
 
     class DeviceNode(TypedDict):
         path: str
@@ -48,27 +47,12 @@ if TYPE_CHECKING:
         options: list[str]
         type: str
 
-    class Hook(TypedDict):
-        hookName: str
-        path: str
-        args: list[str]
-        env: list[str]
-        timeout: int
-
-    class ContainerEdits(TypedDict):
-        env: list[str]
-        deviceNodes: list[DeviceNode]
-        mounts: list[Mount]
-        hooks: list[Hook]
-
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # The whole environment of every hook gpuwire adds. An absent env would make runc pass
 # its own, and runc before 1.3 passes the *image's* env to createContainer hooks
 # (CVE-2025-23266: LD_PRELOAD from the image in a privileged hook).
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
-HOOK_TIMEOUT = 30
-LDCACHE_HOOK = "createContainer"
 
 
 class Layout:
@@ -114,7 +98,7 @@ class Edits:
         self.ldcache_entries = ldcache_entries
 
 
-def device_node(node: Node) -> DeviceNode:
+def device_node(node: CharDevice) -> DeviceNode:
     return {
         "path": f"/dev/{node.name}",
         "hostPath": node.host_path,
@@ -270,28 +254,3 @@ def _is_flags(text: str) -> bool:
     return (
         text.startswith("0x") and len(text) > 2 and all(c in "0123456789abcdef" for c in text[2:])
     )
-
-
-def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:
-    """The hooks the edits need: one ld-cache hook, or none when no library is mounted."""
-    if not edits.ldcache_folders and not edits.links:
-        return []
-    return [
-        {
-            "hookName": LDCACHE_HOOK,
-            "path": hook_path,
-            "args": ["gpuwire-hook", *ldcache_args(edits, ldconfig)],
-            "env": list(HOOK_ENV),
-            "timeout": HOOK_TIMEOUT,
-        }
-    ]
-
-
-def to_cdi(edits: Edits, hook_path: str, ldconfig: str) -> ContainerEdits:
-    """The edits as a CDI `containerEdits` object."""
-    return {
-        "env": [f"{k}={v}" for k, v in edits.env.items()],
-        "deviceNodes": list(edits.device_nodes),
-        "mounts": list(edits.mounts),
-        "hooks": hooks(edits, hook_path, ldconfig),
-    }

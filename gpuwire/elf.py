@@ -6,7 +6,7 @@ the class keeps a 32-bit library out of the 64-bit directory; the interpreter te
 static ldconfig (safe to run inside a container root) from a dynamic one (which would load
 the container's own loader). The type, machine, dynamic string table and, for 32-bit
 objects, the DT_NEEDED names are what ldconfig classifies a library by
-(`runtime_hook.ldsocache.library_flags`). Only headers are read, a few kilobytes per file.
+(`gpuwire.ldsocache.library_flags`). Only headers are read, a few kilobytes per file.
 """
 
 from __future__ import annotations

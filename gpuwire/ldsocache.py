@@ -1,7 +1,7 @@
 """glibc's `/etc/ld.so.cache`, read and written byte for byte as ldconfig writes it.
 
 A GPU container needs the cache to name the driver's libraries. Rather than run ldconfig
-(a static host binary, exec'd confined: `runtime_hook.ldcache`), gpuwire reads the image's
+(a static host binary, exec'd confined: `runtime_hook.injection.ldcache`), gpuwire reads the image's
 cache, puts in the entries ldconfig would make for the files it mounted and linked, and
 writes the result in glibc's format (glibc 2.33 to 2.36, `elf/cache.c`, `elf/dl-cache.h`,
 `elf/stringtable.c`):
@@ -34,7 +34,7 @@ import struct
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.elf import Elf
+    from gpuwire.elf import Elf
 
 OLD_MAGIC = b"ld.so-1.7.0"
 MAGIC = b"glibc-ld.so.cache1.1"

@@ -3,7 +3,7 @@
 The contract modules are imported by `gpuwire-hook` and `gpuwire-runtime` on every
 container start. `dataclasses` pulls in `inspect`, `re` and `enum`, and `enum` alone costs
 more than the rest of a hook's imports (`python -X importtime`), so the contract's types
-are written out: a `Record` subclass lists its fields in constructor order as
+are written out: a `Value` subclass lists its fields in constructor order as
 `__slots__ = _fields = (...)`, sets them in a typed `__init__` through `_set`, and gets what
 the contract used from dataclasses: equality, hashing, a repr, immutability, `as_dict`
 (for `dataclasses.asdict`), copying and pickling.
@@ -12,7 +12,7 @@ the contract used from dataclasses: equality, hashing, a repr, immutability, `as
 from __future__ import annotations
 
 
-class Record:
+class Value:
     __slots__ = ()
     _fields: tuple[str, ...] = ()
 
@@ -32,7 +32,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        assert isinstance(other, Record)
+        assert isinstance(other, Value)
         return self._values() == other._values()
 
     def __hash__(self) -> int:

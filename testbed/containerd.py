@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwire.lab.host import Closing, LabError, remove_cgroups, remove_home, run, stop
+from testbed.host import Closing, LabError, remove_cgroups, remove_home, run, stop
 
 CRI = "io.containerd.grpc.v1.cri"
 RUNC_SHIM = "io.containerd.runc.v2"

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gpuwire.lab.rootfs import busybox_rootfs
+from testbed.rootfs import busybox_rootfs
 
 NAME = "docker.io/gpuwire/lab:busybox"
 _LAYER = "application/vnd.oci.image.layer.v1.tar"

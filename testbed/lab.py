@@ -70,8 +70,8 @@ class Lab:
 
         self.root = root
         self.node = root / "node"
-        self.inventory = sim.make_inventory(gpus=gpus)
-        sim.write_node(self.node, self.inventory)
+        self.machine = sim.make_machine(gpus=gpus)
+        sim.write_node(self.node, self.machine)
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
@@ -91,7 +91,7 @@ class Lab:
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
 
     def uuid(self, index: int) -> str:
-        return self.inventory.devices[index].uuid
+        return self.machine.devices[index].uuid
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
@@ -101,8 +101,8 @@ class Lab:
 def served_launchers() -> Path:
     """A libexec whose launchers only a resident gpuwire can serve (the Python they would
     fall back to does not exist), with that resident running: once per test session."""
-    from gpuwire.lab.resident import Resident
-    from runtime_hook import launcher
+    from runtime_hook.setup import launcher
+    from testbed.resident import Resident
 
     home = Path(tempfile.mkdtemp(prefix="gpuwire-served-"))
     atexit.register(shutil.rmtree, home, ignore_errors=True)

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuwire.lab.host import Closing, remove_cgroups, remove_home, run
+from testbed.host import Closing, remove_cgroups, remove_home, run
 
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 ULIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")

@@ -5,7 +5,7 @@ It answers as the kubelet's podresources server does: `List` has every active po
 of its containers, devices or none, and for each container the device IDs its device plugin
 allocated, per resource; `GetAllocatableResources` has every device ID of every registered
 resource; `Get` has one pod, or an error naming it. The devices come from where the kubelet
-takes them, its device manager: given a `tests.kubelet.Kubelet`, the allocations it made
+takes them, its device manager: given a `testbed.kubelet.Kubelet`, the allocations it made
 (`admit`) and the devices its plugins advertise; `assign` and `advertise` add more by hand.
 `allocatable=False` makes `GetAllocatableResources` UNIMPLEMENTED, like a kubelet before it
 existed. Left out: CPU, memory and DRA fields (always empty), topology, the rate limit.
@@ -23,7 +23,7 @@ import grpc
 
 from deviceplugin.api import podresources_pb2 as pb
 from deviceplugin.api import podresources_pb2_grpc
-from tests.kubelet import Kubelet
+from testbed.kubelet import Kubelet
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A resident gpuwire (runtime_hook.resident) on a private socket, for tests and benchmarks."""
+"""A resident gpuwire (runtime_hook.start.resident) on a private socket, for tests and benches."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from gpuwire.lab.host import Closing, LabError, stop
-from runtime_hook import launcher, resident
+from runtime_hook.setup import launcher
+from runtime_hook.start import resident
+from testbed.host import Closing, LabError, stop
 
 
 def command(python: str, socket: str) -> list[str]:
     """The resident as an admin starts it; for another interpreter (the bench's `--python`),
     as the launchers start one: `-IS`, with gpuwire's directory written in."""
     if python == sys.executable:
-        return [python, "-I", "-m", "runtime_hook.resident", "--socket", socket]
-    code = launcher.python_code(resident.token(), "runtime_hook.resident")
+        return [python, "-I", "-m", "runtime_hook.start.resident", "--socket", socket]
+    code = launcher.python_code(resident.token(), "runtime_hook.start.resident")
     return [python, "-IS", "-c", code, "gpuwire-resident", "--socket", socket]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gpuwire.lab.host import stop
+from testbed.host import stop
 
 _RUNNING = re.compile(r"Uvicorn running on (https://[^ ]+)")
 

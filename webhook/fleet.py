@@ -92,13 +92,13 @@ def node_from_object(obj: Mapping[str, Any]) -> Node | None:
 
 
 @dataclass(frozen=True)
-class Inventory:
+class Fleet:
     """An immutable snapshot; a watch replaces the whole snapshot, readers never lock."""
 
     nodes: tuple[Node, ...] = ()
 
     @classmethod
-    def of(cls, objects: Iterable[Mapping[str, Any]]) -> Inventory:
+    def of(cls, objects: Iterable[Mapping[str, Any]]) -> Fleet:
         found = (node_from_object(o) for o in objects)
         return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
 
@@ -128,22 +128,20 @@ class Inventory:
         return None
 
 
-class InventoryFileError(ValueError):
+class FleetFileError(ValueError):
     """A nodes file that is not a Node list."""
 
 
-def load(path: str | Path) -> Inventory:
+def load(path: str | Path) -> Fleet:
     """A `v1 List` (or `NodeList`) of Node objects in YAML or JSON, as `kubectl get nodes -o
-    yaml` prints it: a static inventory for local use, tests and the demo."""
+    yaml` prints it: a static fleet for local use, tests and the demo."""
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise InventoryFileError(f"{path}: {exc}") from exc
+        raise FleetFileError(f"{path}: {exc}") from exc
     if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
-        raise InventoryFileError(f"{path}: expected a v1 List of Node objects (with items:)")
+        raise FleetFileError(f"{path}: expected a v1 List of Node objects (with items:)")
     kinds = {i.get("kind") for i in doc["items"] if isinstance(i, Mapping)}
     if len(kinds) > 1 or kinds - {"Node"} or not all(isinstance(i, Mapping) for i in doc["items"]):
-        raise InventoryFileError(
-            f"{path}: every item must be a Node; found {sorted(map(str, kinds))}"
-        )
-    return Inventory.of(doc["items"])
+        raise FleetFileError(f"{path}: every item must be a Node; found {sorted(map(str, kinds))}")
+    return Fleet.of(doc["items"])

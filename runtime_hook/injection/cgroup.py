@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook.inroot import Journal
+from runtime_hook.injection.inroot import Journal
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.edits import DeviceNode
+    from gpuwire.edits import DeviceNode
 
 
 class CgroupError(RuntimeError):

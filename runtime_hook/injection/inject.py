@@ -4,20 +4,21 @@ the ld cache before runc creates it (the shim).
 `apply`, for the prestart hook: the hook runs in the host's namespaces while the
 container's `/dev` is a tmpfs that exists only in the container's mount namespace. So:
 
-1. on the host: the device cgroup allow rules (v1; v2 refused, see `runtime_hook.cgroup`),
+1. on the host: the device cgroup allow rules (v1; v2 refused, see `runtime_hook.injection.cgroup`),
    the host's ldconfig checked and opened, and each mount source opened and cloned into a
    detached, read-only, nosuid, nodev mount (`open_tree`), resolved here, where the host is
    trusted;
 2. in a forked child that enters `/proc/<pid>/ns/mnt`: the rootfs opened, every path in it
-   resolved inside it (`runtime_hook.inroot`), device nodes made, the detached mounts moved
-   onto their targets (`move_mount`, no path string in between), links and ld cache made;
+   resolved inside it (`runtime_hook.injection.inroot`), device nodes made, the detached
+   mounts moved onto their targets (`move_mount`, no path string in between), links and
+   ld cache made;
 3. any failure undoes everything, in both processes, and fails the container start.
 
 `prepare`, for the shim: runc makes the device nodes and mounts that config.json lists,
 but the links and the ld cache need code of gpuwire's in the container root. Rather than a
 `createContainer` hook (a second Python process on every GPU container start), the shim
 makes them itself before it execs runc, in its own process: both are files written through
-descriptors resolved in the root (`runtime_hook.ldcache`). Only where the cache is left to
+descriptors resolved in the root (`runtime_hook.injection.ldcache`). Only where the cache is left to
 ldconfig, which reads the libraries, does a child enter a private mount namespace in which
 the libraries are bound onto their places for ldconfig alone; their mount points (empty
 files) stay for runc to mount onto.
@@ -28,8 +29,9 @@ from __future__ import annotations
 import os
 import stat
 
-from runtime_hook import child, inroot, ldcache, syscalls
-from runtime_hook.edits import Edits
+from gpuwire import resolve
+from gpuwire.edits import Edits
+from runtime_hook.injection import child, inroot, ldcache, syscalls
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,7 +64,7 @@ def detached_mount(host_path: str) -> int:
 def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Apply `edits` to the created container whose init process is `pid`."""
 
-    from runtime_hook import cgroup  # the prestart hook's alone
+    from runtime_hook.injection import cgroup  # the prestart hook's alone
 
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
@@ -84,7 +86,7 @@ def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
 
     def steps(journal: inroot.Journal) -> None:
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
-        dirs = inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal)
+        dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
         folders = edits.ldcache_folders
         if ldcache.make(dirs, edits.links, folders, edits.ldcache_entries):
             return
@@ -132,7 +134,7 @@ def _inside(
     os.umask(0)
     journal = inroot.Journal()
     try:
-        root_fd = journal.keep(inroot.open_root(rootfs))
+        root_fd = journal.keep(resolve.open_root(rootfs))
         dirs = inroot.Dirs(root_fd, journal)
         for node in edits.device_nodes:
             parent, _, name = node["path"].rpartition("/")

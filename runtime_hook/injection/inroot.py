@@ -1,11 +1,11 @@
 """Paths inside a container's root filesystem, resolved without ever leaving it.
 
 The rootfs belongs to whoever built the image: any component may be a symlink to a host
-directory or a `..` chain. Every lookup here goes through `openat2(RESOLVE_IN_ROOT)`, so
-such links resolve as they would inside the container, and every change is made relative
-to a directory file descriptor obtained that way, never through a path string the image
-could redirect between check and use. Each change is recorded in a `Journal` so that a
-failed injection undoes what it did.
+directory or a `..` chain. Every lookup goes through `gpuwire.resolve` (`openat2` with
+`RESOLVE_IN_ROOT`), so such links resolve as they would inside the container, and every
+change is made relative to a directory file descriptor obtained that way, never through a
+path string the image could redirect between check and use. Each change is recorded in a
+`Journal` so that a failed injection undoes what it did.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ import errno
 import os
 import stat
 
-from runtime_hook import syscalls
+from gpuwire import resolve
+from gpuwire.resolve import EXACT
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
-# For names we have just created in a directory we hold: no link may intervene.
-EXACT = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_SYMLINKS | syscalls.RESOLVE_NO_MAGICLINKS
 
 
 class Journal:
@@ -57,18 +54,9 @@ class Journal:
             os.close(self._fds.pop())
 
 
-def open_root(path: str) -> int:
-    return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-
-
-def lookup(root_fd: int, path: str, flags: int = os.O_PATH) -> int:
-    """Open `path` as the container would see it (absolute links stay in the root)."""
-    return syscalls.openat2(root_fd, path.lstrip("/") or ".", flags, IN_ROOT)
-
-
 def exists(root_fd: int, path: str) -> bool:
     try:
-        os.close(lookup(root_fd, path))
+        os.close(resolve.lookup(root_fd, path))
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
@@ -86,7 +74,7 @@ def make_dirs(root_fd: int, path: str, journal: Journal) -> int:
     it fails the call instead of leading out.
     """
     try:
-        return journal.keep(lookup(root_fd, path, os.O_PATH | os.O_DIRECTORY))
+        return journal.keep(resolve.lookup(root_fd, path, os.O_PATH | os.O_DIRECTORY))
     except FileNotFoundError:
         pass
     todo = [c for c in reversed(path.split("/")) if c not in ("", ".")]
@@ -114,9 +102,7 @@ def make_dirs(root_fd: int, path: str, journal: Journal) -> int:
                     del stack[1:]
                 todo += [c for c in reversed(target.split("/")) if c not in ("", ".")]
                 continue
-        stack.append(
-            journal.keep(syscalls.openat2(parent, name, os.O_PATH | os.O_DIRECTORY, EXACT))
-        )
+        stack.append(journal.keep(resolve.openat2(parent, name, os.O_PATH | os.O_DIRECTORY, EXACT)))
     return stack[-1]
 
 
@@ -143,10 +129,10 @@ def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
     somewhere the image chose.
     """
     try:
-        fd = journal.keep(syscalls.openat2(dir_fd, name, os.O_PATH, EXACT))
+        fd = journal.keep(resolve.openat2(dir_fd, name, os.O_PATH, EXACT))
     except FileNotFoundError:
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
-        fd = journal.keep(syscalls.openat2(dir_fd, name, flags, EXACT, 0o644))
+        fd = journal.keep(resolve.openat2(dir_fd, name, flags, EXACT, 0o644))
         journal.record(os.unlink, name, dir_fd=dir_fd)
         return fd  # made here: a regular file
     if not stat.S_ISREG(os.fstat(fd).st_mode):

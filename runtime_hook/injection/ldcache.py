@@ -4,7 +4,7 @@ running anything of the container's as root.
 The container needs `/etc/ld.so.cache` to name the injected libraries. gpuwire writes it
 itself (`write`): it reads the image's cache through a descriptor resolved inside the root,
 adds the entries ldconfig would make for the files it mounted and linked
-(`runtime_hook.ldsocache`, byte for byte what glibc 2.36's `ldconfig -X` writes for them),
+(`gpuwire.ldsocache`, byte for byte what glibc 2.36's `ldconfig -X` writes for them),
 and replaces the file by a rename in the root's `/etc`. No process, no namespace, no exec.
 
 Where that cannot be exact (a cache in a format gpuwire does not write, a link the image
@@ -21,8 +21,8 @@ host's ldconfig builds the cache instead, confined (nvidia-runtime.md 2.4 and 6.
   the chroot), and rlimits (CPU 10 s, 64 files, 64 MiB per file, 2 GiB address space).
 
 The links a library is loaded by are made before, by `make_links`, through descriptors
-resolved inside the root (`runtime_hook.inroot`), and recorded for undo; ldconfig runs with
-`-X`, so the cache is the one file either way writes.
+resolved inside the root (`runtime_hook.injection.inroot`), and recorded for undo; ldconfig
+runs with `-X`, so the cache is the one file either way writes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import os
 import resource
 import stat
 
-from runtime_hook import child, elf, inroot, ldsocache, syscalls
+from gpuwire import elf, ldsocache, resolve
+from runtime_hook.injection import child, inroot, syscalls
 
 # Capabilities ldconfig keeps: write the cache and links whatever the image's permissions.
 KEEP_CAPABILITIES = (0, 1, 2, 3)  # CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER
@@ -138,7 +139,7 @@ def write(dirs: inroot.Dirs, folders: list[str], entries: list[tuple[str, int]])
 def read(root_fd: int) -> bytes | None:
     """The root's `/etc/ld.so.cache` as the container sees it; None if there is none."""
     try:
-        fd = inroot.lookup(root_fd, f"{CACHE_DIR}/{CACHE}", os.O_RDONLY | os.O_NONBLOCK)
+        fd = resolve.lookup(root_fd, f"{CACHE_DIR}/{CACHE}", os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     try:
@@ -158,7 +159,7 @@ def replace(dir_fd: int, data: bytes) -> None:
     root does not outlive a crash of the node."""
     temp = f".{CACHE}.gpuwire-{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    fd = syscalls.openat2(dir_fd, temp, flags, inroot.EXACT, 0o644)
+    fd = resolve.openat2(dir_fd, temp, flags, resolve.EXACT, 0o644)
     try:
         try:
             os.fchmod(fd, 0o644)  # whatever the umask
@@ -216,7 +217,7 @@ def _exec(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> None:
     for mountpoint in magic_mounts(_read("/proc/self/mountinfo"), rootfs):
         syscalls.umount(mountpoint, syscalls.MNT_DETACH | syscalls.UMOUNT_NOFOLLOW)
     last_cap = int(_read("/proc/sys/kernel/cap_last_cap"))
-    root_fd = inroot.open_root(rootfs)
+    root_fd = resolve.open_root(rootfs)
     os.fchdir(root_fd)
     os.chroot(".")
     os.chdir("/")

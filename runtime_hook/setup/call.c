@@ -2,7 +2,7 @@
  * gpuwire-call SOCKET TOKEN KIND N FALLBACK...
  *
  * Hands one call of gpuwire-hook or gpuwire-runtime (KIND: hook | runtime) to the resident
- * gpuwire listening on SOCKET (runtime_hook/resident.py), which has Python and gpuwire
+ * gpuwire listening on SOCKET (runtime_hook/start/resident.py), which has Python and gpuwire
  * loaded already and forks a copy of itself for the call: a GPU container start then pays
  * neither the interpreter's start nor the imports (~11 ms). FALLBACK is the command the
  * launcher would otherwise exec (`python -IS -c CODE ARGV0 ARG...`); its last N words are

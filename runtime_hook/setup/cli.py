@@ -1,7 +1,7 @@
 """`gpuwire` subcommands of the node side (see gpuwire/cli.py for the table).
 
 `grant verify` is the admin's first troubleshooting step: given a container spec it runs
-the same decision as the shim and the prestart hook (`runtime_hook.trust.evaluate`),
+the same decision as the shim and the prestart hook (`runtime_hook.start.trust.evaluate`),
 without claiming allocation tokens, and says what the container would get and why.
 `containerd configure` and `cdi generate` set a node up for the shim, the hook or CDI.
 """
@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwire import allocation
-from runtime_hook import cdi, config, containerd_config, trust
+from gpuwire import allocation, cdi
+from runtime_hook.setup import containerd_config
+from runtime_hook.start import config, trust
 
 
 def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
@@ -116,7 +117,7 @@ def _program(name: str, given: str | None) -> str:
         found = str(beside) if os.access(beside, os.X_OK) else shutil.which(name) or str(beside)
         given = str(Path(found).absolute())
     if not Path(given).is_absolute() or not shutil.which(given):
-        raise containerd_config.ConfigError(
+        raise containerd_config.ContainerdConfigError(
             f"{name} {given!r}: not an executable at an absolute path"
         )
     return given
@@ -126,9 +127,13 @@ def _run(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except OSError as exc:
-        raise containerd_config.ConfigError(f"`{' '.join(argv)}`: {exc.strerror}") from None
+        raise containerd_config.ContainerdConfigError(
+            f"`{' '.join(argv)}`: {exc.strerror}"
+        ) from None
     if out.returncode != 0:
-        raise containerd_config.ConfigError(f"`{' '.join(argv)}` failed: {out.stderr.strip()}")
+        raise containerd_config.ContainerdConfigError(
+            f"`{' '.join(argv)}` failed: {out.stderr.strip()}"
+        )
     return out.stdout
 
 
@@ -136,7 +141,7 @@ def _containerd_version(binary: str) -> tuple[int, ...] | None:
     """`containerd --version` as numbers (`containerd github.com/... 1.6.20~ds1 ...`)."""
     try:
         words = _run([binary, "--version"]).split()
-    except containerd_config.ConfigError:
+    except containerd_config.ContainerdConfigError:
         return None
     digits = words[2].split("~")[0].split("-")[0].lstrip("v").split(".") if len(words) > 2 else []
     return tuple(int(d) for d in digits) if all(d.isdigit() for d in digits) else None
@@ -216,7 +221,7 @@ def containerd_configure(argv: list[str]) -> int:
         plan = containerd_config.plan(
             main, drop_in, runtime, containerd_config.Disk(), dump, default_spec
         )
-    except containerd_config.ConfigError as exc:
+    except containerd_config.ContainerdConfigError as exc:
         parser.exit(2, f"gpuwire containerd configure: {exc}\n")
     for warning in plan.warnings:
         sys.stderr.write(f"gpuwire containerd configure: warning: {warning}\n")
@@ -238,9 +243,36 @@ def containerd_configure(argv: list[str]) -> int:
     return 0
 
 
+# The spec file extensions CDI engines load.
+EXTENSIONS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def output_format(path: str) -> str:
+    """json or yaml, from the file name, as CDI engines load only these extensions."""
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in EXTENSIONS:
+        raise cdi.CdiError(
+            f"--output {path}: extension {extension or '(none)'!r} is not one CDI engines "
+            f"load: accepted are {', '.join(EXTENSIONS)} (or say --format for a file that "
+            "will be renamed)"
+        )
+    return EXTENSIONS[extension]
+
+
+def render(spec: cdi.Spec, fmt: str) -> str:
+    if fmt == "json":
+        import json
+
+        return json.dumps(spec, indent=2) + "\n"
+    import yaml
+
+    return str(yaml.safe_dump(spec, sort_keys=False, default_flow_style=False))
+
+
 def cdi_generate(argv: list[str]) -> int:
     from gpuwire import nvidia
-    from runtime_hook.discovery import DiscoveryError, Roots, discover
+    from gpuwire.driver import DiscoveryError, discover
+    from gpuwire.nvidia import Roots
 
     parser = argparse.ArgumentParser(
         prog="gpuwire cdi generate",
@@ -270,7 +302,7 @@ def cdi_generate(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         settings = config.load()
-        fmt = args.format or (cdi.output_format(args.output) if args.output else "yaml")
+        fmt = args.format or (output_format(args.output) if args.output else "yaml")
         roots = Roots(args.root) if args.root else settings.roots
         roots = Roots(
             driver=args.driver_root or roots.driver,
@@ -288,7 +320,7 @@ def cdi_generate(argv: list[str]) -> int:
         )
     except (config.ConfigError, cdi.CdiError, nvidia.CapabilityError, DiscoveryError) as exc:
         parser.exit(2, f"gpuwire cdi generate: {exc}\n")
-    text = cdi.render(spec, fmt)
+    text = render(spec, fmt)
     if not args.output:
         sys.stdout.write(text)
         return 0

@@ -8,7 +8,7 @@ entry: tomlkit round-trips it, comments and layout included.
 
 The core reads files through `Files` (the disk, or a dict in tests) and returns the changes
 to make; `containerd config dump`, `ctr oci spec` and argument handling are the shell's job
-(`runtime_hook.cli`).
+(`runtime_hook.setup.cli`).
 Facts: ../shared/reference/nvidia-runtime.md 4.4, 4.5, 5.3.
 """
 
@@ -31,8 +31,8 @@ from tomlkit.exceptions import ParseError
 
 from gpuwire import atomicfile
 from gpuwire.allocation import OWNER_ANNOTATIONS
+from gpuwire.edits import HOOK_ENV
 from gpuwire.grant import SUBJECT_ANNOTATIONS
-from runtime_hook.edits import HOOK_ENV
 
 # Config version → the plugin whose `containerd.runtimes` table holds runtime handlers.
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -52,7 +52,7 @@ PROTECTED_ANNOTATIONS = (
 _HANDLER = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RuntimeClass `handler`
 
 
-class ConfigError(ValueError):
+class ContainerdConfigError(ValueError):
     """A containerd config gpuwire will not edit; the message names the file and the value."""
 
 
@@ -80,7 +80,7 @@ class Disk:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+            raise ContainerdConfigError(f"{path}: cannot read: {exc.strerror}") from None
 
     def glob(self, pattern: str) -> list[Path]:
         return [Path(p) for p in sorted(glob.glob(pattern))]
@@ -119,7 +119,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         if not _HANDLER.match(self.name):
-            raise ConfigError(
+            raise ContainerdConfigError(
                 f"runtime name {self.name!r} is not a RuntimeClass handler: accepted are "
                 "lower-case letters, digits and '-', 1-63 characters, alphanumeric at both ends"
             )
@@ -129,7 +129,9 @@ class Runtime:
             required = {"runtime path": self.shim}
         for what, path in required.items():
             if not path.startswith("/"):
-                raise ConfigError(f"{what} {path!r} must be absolute: containerd resolves no PATH")
+                raise ContainerdConfigError(
+                    f"{what} {path!r} must be absolute: containerd resolves no PATH"
+                )
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def parse(path: Path, text: str) -> tomlkit.TOMLDocument:
     try:
         return tomlkit.parse(text)
     except ParseError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ContainerdConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def version_of(path: Path, data: dict[str, Any]) -> int:
@@ -168,11 +170,11 @@ def version_of(path: Path, data: dict[str, Any]) -> int:
     if version in CRI_PLUGIN:
         return int(version)
     if version == 1:
-        raise ConfigError(
+        raise ContainerdConfigError(
             f"{path}: config version 1 (no `version` key) has no drop-in support: migrate it "
             "with `containerd config migrate` (containerd >= 1.7) or rewrite it as version 2"
         )
-    raise ConfigError(
+    raise ContainerdConfigError(
         f"{path}: version = {version!r} is not a containerd config version: accepted are "
         "2 (containerd 1.x) and 3 (containerd 2.x)"
     )
@@ -182,7 +184,7 @@ def import_paths(parent: Path, imports: object, files: Files) -> list[Path]:
     """An `imports` value resolved as containerd does: a relative path is relative to the
     importing file; a glob is expanded (relative to the working directory, as containerd does)."""
     if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
-        raise ConfigError(f"{parent}: imports = {imports!r} is not a list of paths")
+        raise ContainerdConfigError(f"{parent}: imports = {imports!r} is not a list of paths")
     out: list[Path] = []
     for entry in imports:
         if _is_glob(entry):
@@ -207,7 +209,9 @@ def load_chain(main: Path, files: Files) -> list[Source]:
         seen.add(path)
         text = files.read(path)
         if text is None and path != main:
-            raise ConfigError(f"{path}: imported by the containerd config but does not exist")
+            raise ContainerdConfigError(
+                f"{path}: imported by the containerd config but does not exist"
+            )
         data = parse(path, text or f"version = {NEW_CONFIG_VERSION}\n").unwrap()
         chain.append(Source(path, data))
         pending.extend(import_paths(path, data.get("imports", []), files))
@@ -227,7 +231,7 @@ def effective_section(chain: list[Source], plugin: str) -> dict[str, Any]:
 def _table(parent: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     value = parent.setdefault(key, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}.{key} = {value!r} is not a table")
+        raise ContainerdConfigError(f"{where}.{key} = {value!r} is not a table")
     return value
 
 
@@ -346,7 +350,9 @@ def plan(
     the one written before, else `default_spec()` (containerd's default, `ctr oci spec`).
     """
     if drop_in == main:
-        raise ConfigError(f"drop-in {drop_in} is the main config itself: name another file")
+        raise ContainerdConfigError(
+            f"drop-in {drop_in} is the main config itself: name another file"
+        )
     chain = load_chain(main, files)  # also validates every file's imports
     version = dump.version if dump else chain[0].version
     plugin = CRI_PLUGIN[version]
@@ -398,12 +404,14 @@ def _base_spec(
             try:
                 spec = json.loads(text)
             except ValueError as exc:
-                raise ConfigError(f"{path}: base runtime spec is not JSON: {exc}") from None
+                raise ContainerdConfigError(
+                    f"{path}: base runtime spec is not JSON: {exc}"
+                ) from None
             if not isinstance(spec, dict):
-                raise ConfigError(f"{path}: base runtime spec is not a JSON object")
+                raise ContainerdConfigError(f"{path}: base runtime spec is not a JSON object")
             return spec
     if default_spec is None:
-        raise ConfigError("no base runtime spec to add the hook to")
+        raise ContainerdConfigError("no base runtime spec to add the hook to")
     return default_spec()
 
 

@@ -18,6 +18,7 @@ import os
 import sys
 
 from gpuwire import allocation, atomicfile, grant, records
+from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
 CACHE_DIR = "/run/gpuwire"
@@ -41,30 +42,6 @@ KEYS = {
     "log": "'stderr' or " + ABSOLUTE,
     "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
 }
-
-
-class Roots:
-    """Where the driver's files, device nodes and procfs live (each defaults to `root`).
-
-    Also `runtime_hook.discovery.Roots`, which reads them.
-    """
-
-    __slots__ = ("dev", "driver", "proc")
-
-    def __init__(
-        self,
-        root: str = "/",
-        *,
-        driver: str | None = None,
-        dev: str | None = None,
-        proc: str | None = None,
-    ) -> None:
-        self.driver = driver or root
-        self.dev = dev or root
-        self.proc = proc or root
-
-    def __repr__(self) -> str:
-        return f"Roots(driver={self.driver!r}, dev={self.dev!r}, proc={self.proc!r})"
 
 
 class ConfigError(ValueError):

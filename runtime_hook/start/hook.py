@@ -23,7 +23,7 @@ from gpuwire import lightjson
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.spec import Spec
+    from runtime_hook.start.spec import Spec
 
 USAGE = (
     "usage: gpuwire-hook prestart | gpuwire-hook poststop"
@@ -43,7 +43,7 @@ def read_state() -> dict[str, object]:
 
 
 def prestart() -> int:
-    from runtime_hook import spec as ocispec
+    from runtime_hook.start import spec as ocispec
 
     try:
         state = read_state()
@@ -59,7 +59,8 @@ def prestart() -> int:
 
 def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
     """Decide, log, and apply the edits to the created container `state` describes."""
-    from runtime_hook import config, holding, inject, log, plan
+    from runtime_hook.injection import inject
+    from runtime_hook.start import config, log, plan, recording
 
     try:
         settings = config.load()
@@ -80,7 +81,7 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
             if not isinstance(pid, int):
                 raise ValueError("the OCI state on stdin has no container pid")
             inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig)
-            holding.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
+            recording.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
     except (OSError, ValueError, RuntimeError) as exc:
         log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")
         sys.stderr.write(f"gpuwire-hook: {exc}\n")
@@ -90,11 +91,11 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
 
 def poststop() -> int:
     """The container is deleted: forget its container record."""
-    from runtime_hook import config, holding
+    from runtime_hook.start import config, recording
 
     try:
         settings = config.load()
-        holding.forget("gpuwire-hook", settings, str(read_state().get("id", "")))
+        recording.forget("gpuwire-hook", settings, str(read_state().get("id", "")))
     except (config.ConfigError, ValueError) as exc:
         sys.stderr.write(f"gpuwire-hook poststop: {exc}\n")
         return 1
@@ -102,10 +103,11 @@ def poststop() -> int:
 
 
 def ldcache(args: list[str]) -> int:
-    from runtime_hook import inroot
-    from runtime_hook import ldcache as cache
-    from runtime_hook import spec as ocispec
-    from runtime_hook.edits import parse_ldcache_args
+    from gpuwire import resolve
+    from gpuwire.edits import parse_ldcache_args
+    from runtime_hook.injection import inroot
+    from runtime_hook.injection import ldcache as cache
+    from runtime_hook.start import spec as ocispec
 
     journal = inroot.Journal()
     try:
@@ -113,7 +115,7 @@ def ldcache(args: list[str]) -> int:
         bundle = str(read_state()["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
         ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
-        dirs = inroot.Dirs(journal.keep(inroot.open_root(rootfs)), journal)
+        dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
         if not cache.make(dirs, links, folders, entries):
             cache.update(rootfs, folders, ldconfig_fd)
     except (OSError, ValueError, RuntimeError) as exc:

@@ -1,6 +1,6 @@
 """From a container spec to what the container gets: the front half of shim and hook.
 
-`make(spec, bundle, config)` decides (`runtime_hook.trust`), and for a granted request
+`make(spec, bundle, config)` decides (`runtime_hook.start.trust`), and for a granted request
 discovers the driver, probes the rootfs's distro and computes the edits. `summary` is the
 one log line that says what was decided and why.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook import spec as ocispec
-from runtime_hook import trust
-from runtime_hook.config import Config
-from runtime_hook.edits import Edits, Layout, container_edits
+from gpuwire.edits import Edits, Layout, container_edits
+from runtime_hook.start import spec as ocispec
+from runtime_hook.start import trust
+from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.spec import Spec
+    from runtime_hook.start.spec import Spec
 
 
 class Plan:
@@ -30,9 +30,10 @@ class Plan:
 
 def is_debian(rootfs: str) -> bool:
     """Whether the image is Debian-family (`/etc/debian_version`, resolved inside it)."""
-    from runtime_hook import inroot  # loads _ctypes: only for a container that gets a GPU
+    from gpuwire import resolve  # loads _ctypes: only for a container that gets a GPU
+    from runtime_hook.injection import inroot
 
-    root_fd = inroot.open_root(rootfs)
+    root_fd = resolve.open_root(rootfs)
     try:
         return inroot.exists(root_fd, "/etc/debian_version")
     finally:

@@ -9,13 +9,13 @@ call (to notice `delete`), so what only `keep` needs is imported there.
 from __future__ import annotations
 
 from gpuwire import records
-from runtime_hook import log
+from runtime_hook.start import log
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.config import Config
-    from runtime_hook.plan import Plan
-    from runtime_hook.spec import Spec
+    from runtime_hook.start.config import Config
+    from runtime_hook.start.plan import Plan
+    from runtime_hook.start.spec import Spec
 
 # runc's global flags that take a value (`runc --root R delete ID`).
 _VALUE_FLAGS = ("--root", "--log", "--log-format", "--criu", "--rootless")
@@ -33,7 +33,7 @@ def keep(
 ) -> None:
     """Record that `container` holds the GPUs `decided` gave it."""
     from gpuwire import devices
-    from runtime_hook import spec as ocispec
+    from runtime_hook.start import spec as ocispec
 
     outcome = decided.outcome
     request = outcome.verdict.request

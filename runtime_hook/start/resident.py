@@ -2,7 +2,7 @@
 
 Every GPU start through a Python hook or shim pays ~7 ms for the interpreter's start and
 ~4.5 ms for the imports before gpuwire does anything (docs/runtime.md, "Cost"). The
-resident pays them once. The launchers hand a call to `gpuwire-call` (runtime_hook/call.c,
+resident pays them once. The launchers hand a call to `gpuwire-call` (runtime_hook/setup/call.c,
 a static C program that starts in well under a millisecond), which sends its arguments,
 environment, umask, stdin, stdout, stderr and working directory over a unix socket. The
 resident forks; the child greets the caller, takes on all of that and runs exactly what
@@ -18,7 +18,7 @@ the kernel gives them, are checked). For anything else, where no resident listen
 where it does not greet within 2 s, `gpuwire-call` runs the Python launcher as before: the
 resident makes starts faster, never different.
 
-    python -I -m runtime_hook.resident [--socket PATH]
+    python -I -m runtime_hook.start.resident [--socket PATH]
 
 Runs as root in the host's namespaces (deploy/base/node.yaml starts it with nsenter, from
 the copy of gpuwire the node installer made on the host).
@@ -31,7 +31,6 @@ import contextlib
 import gc
 import importlib
 import os
-import pkgutil
 import signal
 import socket
 import struct
@@ -39,15 +38,13 @@ import sys
 import traceback
 
 import runtime_hook
-from runtime_hook import hook, shim
+from runtime_hook.start import MODULES, hook, shim
 
 DEFAULT_SOCKET = "/run/gpuwire/resident.sock"
 KINDS = ("hook", "runtime")
 REQUEST_MAX = 1 << 20  # what gpuwire-call sends at most (call.c)
 PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
 NAMESPACES = ("mnt", "cgroup", "pid")  # what the hook and the shim resolve paths and pids in
-# the node side's commands for admins and installers, which no container start runs
-NOT_ON_START = {f"runtime_hook.{name}" for name in ("cli", "cdi", "containerd_config", "launcher")}
 
 
 def token() -> str:
@@ -57,12 +54,10 @@ def token() -> str:
 
 
 def preload() -> None:
-    """Import what a call may import (the node side, and tomllib for a config the cache has
-    not seen), so that children share it instead of each importing it anew."""
-    importlib.import_module("tomllib")
-    for module in pkgutil.iter_modules(runtime_hook.__path__, "runtime_hook."):
-        if module.name not in NOT_ON_START:
-            importlib.import_module(module.name)
+    """Import what a call may import (the start path's `MODULES`, and tomllib for a config
+    the cache has not seen), so that children share it instead of each importing it anew."""
+    for name in ("tomllib", *MODULES):
+        importlib.import_module(name)
 
 
 class Request:
@@ -223,7 +218,7 @@ def serve(listener: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m runtime_hook.resident",
+        prog="python -m runtime_hook.start.resident",
         description="Serve gpuwire-hook and gpuwire-runtime calls from a process that has "
         "gpuwire loaded already (gpuwire-call is its client).",
     )

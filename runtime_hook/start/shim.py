@@ -1,14 +1,14 @@
 """`gpuwire-runtime`: an OCI runtime in front of runc, for containerd's `BinaryName`.
 
 On `create` (and `run`, create and start in one) it makes the links and the ld cache in the
-container root (`runtime_hook.inject.prepare`, confined as the hook does it) and edits
+container root (`runtime_hook.injection.inject.prepare`, confined as the hook does it) and edits
 `<bundle>/config.json` (devices with cgroup allow rules, read-only mounts, the final env);
 then, as for every other subcommand, it execs the real runtime (`runtime` in the config, runc
 by default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
 (nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
 of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
-else the current directory. A GPU container's record (`runtime_hook.holding`) is kept at
-create and forgotten at `delete`. The launcher (`runtime_hook.launcher`) parses the
+else the current directory. A GPU container's record (`runtime_hook.start.recording`) is kept at
+create and forgotten at `delete`. The launcher (`runtime_hook.setup.launcher`) parses the
 arguments the same way, and starts Python only for a create that may ask for a GPU or the
 delete of a container that has a record.
 
@@ -25,7 +25,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.config import Config
+    from runtime_hook.start.config import Config
 
 BUNDLE_FLAGS = ("--bundle", "-bundle", "-b")
 CREATING = ("create", "run")
@@ -75,14 +75,14 @@ def report_failure(args: list[str], message: str) -> None:
 
 def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     """Decide on the bundle's spec and write its edits (or its refusal) into config.json."""
-    from runtime_hook import spec as ocispec
+    from runtime_hook.start import spec as ocispec
 
     spec = ocispec.load(bundle)
     if not ocispec.asks_for_gpu(spec):
         return
-    from gpuwire import records
-    from runtime_hook import edits, holding, log, plan
-    from runtime_hook.trust import REFUSED
+    from gpuwire import edits, records
+    from runtime_hook.start import log, plan, recording
+    from runtime_hook.start.trust import REFUSED
 
     decided = plan.make(spec, bundle, settings)
     message = plan.summary(decided)
@@ -91,7 +91,7 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     if decided.outcome.error is not None:
         raise RuntimeError(decided.outcome.error)
     if decided.edits is not None:
-        from runtime_hook import inject
+        from runtime_hook.injection import inject
 
         try:
             inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
@@ -100,7 +100,7 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
             raise
         ocispec.save(bundle, ocispec.apply(spec, decided.edits))
         state = records.runtime_state(sys.argv[1:], container)
-        holding.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
+        recording.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [], [])
         ocispec.save(bundle, ocispec.apply(spec, void))
@@ -124,8 +124,8 @@ def runtime_path(runtime: str) -> str:
 
 def decide(args: list[str]) -> tuple[int, str | None]:
     """Everything but the exec: (0, the runtime to exec with `args`), or (status, None)."""
-    from runtime_hook import holding
-    from runtime_hook.config import ConfigError, load
+    from runtime_hook.start import recording
+    from runtime_hook.start.config import ConfigError, load
 
     create = is_create(args)
     runtime = "runc"
@@ -135,8 +135,8 @@ def decide(args: list[str]) -> tuple[int, str | None]:
         if create:
             bundle = flag_value(args, BUNDLE_FLAGS) or os.getcwd()
             edit_bundle(bundle, args[-1] if args else "?", settings)
-        elif (gone := holding.deleted(args)) is not None:
-            holding.forget("gpuwire-runtime", settings, gone)
+        elif (gone := recording.deleted(args)) is not None:
+            recording.forget("gpuwire-runtime", settings, gone)
     except (ConfigError, OSError, ValueError, RuntimeError) as exc:
         if create:
             report_failure(args, str(exc))

@@ -4,7 +4,7 @@
 CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
 `linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
 mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
-the ld cache are not in the spec: the shim makes them, `runtime_hook.inject.prepare`.)
+the ld cache are not in the spec: the shim makes them, `runtime_hook.injection.inject.prepare`.)
 
 Environment with a key set more than once (containerd appends rather than replaces in some
 paths, and the kubelet sends device-plugin and pod env separately): gpuwire reads the
@@ -23,7 +23,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from runtime_hook.edits import Edits
+    from gpuwire.edits import Edits
 
     Spec = dict[str, Any]
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 from gpuwire import allocation, devices, grant, nvidia
 from gpuwire.devices import Device
-from runtime_hook import spec as ocispec
-from runtime_hook.config import Config
+from runtime_hook.start import spec as ocispec
+from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from runtime_hook.discovery import Driver
-    from runtime_hook.spec import Spec
+    from gpuwire.driver import Driver
+    from runtime_hook.start.spec import Spec
 
 PRIVILEGED_CAPABILITY = "CAP_SYS_ADMIN"
 REQUEST_ENV = (nvidia.VISIBLE_DEVICES_ENV, nvidia.CAPABILITIES_ENV, grant.ENV)
@@ -294,7 +294,7 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
-    from runtime_hook.discovery import DiscoveryError, discover  # _ctypes, ELF: when granted
+    from gpuwire.driver import DiscoveryError, discover  # _ctypes, ELF: when granted
 
     try:
         outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)

@@ -22,10 +22,10 @@ from cryptography import x509
 from certs import grantkey, pki, reconcile, rotation
 from certs.cluster import Cluster
 from gpuwire import cli
-from tests.apiserver import ApiServer
-from tests.test_certs_pki import handshake
+from testbed.apiserver import ApiServer
+from tests.certs.test_pki import handshake
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NS, SERVICE, SECRET, CONFIG = "gpuwire-system", "gpuwire-webhook", "gpuwire-webhook-tls", "gpuwire"
 TARGET = reconcile.Target(NS, SERVICE, SECRET, CONFIG)
 SETTINGS = rotation.Settings(tuple(pki.service_hosts(SERVICE, NS)))

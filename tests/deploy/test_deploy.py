@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from gpuwire import cli
-from runtime_hook import config, resident
+from runtime_hook.start import config, resident
 from webhook import policy
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZATIONS = ["base", "overlays/plugin-less", "overlays/cdi"]
 NAMESPACE = "gpuwire-system"
 IMAGE = "ghcr.io/gpuwire/gpuwire:0.1.0"
@@ -458,7 +458,7 @@ def commands() -> list[Any]:
         for workload in workloads(render(kustomization)):
             for container in containers(workload):
                 if "command" in container:
-                    continue  # the node installer, a shell script (tests/test_deploy_node.py)
+                    continue  # the node installer, a shell script (test_install_node.py)
                 target, rest = resolve(expand(container))
                 where = f"{kustomization}:{workload['metadata']['name']}/{container['name']}"
                 found.append(pytest.param(target, rest, id=where))
@@ -525,7 +525,7 @@ def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() 
 
 def test_the_node_runs_the_resident_in_the_hosts_namespaces() -> None:
     """The resident serves the host's runc and containerd only where it shares their mount,
-    cgroup and PID namespaces (runtime_hook.resident.NAMESPACES), from the host's copy of
+    cgroup and PID namespaces (runtime_hook.start.resident.NAMESPACES), from the host's copy of
     gpuwire the launchers name (through `current`, which the installer has switched)."""
     node = find(render("base"), "DaemonSet", "gpuwire-node")
     assert node["spec"]["template"]["spec"]["hostPID"] is True
@@ -542,17 +542,18 @@ def test_the_node_runs_the_resident_in_the_hosts_namespaces() -> None:
         f"{LAUNCHERS.rsplit('/', 1)[0]}/bin/python",
         "-I",
         "-m",
-        "runtime_hook.resident",
+        "runtime_hook.start.resident",
     ]
     assert container["securityContext"]["privileged"] is True
 
 
 def test_the_image_builds_the_launchers_the_node_side_runs() -> None:
     """containerd calls gpuwire-runtime four times per container and a CDI spec runs
-    gpuwire-hook on every start: production runs the launchers (runtime_hook/launcher.py),
-    not pip's console scripts, at a path that survives upgrades (tests/test_deploy_node.py)."""
+    gpuwire-hook on every start: production runs the launchers
+    (runtime_hook/setup/launcher.py), not pip's console scripts, at a path that survives
+    upgrades (tests/system/test_install_node.py)."""
     lines = (REPO / "Containerfile").read_text().replace("\\\n", " ").splitlines()
-    (step,) = [i for i, line in enumerate(lines) if "-m runtime_hook.launcher" in line]
+    (step,) = [i for i, line in enumerate(lines) if "-m runtime_hook.setup.launcher" in line]
     words = lines[step].split()
     # the venv's Python, whose path is the same on the host; -I: gpuwire from the venv, not
     # from /src, which the launchers would otherwise name and the host does not have

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import cli, holdings, labeler, plugin, podresources
+from deviceplugin import agent, cli, labeler, plugin, podresources
 from deviceplugin.config import Config
 from gpuwire import holders, records, sim
 from gpuwire.records import PLUGIN, PLUGIN_LESS
-from tests.apiserver import ApiServer
-from tests.kubelet import Kubelet
-from tests.podresources import PodResourcesKubelet
-from tests.waiting import until
+from testbed.apiserver import ApiServer
+from testbed.kubelet import Kubelet
+from testbed.podresources import PodResourcesKubelet
+from testbed.waiting import until
 
 NODE = "gpu-node-1"
 RESOURCE = "nvidia.com/gpu"
@@ -62,7 +62,7 @@ def held(api: ApiServer) -> list[tuple[str, str, int, bool]]:
 
 @pytest.fixture
 def config(
-    kubeconfig: str, sim_node: tuple[Path, sim.Inventory], tmp_path: Path, socket_dir: Path
+    kubeconfig: str, sim_node: tuple[Path, sim.Machine], tmp_path: Path, socket_dir: Path
 ) -> Config:
     """The device plugin on the simulated node, writing to the apiserver stand-in's node."""
     (tmp_path / "keys").mkdir()
@@ -78,7 +78,7 @@ def config(
 
 
 @contextmanager
-def serving(config: Config, settings: holdings.Settings) -> Iterator[Kubelet]:
+def serving(config: Config, settings: agent.Settings) -> Iterator[Kubelet]:
     """The plugin with its holders job, registered with a kubelet stand-in; stopped after."""
     stop = threading.Event()
     with Kubelet(Path(config.kubelet_dir)) as kubelet:
@@ -112,15 +112,15 @@ def scrape(port: int) -> list[str]:
 def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
     api: ApiServer,
     config: Config,
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
     tmp_path: Path,
     socket_dir: Path,
     sleeper: subprocess.Popen[bytes],
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     record_dir = tmp_path / "containers"
     port = free_port()
-    settings = holdings.Settings(
+    settings = agent.Settings(
         records_dir=str(record_dir),
         pod_resources=str(socket_dir / "pr" / "kubelet.sock"),
         interval=0.05,
@@ -139,7 +139,7 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
         assert published is not None
         assert (published.plugin, published.shared) == (True, ())
         # a daemonset-style pod granted every GPU by annotation, on the plugin's node
-        every = [d.uuid for d in inventory.devices]
+        every = [d.uuid for d in machine.devices]
         started = records.started(
             "c-agent",
             DAEMON,
@@ -186,7 +186,7 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
 def test_the_plugin_knows_it_allocates_without_pod_resources(
     api: ApiServer, config: Config, tmp_path: Path, socket_dir: Path
 ) -> None:
-    settings = holdings.Settings(
+    settings = agent.Settings(
         records_dir=str(tmp_path / "records"),
         pod_resources=str(socket_dir / "absent.sock"),
         interval=0.05,
@@ -200,14 +200,14 @@ def test_the_plugin_knows_it_allocates_without_pod_resources(
 def test_the_annotation_is_written_only_when_it_changes(
     api: ApiServer, kubeconfig: str, tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    gpus = sim.make_inventory(gpus=2).devices
-    settings = holdings.Settings(
+    gpus = sim.make_machine(gpus=2).devices
+    settings = agent.Settings(
         records_dir=str(tmp_path), pod_resources=str(tmp_path / "none.sock"), publish=True
     )
-    agent = holdings.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
-    agent.step(1000.0)
+    node_agent = agent.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
+    node_agent.step(1000.0)
     assert (patches(api), held(api)) == (1, [])  # an empty list is news too: nobody holds any
-    agent.step(1001.0)
+    node_agent.step(1001.0)
     assert patches(api) == 1
     grant = records.started(
         "c1",
@@ -219,20 +219,18 @@ def test_the_annotation_is_written_only_when_it_changes(
         pid=sleeper.pid,
     )
     records.write(str(tmp_path), grant)
-    agent.step(1002.0)
+    node_agent.step(1002.0)
     assert (patches(api), held(api)) == (2, [("monitoring/agent-x7k2p", PLUGIN_LESS, 1, False)])
-    restarted = holdings.Agent(
-        settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig)
-    )
+    restarted = agent.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
     restarted.step(1003.0)  # a new agent reads what the node carries before writing
     assert patches(api) == 2
     node = api.get("nodes", NODE)
     assert node is not None
     del node["metadata"]["annotations"][holders.ANNOTATION]
     api.put(node)  # someone removed it
-    agent.step(1004.0)
+    node_agent.step(1004.0)
     assert patches(api) == 2  # not looked at again before the resync period
-    agent.step(1004.0 + holdings.RESYNC)
+    node_agent.step(1004.0 + agent.RESYNC)
     assert patches(api) == 3
     assert len(held(api)) == 1
 
@@ -240,9 +238,9 @@ def test_the_annotation_is_written_only_when_it_changes(
 def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
     tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
-    gpus = sim.make_inventory(gpus=2).devices
-    settings = holdings.Settings(records_dir=str(tmp_path), pod_resources="/nonexistent")
-    agent = holdings.Agent(settings, NODE, lambda: gpus, frozenset)
+    gpus = sim.make_machine(gpus=2).devices
+    settings = agent.Settings(records_dir=str(tmp_path), pod_resources="/nonexistent")
+    node_agent = agent.Agent(settings, NODE, lambda: gpus, frozenset)
     for name in ("c1", "c2"):
         annotations = {**DAEMON, "io.kubernetes.cri.sandbox-name": name}
         two = records.started(
@@ -250,11 +248,11 @@ def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
             capabilities=["compute"], pid=sleeper.pid,
         )  # fmt: skip
         records.write(str(tmp_path), two)
-    caplog.set_level("INFO", logger="deviceplugin.holdings")
-    agent.step(1.0)
-    agent.step(2.0)
+    caplog.set_level("INFO", logger="deviceplugin.agent")
+    node_agent.step(1.0)
+    node_agent.step(2.0)
     records.remove(str(tmp_path), "c2")
-    agent.step(3.0)
+    node_agent.step(3.0)
     what = "GPU 1 held by monitoring/c1 and monitoring/c2, and not shared"
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", f"conflict on node {NODE}: {what}"),
@@ -265,7 +263,7 @@ def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
 def test_an_old_kubelet_without_allocatable_resources_still_shows_the_plugin(
     tmp_path: Path, socket_dir: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
-    gpus = sim.make_inventory(gpus=2).devices
+    gpus = sim.make_machine(gpus=2).devices
     path = socket_dir / "kubelet.sock"
     with PodResourcesKubelet(path, allocatable=False) as pod_resources:
         pod_resources.add_pod("team-a", "trainer", "u1", ["main"])
@@ -278,8 +276,8 @@ def test_an_old_kubelet_without_allocatable_resources_still_shows_the_plugin(
             capabilities=["compute"], pid=sleeper.pid,
         )  # fmt: skip
         records.write(str(tmp_path), everything)
-        settings = holdings.Settings(records_dir=str(tmp_path), pod_resources=str(path))
-        node = holdings.observe(settings, gpus, time.time())
+        settings = agent.Settings(records_dir=str(tmp_path), pod_resources=str(path))
+        node = agent.observe(settings, gpus, time.time())
     assert node.plugin is True
     assert sorted(c.kind for c in holders.conflicts(node)) == ["all-beside-plugin", "shared-gpu"]
     assert pod_resources.calls == ["List", "GetAllocatableResources"] * 2
@@ -295,14 +293,14 @@ def test_a_kubelet_that_does_not_answer_is_named(socket_dir: Path) -> None:
 def test_node_label_publishes_holders_once(
     api: ApiServer,
     kubeconfig: str,
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
     tmp_path: Path,
     sleeper: subprocess.Popen[bytes],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     grant = records.started(
-        "c1", DAEMON, [inventory.devices[0].uuid], path=PLUGIN_LESS, whole_node=False,
+        "c1", DAEMON, [machine.devices[0].uuid], path=PLUGIN_LESS, whole_node=False,
         capabilities=["compute"], pid=sleeper.pid,
     )  # fmt: skip
     records.write(str(tmp_path / "records"), grant)

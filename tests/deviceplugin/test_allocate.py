@@ -12,7 +12,7 @@ from deviceplugin.resources import Resource
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
 
-GPUS = sim.make_inventory(gpus=4).devices
+GPUS = sim.make_machine(gpus=4).devices
 WHOLE = Resource("nvidia.com/gpu", GPUS)
 SHARED = Resource("nvidia.com/gpu", GPUS, replicas=4)
 STRICT = Resource("nvidia.com/gpu", GPUS, replicas=4, fail_requests_greater_than_one=True)

@@ -8,7 +8,7 @@ import threading
 from deviceplugin.discovery import HealthEvent
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthBook, HealthPolicy
 from deviceplugin.state import HealthState
-from tests.waiting import until
+from testbed.waiting import until
 
 A, B = "GPU-a", "GPU-b"
 

@@ -24,13 +24,13 @@ from deviceplugin.config import Config
 from deviceplugin.resources import Rule
 from gpuwire import allocation, cli, sim
 from gpuwire.grant import KeyRing
-from tests.kubelet import Kubelet
+from testbed.kubelet import Kubelet
 
 RESOURCE = "nvidia.com/gpu"
 
 
 @pytest.fixture
-def config(tmp_path: Path, socket_dir: Path, sim_node: tuple[Path, sim.Inventory]) -> Config:
+def config(tmp_path: Path, socket_dir: Path, sim_node: tuple[Path, sim.Machine]) -> Config:
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "key-1").write_text("cluster secret")
@@ -63,7 +63,7 @@ def kubelet(config: Config) -> Iterator[Kubelet]:
 
 
 def test_registers_what_it_serves(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     with serving(config):
         plugin_ = kubelet.plugin(RESOURCE)
@@ -81,7 +81,7 @@ def test_registers_what_it_serves(
 
 
 def test_allocate_gives_the_preferred_nvlink_pair_and_a_proof(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     gpus = sim_node[1].devices
     with serving(config):
@@ -103,7 +103,7 @@ def test_allocate_gives_the_preferred_nvlink_pair_and_a_proof(
 
 
 def test_strategies_reach_the_kubelet(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     with serving(replace(config, device_specs=True, cdi="index")):
         ids, answer = kubelet.admit(RESOURCE, 1)
@@ -115,7 +115,7 @@ def test_strategies_reach_the_kubelet(
 
 
 def test_refused_allocate_names_the_device_and_leaves_no_token(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     good = sim_node[1].devices[0].uuid
     request = api_pb2.AllocateRequest(
@@ -169,17 +169,17 @@ def test_plugin_started_before_the_kubelet_registers_when_it_appears(config: Con
 
 
 def test_fault_makes_a_gpu_unhealthy_then_it_recovers(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
-    root, inventory = sim_node
-    bad = inventory.devices[1].uuid
+    root, machine = sim_node
+    bad = machine.devices[1].uuid
     with serving(config):
         plugin_ = kubelet.plugin(RESOURCE)
         seen = len(plugin_.snapshots)
         assert cli.main(["sim", "fault", str(root), "--gpu", "1", "--xid", "79"]) == 0
         after_fault = {d.ID: d.health for d in kubelet.next_snapshot(plugin_, seen)}
         assert after_fault == {
-            d.uuid: "Unhealthy" if d.uuid == bad else "Healthy" for d in inventory.devices
+            d.uuid: "Unhealthy" if d.uuid == bad else "Healthy" for d in machine.devices
         }
         assert (plugin_.capacity, plugin_.allocatable) == (4, 3)
         after_quiet = {d.ID: d.health for d in kubelet.next_snapshot(plugin_, seen + 1)}
@@ -187,20 +187,20 @@ def test_fault_makes_a_gpu_unhealthy_then_it_recovers(
 
 
 def test_ignored_xid_changes_nothing(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     with serving(replace(config, recover_after=None)):
         plugin_ = kubelet.plugin(RESOURCE)
         seen = len(plugin_.snapshots)
-        sim.inject_fault(root, inventory.devices[0].uuid, 13)  # ignored by default
-        sim.inject_fault(root, inventory.devices[3].uuid, 48)  # double-bit ECC: critical
+        sim.inject_fault(root, machine.devices[0].uuid, 13)  # ignored by default
+        sim.inject_fault(root, machine.devices[3].uuid, 48)  # double-bit ECC: critical
         snapshot = kubelet.next_snapshot(plugin_, seen)
         assert [d.health for d in snapshot] == ["Healthy", "Healthy", "Healthy", "Unhealthy"]
 
 
 def test_unhealthy_gpu_is_refused_and_pre_start_check_stops_restarts(
-    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Inventory]
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     root, _ = sim_node
     with serving(replace(config, pre_start_check=True, recover_after=None)):
@@ -224,8 +224,8 @@ def test_unhealthy_gpu_is_refused_and_pre_start_check_stops_restarts(
 
 def test_mixed_node_gets_one_server_per_model(tmp_path: Path, config: Config) -> None:
     root = tmp_path / "mixed"
-    inventory = sim.make_inventory(gpus=4, products=("NVIDIA A100-SXM4-80GB", "NVIDIA L4"))
-    sim.write_node(root, inventory)
+    machine = sim.make_machine(gpus=4, products=("NVIDIA A100-SXM4-80GB", "NVIDIA L4"))
+    sim.write_node(root, machine)
     rules = (Rule("*A100*", "nvidia.com/a100"), Rule("*L4*", "nvidia.com/l4", replicas=2))
     with (
         Kubelet(Path(config.kubelet_dir)) as kubelet,
@@ -238,8 +238,8 @@ def test_mixed_node_gets_one_server_per_model(tmp_path: Path, config: Config) ->
             "gpuwire-nvidia.com_l4.sock",
         }
         assert [d.ID for d in a100.devices] == [
-            inventory.devices[0].uuid,
-            inventory.devices[2].uuid,
+            machine.devices[0].uuid,
+            machine.devices[2].uuid,
         ]
         assert len(l4.devices) == 4
         ids, answer = kubelet.admit("nvidia.com/l4", 1)

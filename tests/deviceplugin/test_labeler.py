@@ -16,9 +16,9 @@ from deviceplugin import cli, labeler, plugin
 from deviceplugin.config import Config
 from deviceplugin.discovery import open_discovery
 from gpuwire import sim
-from tests.apiserver import ApiServer
-from tests.kubelet import Kubelet
-from tests.waiting import until
+from testbed.apiserver import ApiServer
+from testbed.kubelet import Kubelet
+from testbed.waiting import until
 
 NODE = "gpu-node-1"
 
@@ -64,10 +64,10 @@ def writes(api: ApiServer) -> list[tuple[str, str, str]]:
 def test_label_writes_labels_and_annotation_once(
     api: ApiServer,
     kubeconfig: str,
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig]
     assert cli.label(argv) == 0
     meta = node_meta(api)
@@ -79,7 +79,7 @@ def test_label_writes_labels_and_annotation_once(
     assert labels["nvidia.com/gpu.deploy.driver"] == "true"  # not ours: kept
     assert labels["kubernetes.io/hostname"] == NODE
     gpus = json.loads(meta["annotations"]["gpuwire.io/gpus"])
-    assert [(g["uuid"], g["healthy"]) for g in gpus] == [(d.uuid, True) for d in inventory.devices]
+    assert [(g["uuid"], g["healthy"]) for g in gpus] == [(d.uuid, True) for d in machine.devices]
     assert writes(api) == [("PATCH", f"/api/v1/nodes/{NODE}", "application/merge-patch+json")]
     capsys.readouterr()
     assert cli.label(argv) == 0  # nothing changed: one GET, no PATCH
@@ -88,7 +88,7 @@ def test_label_writes_labels_and_annotation_once(
 
 
 def test_dry_run_prints_and_writes_nothing(
-    api: ApiServer, sim_node: tuple[Path, sim.Inventory], capsys: pytest.CaptureFixture[str]
+    api: ApiServer, sim_node: tuple[Path, sim.Machine], capsys: pytest.CaptureFixture[str]
 ) -> None:
     root, _ = sim_node
     assert cli.label(["--sim", str(root), "--dry-run", "--replicas", "2"]) == 0
@@ -101,11 +101,11 @@ def test_dry_run_prints_and_writes_nothing(
 def test_serve_with_labels_reports_health_in_the_annotation(
     api: ApiServer,
     kubeconfig: str,
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
     tmp_path: Path,
     socket_dir: Path,
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     config = Config(
         kubelet_dir=str(socket_dir),
         sim=str(root),
@@ -128,7 +128,7 @@ def test_serve_with_labels_reports_health_in_the_annotation(
         try:
             kubelet.plugin("nvidia.com/gpu")
             until(lambda: healthy() == [True] * 4)
-            sim.inject_fault(root, inventory.devices[2].uuid, 79)
+            sim.inject_fault(root, machine.devices[2].uuid, 79)
             until(lambda: healthy() == [True, True, False, True])
         finally:
             stop.set()
@@ -137,7 +137,7 @@ def test_serve_with_labels_reports_health_in_the_annotation(
 
 
 def test_labeler_survives_api_errors(
-    api: ApiServer, kubeconfig: str, sim_node: tuple[Path, sim.Inventory]
+    api: ApiServer, kubeconfig: str, sim_node: tuple[Path, sim.Machine]
 ) -> None:
     root, _ = sim_node
     config = Config(sim=str(root), node_name=NODE, kubeconfig=kubeconfig, label_interval=0.2)

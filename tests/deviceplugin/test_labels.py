@@ -13,12 +13,12 @@ from deviceplugin.resources import Resource, assign
 from gpuwire import sim
 
 
-def node_of(inventory: sim.Inventory) -> NodeGpus:
-    gpus = tuple(Gpu(g.device, g.compute_capability) for g in inventory.gpus)
-    return NodeGpus(inventory.driver_version, inventory.cuda_version, gpus)
+def node_of(machine: sim.Machine) -> NodeGpus:
+    gpus = tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus)
+    return NodeGpus(machine.driver_version, machine.cuda_version, gpus)
 
 
-A100X4 = node_of(sim.make_inventory(gpus=4))
+A100X4 = node_of(sim.make_machine(gpus=4))
 
 
 def test_gfd_and_gpuwire_keys_for_a_homogeneous_node() -> None:
@@ -69,7 +69,7 @@ def test_mixed_node_labels_do_not_depend_on_order() -> None:
         "NVIDIA L4",
         "NVIDIA L4",
     )
-    node = node_of(sim.make_inventory(gpus=5, products=products, nvlink="none"))
+    node = node_of(sim.make_machine(gpus=5, products=products, nvlink="none"))
     shuffled = NodeGpus(node.driver_version, node.cuda_version, tuple(reversed(node.gpus)))
     out = labels(node, assign(node.devices, [], "nvidia.com/gpu"))
     assert out == labels(shuffled, assign(shuffled.devices, [], "nvidia.com/gpu"))
@@ -85,7 +85,7 @@ def test_mixed_node_labels_do_not_depend_on_order() -> None:
 
 
 def test_a_tie_goes_to_the_model_of_the_lowest_index() -> None:
-    node = node_of(sim.make_inventory(gpus=2, products=("NVIDIA H200", "Tesla T4")))
+    node = node_of(sim.make_machine(gpus=2, products=("NVIDIA H200", "Tesla T4")))
     assert labels(node, [])["nvidia.com/gpu.product"] == "NVIDIA-H200"
 
 

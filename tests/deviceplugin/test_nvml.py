@@ -12,7 +12,7 @@ import pytest
 from deviceplugin.discovery import HealthEvent
 from deviceplugin.nvml import NvmlDiscovery
 from gpuwire.devices import Device
-from tests.nvml_standin import FUNCTIONS, SWITCH, FakeGpu, StandIn
+from testbed.nvml import FUNCTIONS, SWITCH, FakeGpu, StandIn
 
 BUSES = ("07", "0F", "47", "4E", "87", "90", "B7", "BD")
 

@@ -7,7 +7,7 @@ import pytest
 from deviceplugin.resources import Resource, Rule, assign, resource_name_error
 from gpuwire import sim
 
-MIXED = sim.make_inventory(
+MIXED = sim.make_machine(
     gpus=4, products=("NVIDIA A100-SXM4-80GB", "NVIDIA L4", "NVIDIA H100 80GB HBM3", "NVIDIA L4")
 ).devices
 

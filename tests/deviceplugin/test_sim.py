@@ -1,4 +1,4 @@
-"""Discovery on the simulated node: the inventory as written, and faults injected with
+"""Discovery on the simulated node: the machine as written, and faults injected with
 `gpuwire sim fault` delivered like NVML XID events (only those after start)."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, sim
 
 
-def test_discovers_the_inventory(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
+def test_discovers_the_inventory(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
     node = open_discovery(str(root)).discover()
-    assert node.devices == inventory.devices
+    assert node.devices == machine.devices
     assert [g.compute_capability for g in node.gpus] == [(8, 0)] * 4
     assert (node.driver_version, node.cuda_version) == (sim.DEFAULT_DRIVER, sim.DEFAULT_CUDA)
 
 
-def test_faults_after_start_arrive_as_xid_events(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
-    uuid = inventory.devices[2].uuid
+def test_faults_after_start_arrive_as_xid_events(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
+    uuid = machine.devices[2].uuid
     sim.inject_fault(root, uuid, 48)  # before the plugin started: history
     discovery = SimDiscovery(root)
     assert discovery.wait_events(0.01) == []
@@ -31,20 +31,20 @@ def test_faults_after_start_arrive_as_xid_events(sim_node: tuple[Path, sim.Inven
     discovery.close()
 
 
-def test_a_waiting_reader_wakes_on_the_append(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
+def test_a_waiting_reader_wakes_on_the_append(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
     discovery = SimDiscovery(root)
     got: list[HealthEvent] = []
     waiter = threading.Thread(target=lambda: got.extend(discovery.wait_events(30)))
     waiter.start()
     time.sleep(0.1)
-    sim.inject_fault(root, inventory.devices[0].uuid, 31)
+    sim.inject_fault(root, machine.devices[0].uuid, 31)
     waiter.join(timeout=30)
-    assert got == [HealthEvent(inventory.devices[0].uuid, 31, "XID 31")]
+    assert got == [HealthEvent(machine.devices[0].uuid, 31, "XID 31")]
     discovery.close()
 
 
-def test_malformed_and_partial_lines(sim_node: tuple[Path, sim.Inventory]) -> None:
+def test_malformed_and_partial_lines(sim_node: tuple[Path, sim.Machine]) -> None:
     root, _ = sim_node
     discovery = SimDiscovery(root)
     events = root / sim.EVENTS
@@ -56,10 +56,10 @@ def test_malformed_and_partial_lines(sim_node: tuple[Path, sim.Inventory]) -> No
     assert discovery.wait_events(0.01) == [HealthEvent("GPU-y", 79, "XID 79")]
 
 
-def test_alive_follows_the_inventory(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
+def test_alive_follows_the_inventory(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
     discovery = SimDiscovery(root)
-    assert discovery.alive(inventory.devices[3].uuid)
-    smaller = sim.make_inventory(gpus=3)
+    assert discovery.alive(machine.devices[3].uuid)
+    smaller = sim.make_machine(gpus=3)
     sim.write_node(root, smaller)
-    assert not discovery.alive(inventory.devices[3].uuid)
+    assert not discovery.alive(machine.devices[3].uuid)

@@ -15,7 +15,7 @@ from deviceplugin.sweep import CheckpointError, sweep, tokens_in_use
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
 
-GPUS = sim.make_inventory(gpus=2).devices
+GPUS = sim.make_machine(gpus=2).devices
 
 
 def checkpoint(*tokens: str, alloc_dir: str = "/var/lib/gpuwire/allocations") -> str:

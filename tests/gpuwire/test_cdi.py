@@ -1,7 +1,7 @@
 """`gpuwire cdi generate`: a CDI spec engines accept, from the same edits the shim applies.
 
 Fields are checked against the CDI spec (nvidia-runtime.md 5.1, 5.2); podman reads the spec
-for real in tests/test_podman.py.
+for real in tests/system/test_podman.py.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwire import sim
-from runtime_hook import cdi, cli
-from runtime_hook.discovery import Driver, Roots, discover
-from runtime_hook.edits import HOOK_ENV
+from gpuwire import cdi, sim
+from gpuwire.driver import Driver, discover
+from gpuwire.edits import HOOK_ENV
+from gpuwire.nvidia import Roots
+from runtime_hook.setup import cli
 
 HOOK, LDCONFIG = "/usr/local/bin/gpuwire-hook", "/sbin/ldconfig"
 VERSION = sim.DEFAULT_DRIVER
@@ -42,12 +43,12 @@ FIELDS = {
 
 
 @pytest.fixture
-def node(sim_node: tuple[Path, sim.Inventory]) -> tuple[Path, sim.Inventory]:
+def node(sim_node: tuple[Path, sim.Machine]) -> tuple[Path, sim.Machine]:
     return sim_node
 
 
 @pytest.fixture
-def driver(node: tuple[Path, sim.Inventory]) -> Driver:
+def driver(node: tuple[Path, sim.Machine]) -> Driver:
     return discover(Roots(str(node[0])))
 
 
@@ -63,16 +64,16 @@ def check_fields(spec: dict[str, Any]) -> None:
         assert device["containerEdits"], device["name"]  # CDI refuses a device without edits
 
 
-def test_devices_by_index_uuid_and_all(driver: Driver, node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = node
+def test_devices_by_index_uuid_and_all(driver: Driver, node: tuple[Path, sim.Machine]) -> None:
+    root, machine = node
     spec = cdi.generate(driver, HOOK, LDCONFIG)
     check_fields(spec)
     assert spec["kind"] == "nvidia.com/gpu"
     names = [d["name"] for d in spec["devices"]]
-    expected = [name for d in inventory.devices for name in (str(d.index), d.uuid)]
+    expected = [name for d in machine.devices for name in (str(d.index), d.uuid)]
     assert names == [*expected, "all"]
     by_name = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-    for d in inventory.devices:
+    for d in machine.devices:
         (gpu,) = by_name[str(d.index)]["deviceNodes"]
         assert by_name[d.uuid]["deviceNodes"] == [gpu]
         assert gpu == {
@@ -124,14 +125,14 @@ def test_capabilities_limit_the_files(driver: Driver) -> None:
 
 def test_libraries_go_where_the_host_keeps_them(tmp_path: Path) -> None:
     """A RHEL-layout host: lib64 in the spec too (the ld-cache hook adds it for any image)."""
-    sim.write_node(tmp_path, sim.make_inventory(1), layout="rhel")
+    sim.write_node(tmp_path, sim.make_machine(1), layout="rhel")
     common = cdi.generate(discover(Roots(str(tmp_path))), HOOK, LDCONFIG)["containerEdits"]
     assert f"/usr/lib64/libcuda.so.{VERSION}" in {m["containerPath"] for m in common["mounts"]}
     assert common["hooks"][0]["args"][4:6] == ["--folder", "/usr/lib64"]
 
 
 def test_host_paths_are_clean_with_the_real_root() -> None:
-    driver = Driver(Roots("/"), VERSION, sim.make_inventory(1).devices, 195, {}, {}, {}, {}, ())
+    driver = Driver(Roots("/"), VERSION, sim.make_machine(1).devices, 195, {}, {}, {}, {}, ())
     (gpu,) = cdi.generate(driver, HOOK, LDCONFIG)["devices"][0]["containerEdits"]["deviceNodes"]
     assert gpu["hostPath"] == "/dev/nvidia0"
 
@@ -162,7 +163,7 @@ def test_version_rules_on_names_kinds_and_annotations() -> None:
 
 
 def test_a_node_without_gpus_has_no_spec(tmp_path: Path) -> None:
-    sim.write_node(tmp_path, sim.make_inventory(0))
+    sim.write_node(tmp_path, sim.make_machine(0))
     with pytest.raises(cdi.CdiError, match="lists no GPU"):
         cdi.generate(discover(Roots(str(tmp_path))), HOOK, LDCONFIG)
 
@@ -172,7 +173,7 @@ def test_a_node_without_gpus_has_no_spec(tmp_path: Path) -> None:
 
 @pytest.fixture
 def command(
-    node: tuple[Path, sim.Inventory], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    node: tuple[Path, sim.Machine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """A gpuwire config naming an executable hook; returns the node root."""
     config = tmp_path / "gpuwire.toml"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpuwire import nvidia, sim
 from gpuwire.devices import Kind, UnknownDevice, normalise_bus_id, parse_request, select
 
-DEVICES = sim.make_inventory(gpus=4).devices
+DEVICES = sim.make_machine(gpus=4).devices
 
 
 @pytest.mark.parametrize(

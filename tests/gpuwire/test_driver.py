@@ -10,26 +10,21 @@ import pytest
 
 from gpuwire import nvidia, sim
 from gpuwire.devices import Device
+from gpuwire.driver import DiscoveryError, discover, parse_proc_devices, parse_version
 from gpuwire.elfstub import shared_object
-from runtime_hook.discovery import (
-    DiscoveryError,
-    Roots,
-    discover,
-    parse_proc_devices,
-    parse_version,
-)
+from gpuwire.nvidia import Roots
 
 VERSION = sim.DEFAULT_DRIVER
 
 
 def test_gpus_come_in_pci_bus_order_with_the_drivers_numbers(
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
 ) -> None:
-    root, inventory = sim_node
+    root, machine = sim_node
     driver = discover(Roots(str(root)))
     assert driver.version == VERSION
     assert [(d.index, d.minor, d.uuid, d.pci_bus_id, d.product) for d in driver.devices] == [
-        (d.index, d.minor, d.uuid, d.pci_bus_id, d.product) for d in inventory.devices
+        (d.index, d.minor, d.uuid, d.pci_bus_id, d.product) for d in machine.devices
     ]
     nodes = {n: (c.major, c.minor) for n, c in driver.control_nodes.items()}
     assert nodes == {
@@ -42,22 +37,22 @@ def test_gpus_come_in_pci_bus_order_with_the_drivers_numbers(
 
 def test_index_order_is_bus_order_not_directory_order(tmp_path: Path) -> None:
     """GPUs whose minors run against their bus order still get NVML's (bus) indices."""
-    inventory = sim.make_inventory(gpus=3)
+    machine = sim.make_machine(gpus=3)
     swapped = tuple(
         sim.SimGpu(
             Device(g.device.index, 2 - g.device.minor, g.device.uuid, g.device.pci_bus_id, "X"),
             g.compute_capability,
         )
-        for g in inventory.gpus
+        for g in machine.gpus
     )
-    sim.write_node(tmp_path, sim.Inventory(VERSION, "12.4", swapped))
+    sim.write_node(tmp_path, sim.Machine(VERSION, "12.4", swapped))
     found = discover(Roots(str(tmp_path))).devices
     assert [d.pci_bus_id for d in found] == sorted(d.pci_bus_id for d in found)
     assert [(d.index, d.minor) for d in found] == [(0, 2), (1, 1), (2, 0)]
 
 
 def test_libraries_binaries_and_firmware_per_capability(
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
 ) -> None:
     root, _ = sim_node
     driver = discover(Roots(str(root)))
@@ -76,7 +71,7 @@ def test_libraries_binaries_and_firmware_per_capability(
 
 
 def test_only_the_capabilities_asked_for_are_looked_up(
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
 ) -> None:
     root, _ = sim_node
     driver = discover(Roots(str(root)), ("video",))
@@ -85,7 +80,7 @@ def test_only_the_capabilities_asked_for_are_looked_up(
 
 
 def test_rhel_layout(tmp_path: Path) -> None:
-    sim.write_node(tmp_path, sim.make_inventory(gpus=2), layout="rhel")
+    sim.write_node(tmp_path, sim.make_machine(gpus=2), layout="rhel")
     driver = discover(Roots(str(tmp_path)), ("compute",))
     assert {Path(lib.host_path).parent for lib in driver.libraries["compute"]} == {
         tmp_path / "usr/lib64"
@@ -95,7 +90,7 @@ def test_rhel_layout(tmp_path: Path) -> None:
 def test_driver_container_root_resolves_its_links_inside_itself(tmp_path: Path) -> None:
     """A driver container's `usr/lib64 -> /opt/nvidia/lib64` means its own /opt, not the host's."""
     driver_root, proc_root = tmp_path / "driver", tmp_path / "host"
-    sim.write_node(proc_root, sim.make_inventory(gpus=1), layout="rhel")
+    sim.write_node(proc_root, sim.make_machine(gpus=1), layout="rhel")
     shutil.copytree(proc_root / "usr/lib64", driver_root / "opt/nvidia/lib64", symlinks=True)
     shutil.copytree(proc_root / "usr/bin", driver_root / "usr/bin")
     (driver_root / "usr/lib64").symlink_to("/opt/nvidia/lib64")
@@ -108,7 +103,7 @@ def test_driver_container_root_resolves_its_links_inside_itself(tmp_path: Path) 
 
 
 def test_compat32_finds_32_bit_libraries_and_never_a_64_bit_one(
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
 ) -> None:
     root, _ = sim_node
     lib32 = root / nvidia.LIBDIR_DEBIAN_32
@@ -127,7 +122,7 @@ def test_compat32_finds_32_bit_libraries_and_never_a_64_bit_one(
 
 
 def test_separate_dev_root_decides_which_control_nodes_exist(
-    sim_node: tuple[Path, sim.Inventory], tmp_path: Path
+    sim_node: tuple[Path, sim.Machine], tmp_path: Path
 ) -> None:
     root, _ = sim_node
     dev_root = tmp_path / "devroot"
@@ -143,9 +138,9 @@ def test_no_driver_is_a_clear_error(tmp_path: Path) -> None:
         discover(Roots(str(tmp_path)))
 
 
-def test_malformed_information_names_the_file(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
-    info = root / nvidia.PROC_DRIVER / "gpus" / inventory.devices[1].pci_bus_id / "information"
+def test_malformed_information_names_the_file(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
+    info = root / nvidia.PROC_DRIVER / "gpus" / machine.devices[1].pci_bus_id / "information"
     info.write_text("Model: \t NVIDIA A100\nGPU UUID: \t GPU-x\n")
     with pytest.raises(DiscoveryError, match=f"{info}: missing or malformed field 'Bus Location'"):
         discover(Roots(str(root)))
@@ -165,7 +160,7 @@ def test_proc_devices_only_character_section() -> None:
     assert parse_proc_devices(text) == {"nvidia": 195, "nvidia-uvm": 507}
 
 
-def test_discovery_opens_nothing_it_does_not_close(sim_node: tuple[Path, sim.Inventory]) -> None:
+def test_discovery_opens_nothing_it_does_not_close(sim_node: tuple[Path, sim.Machine]) -> None:
     root, _ = sim_node
     before = len(os.listdir("/proc/self/fd"))
     discover(Roots(str(root)))

@@ -8,26 +8,19 @@ from pathlib import Path
 import pytest
 
 from gpuwire import sim
-from runtime_hook import spec as ocispec
-from runtime_hook.discovery import Driver, Roots, discover
-from runtime_hook.edits import (
-    HOOK_ENV,
-    Edits,
-    Layout,
-    container_edits,
-    hooks,
-    ldcache_args,
-    parse_ldcache_args,
-    to_cdi,
-)
-from tests.runtime_support import container_spec
+from gpuwire.cdi import hooks, to_cdi
+from gpuwire.driver import Driver, discover
+from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, ldcache_args, parse_ldcache_args
+from gpuwire.nvidia import Roots
+from runtime_hook.start import spec as ocispec
+from testbed.lab import container_spec
 
 VERSION = sim.DEFAULT_DRIVER
 DEB = "/usr/lib/x86_64-linux-gnu"
 
 
 @pytest.fixture
-def driver(sim_node: tuple[Path, sim.Inventory]) -> Driver:
+def driver(sim_node: tuple[Path, sim.Machine]) -> Driver:
     return discover(Roots(str(sim_node[0])))
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gpuwire import allocation, cli
 from gpuwire.grant import GrantError, KeyRing, Subject, hmac_sha256, subject_names
-from tests.runtime_support import OTHER_POD, POD_UID
+from testbed.lab import OTHER_POD, POD_UID
 
 
 @pytest.fixture

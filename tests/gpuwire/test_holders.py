@@ -16,7 +16,7 @@ from gpuwire.holders import (
 )
 from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord
 
-GPUS = sim.make_inventory(gpus=4).devices
+GPUS = sim.make_machine(gpus=4).devices
 U = [d.uuid for d in GPUS]
 RESOURCE = "nvidia.com/gpu"
 

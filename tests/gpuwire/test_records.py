@@ -1,6 +1,6 @@
 """Container records: what the runtime side writes, how a crash leaves them, and how the node
 agent tells a record of a running container from one of a container that is gone, with real
-processes standing in for containers (tests/test_records_runc.py does it with runc)."""
+processes standing in for containers (tests/system/test_records_runc.py does it with runc)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from gpuwire import records
 from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord, RecordError
-from tests.waiting import until
+from testbed.waiting import until
 
 CONTAINERD = {
     "io.kubernetes.cri.container-type": "container",

@@ -13,22 +13,22 @@ from gpuwire import cli, sim
 from tests.conftest import requires_binary, requires_root
 
 
-def test_procfs_in_bus_order(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
+def test_procfs_in_bus_order(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
     gpus = sorted((root / "proc/driver/nvidia/gpus").iterdir())
-    assert [g.name for g in gpus] == [d.pci_bus_id for d in inventory.devices]
+    assert [g.name for g in gpus] == [d.pci_bus_id for d in machine.devices]
     info = (gpus[1] / "information").read_text()
-    assert f"GPU UUID: \t {inventory.devices[1].uuid}\n" in info
+    assert f"GPU UUID: \t {machine.devices[1].uuid}\n" in info
     assert "Device Minor: \t 1\n" in info
     assert "Model: \t\t NVIDIA A100-SXM4-80GB\n" in info
     assert "550.54.15" in (root / "proc/driver/nvidia/version").read_text()
     assert "510 nvidia-uvm" in (root / "proc/devices").read_text()
 
 
-def test_inventory_round_trips_with_nvlink_pairs(sim_node: tuple[Path, sim.Inventory]) -> None:
-    root, inventory = sim_node
-    loaded = sim.load_inventory(root)
-    assert loaded == inventory
+def test_inventory_round_trips_with_nvlink_pairs(sim_node: tuple[Path, sim.Machine]) -> None:
+    root, machine = sim_node
+    loaded = sim.load_machine(root)
+    assert loaded == machine
     d = loaded.devices
     assert d[0].links_to(1) == 12
     assert d[0].links_to(2) == 0
@@ -38,17 +38,19 @@ def test_inventory_round_trips_with_nvlink_pairs(sim_node: tuple[Path, sim.Inven
 
 
 def test_mixed_products_and_memory() -> None:
-    inv = sim.make_inventory(gpus=3, products=("Tesla T4", "NVIDIA H100 80GB HBM3"), nvlink="none")
-    assert [d.product for d in inv.devices] == ["Tesla T4", "NVIDIA H100 80GB HBM3", "Tesla T4"]
-    assert inv.devices[0].memory_mib == 15360
-    assert inv.gpus[1].compute_capability == (9, 0)
-    assert all(not d.nvlinks for d in inv.devices)
+    machine = sim.make_machine(
+        gpus=3, products=("Tesla T4", "NVIDIA H100 80GB HBM3"), nvlink="none"
+    )
+    assert [d.product for d in machine.devices] == ["Tesla T4", "NVIDIA H100 80GB HBM3", "Tesla T4"]
+    assert machine.devices[0].memory_mib == 15360
+    assert machine.gpus[1].compute_capability == (9, 0)
+    assert all(not d.nvlinks for d in machine.devices)
     assert sim.product_memory("NVIDIA Future 96GB")[0] == 96 * 1024
 
 
 @requires_root()
 def test_device_nodes_are_char_devices_with_driver_majors(
-    sim_node: tuple[Path, sim.Inventory],
+    sim_node: tuple[Path, sim.Machine],
 ) -> None:
     root, _ = sim_node
     st = os.stat(root / "dev/nvidia2")
@@ -62,7 +64,7 @@ def test_device_nodes_are_char_devices_with_driver_majors(
 
 
 @requires_binary("ldconfig", "readelf")
-def test_libraries_are_elf_with_driver_sonames(sim_node: tuple[Path, sim.Inventory]) -> None:
+def test_libraries_are_elf_with_driver_sonames(sim_node: tuple[Path, sim.Machine]) -> None:
     root, _ = sim_node
     lib = root / "usr/lib/x86_64-linux-gnu"
     out = subprocess.run(
@@ -74,10 +76,10 @@ def test_libraries_are_elf_with_driver_sonames(sim_node: tuple[Path, sim.Invento
 
 
 def test_fake_nvidia_smi_lists_only_openable_gpus(
-    sim_node: tuple[Path, sim.Inventory], tmp_path: Path
+    sim_node: tuple[Path, sim.Machine], tmp_path: Path
 ) -> None:
     """Run the script against a fake /dev via a path rewrite: regular files open fine."""
-    root, inventory = sim_node
+    root, machine = sim_node
     script = (root / "usr/bin/nvidia-smi").read_text()
     dev = tmp_path / "dev"
     dev.mkdir()
@@ -93,7 +95,7 @@ def test_fake_nvidia_smi_lists_only_openable_gpus(
 
     out = run()
     assert out.returncode == 0
-    assert out.stdout == f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {inventory.devices[2].uuid})\n"
+    assert out.stdout == f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {machine.devices[2].uuid})\n"
     (dev / "nvidia2").unlink()
     assert run().returncode == 6
     (dev / "nvidiactl").unlink()
@@ -105,6 +107,6 @@ def test_cli_sim_node_and_fault(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli.main(["sim", "node", str(root), "--gpus", "2", "--layout", "rhel"]) == 0
     assert "GPU 1: NVIDIA A100-SXM4-80GB" in capsys.readouterr().out
     assert (root / "usr/lib64/libnvidia-ml.so.550.54.15").is_file()
-    uuid = sim.load_inventory(root).devices[1].uuid
+    uuid = sim.load_machine(root).devices[1].uuid
     assert cli.main(["sim", "fault", str(root), "--gpu", "1", "--xid", "79"]) == 0
     assert (root / sim.EVENTS).read_text() == f'{{"uuid": "{uuid}", "xid": 79}}\n'

@@ -13,14 +13,14 @@ import pytest
 from deviceplugin.metrics import NAMES, Metrics, Snapshot
 from gpuwire import sim
 from gpuwire.holders import SHARED_GPU, Conflict, Holder, NodeHolders
-from tests.test_deploy import KUSTOMIZATIONS, containers, find, render
+from tests.deploy.test_deploy import KUSTOMIZATIONS, containers, find, render
 
-DASHBOARD = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "gpuwire.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "gpuwire.json"
 
 
 def exported_labels() -> dict[str, set[str]]:
     """Each metric family and its labels, as the agent's collector yields them."""
-    gpus = sim.make_inventory(gpus=1).devices
+    gpus = sim.make_machine(gpus=1).devices
     holder = Holder("ns", "pod", "c", "plugin", (gpus[0].uuid,))
     metrics = Metrics()
     conflict = Conflict(SHARED_GPU, (gpus[0].uuid,), ("ns/pod", "ns/other"))

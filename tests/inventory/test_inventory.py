@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from deviceplugin import holdings, labeler
+from deviceplugin import agent, labeler
 from deviceplugin.config import Config
 from deviceplugin.discovery import open_discovery
 from gpuwire import cli, holders, records, sim
@@ -26,9 +26,9 @@ from gpuwire.devices import Device
 from gpuwire.holders import NodeHolders
 from gpuwire.records import PLUGIN_LESS
 from inventory import cli as inventory
-from tests.apiserver import ApiServer
-from tests.podresources import PodResourcesKubelet
-from tests.waiting import until
+from testbed.apiserver import ApiServer
+from testbed.podresources import PodResourcesKubelet
+from testbed.waiting import until
 
 BIN = Path(sys.executable).parent
 PLUGIN_NODE, PLUGIN_LESS_NODE = "gpu-a", "gpu-b"
@@ -55,9 +55,9 @@ def pod(namespace: str, name: str, *, gpus: int = 0, **status: Any) -> Obj:
     }
 
 
-def publish(settings: holdings.Settings, node: str, gpus: Sequence[Device], api: Any) -> None:
+def publish(settings: agent.Settings, node: str, gpus: Sequence[Device], api: Any) -> None:
     """What the node's agent does on each pass: its holders into the node annotation."""
-    holdings.Agent(settings, node, lambda: gpus, frozenset, api).step(1.0)
+    agent.Agent(settings, node, lambda: gpus, frozenset, api).step(1.0)
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def cluster(
         for name in (PLUGIN_NODE, PLUGIN_LESS_NODE):
             api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
             root = tmp_path / name
-            sim.write_node(root, sim.make_inventory(gpus=4))
+            sim.write_node(root, sim.make_machine(gpus=4))
             discovery = open_discovery(str(root))
             node_gpus = discovery.discover()
             unhealthy = {node_gpus.devices[3].uuid} if name == PLUGIN_LESS_NODE else set()
@@ -101,7 +101,7 @@ def cluster(
                         pid=sleeper.pid,
                     )  # fmt: skip
                     records.write(str(record_dir), daemon)
-                settings = holdings.Settings(
+                settings = agent.Settings(
                     records_dir=str(record_dir), pod_resources=str(socket), publish=True
                 )
                 publish(settings, name, node_gpus.devices, core_api)

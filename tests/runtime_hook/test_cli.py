@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuwire import allocation, cli
-from tests.runtime_support import (
+from testbed.lab import (
     OTHER_POD,
     POD_UID,
     SANDBOX,

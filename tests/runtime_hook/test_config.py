@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gpuwire import allocation, grant
-from runtime_hook import config as cfg
-from runtime_hook.config import ConfigError
+from runtime_hook.start import config as cfg
+from runtime_hook.start.config import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -1,7 +1,7 @@
 """`gpuwire containerd configure` as an admin meets it: the drop-in containerd will read, the
 main file left as written (comments too), idempotence, dry runs, and refusals that write nothing.
 
-containerd itself reads these configs in tests/test_containerd.py.
+containerd itself reads these configs in tests/system/test_containerd.py.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 import tomlkit
 
-from runtime_hook import cli
-from runtime_hook.containerd_config import (
-    ConfigError,
+from gpuwire.edits import HOOK_ENV
+from runtime_hook.setup import cli
+from runtime_hook.setup.containerd_config import (
+    ContainerdConfigError,
     Overlay,
     Runtime,
     Source,
     base_spec_text,
     plan,
 )
-from runtime_hook.edits import HOOK_ENV
 
 SHIM = "/usr/local/bin/gpuwire-runtime"
 HOOK = "/usr/local/bin/gpuwire-hook"
@@ -317,7 +317,9 @@ def test_config_dump_is_the_source_when_given(main: Path) -> None:
     ],
 )
 def test_bad_config_is_refused_by_name(main: Path, text: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("[", r"\[")):
+    with pytest.raises(
+        ContainerdConfigError, match=message.replace(".", r"\.").replace("[", r"\[")
+    ):
         plan(main, main.parent / "conf.d/99.toml", Runtime(shim=SHIM), files_reader({main: text}))
 
 
@@ -330,7 +332,7 @@ def test_bad_config_is_refused_by_name(main: Path, text: str, message: str) -> N
     ],
 )
 def test_bad_runtime_is_refused_by_name(kwargs: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ContainerdConfigError, match=message):
         Runtime(**kwargs)
 
 

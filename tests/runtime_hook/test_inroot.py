@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import inroot
-from runtime_hook.inroot import Journal
+from gpuwire import resolve
+from runtime_hook.injection import inroot
+from runtime_hook.injection.inroot import Journal
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def rootfs(tmp_path: Path) -> Path:
 
 def made(rootfs: Path, path: str) -> tuple[int, Journal]:
     journal = Journal()
-    root_fd = journal.keep(inroot.open_root(str(rootfs)))
+    root_fd = journal.keep(resolve.open_root(str(rootfs)))
     return inroot.make_dirs(root_fd, path, journal), journal
 
 

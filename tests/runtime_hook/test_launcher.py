@@ -3,29 +3,27 @@
 It starts Python only for a create that may ask for a GPU or the delete of a container with
 a record, and otherwise execs the runtime the config names. Each test runs the launcher with
 stand-ins for Python and the runtime that print how they were called, and compares with what
-`runtime_hook.shim`, `runtime_hook.holding` and `runtime_hook.config` decide for the same
-arguments and file.
+`runtime_hook.start.shim`, `runtime_hook.start.recording` and `runtime_hook.start.config`
+decide for the same arguments and file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
-import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuwire import records
-from runtime_hook import config, holding, launcher, shim
-from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, container_spec, cri_annotations, grant_for
-from tests.waiting import until
+from gpuwire import allocation, nvidia, records
+from runtime_hook.setup import launcher
+from runtime_hook.start import config, recording, shim
+from testbed.lab import container_spec
 
 SHELLS = ("dash", "bash")  # Debian's /bin/sh, and RHEL's
 # Stand-ins: each prints who it is and its arguments NUL-separated, then its stdin.
@@ -45,7 +43,9 @@ class Site:
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
         self.launcher = self.bin / launcher.RUNTIME
-        self.launcher.write_text(launcher.render_runtime(str(self.bin / "python"), "/opt/x"))
+        self.launcher.write_text(
+            launcher.render(launcher.RUNTIME, str(self.bin / "python"), "/opt/x")
+        )
         self.launcher.chmod(0o755)
         self.config = root / "config.toml"
         self.runtime = f"{self.bin}/fake-runc"
@@ -105,13 +105,60 @@ def creates_for_a_gpu(site: Site, args: list[str]) -> bool:
 
 def forgets(site: Site, args: list[str]) -> bool:
     """Whether the shim has a record to remove, or a container id to complain about."""
-    gone = holding.deleted(args)
+    gone = recording.deleted(args)
     return gone is not None and (not records.valid_id(gone) or (site.records / gone).exists())
 
 
 WORDS = ["create", "run", "start", "delete", "--bundle", "-bundle", "-b", "gpu", "plain"]
 WORDS += ["--bundle=gpu", "-b=plain", "-bundle=", "--bundle=gpu=x", "--root", "/r", "a b", ""]
 WORDS += ["held", "--force", "x", ".x"]
+
+
+def settings_of(script: str) -> dict[str, str]:
+    """What the install filled into a launcher: python, code, call, socket, token (call
+    empty: it runs Python itself, no gpuwire-call in front)."""
+    (line,) = [line for line in script.splitlines() if line.startswith("python=")]
+    return dict(word.split("=", 1) for word in shlex.split(line))
+
+
+def script_words() -> list[str]:
+    """What gpuwire-runtime.sh must spell as the shim and the config do, each a line of it."""
+    flags, creating = " | ".join(shim.BUNDLE_FLAGS), " | ".join(shim.CREATING)
+    markers = (nvidia.VISIBLE_DEVICES_ENV, allocation.CONTAINER_DIR + "/")
+    assert all(c.isalnum() or c in "_/" for c in "".join(markers))  # nothing grep -E reads
+    # JSON escapes that could spell a character of the markers (`\/`, `\u002f`, `\u0041`
+    # ... `\u007f`); Go's own escapes (`\u0026` for `&`, `\u003c`, `\u003e`) are not among them.
+    escapes = r"\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])"
+    own = {"trust": " | ".join(config.TRUST_MODES), "log": "stderr | /*", "runtime": "?*"}
+    kept = {"runtime": "runtime", "records-dir": "records"}  # keys whose value it uses
+    arms = [
+        f"\t\t{key}) case $value in {own.get(key, '/*')}) "
+        f"{f'{kept[key]}=$value' if key in kept else ':'} ;; *) odd=1 ;; esac ;;"
+        for key in config.KEYS
+    ]
+    return [
+        f'\t\tcase ${{path##*/}} in {launcher.RUNTIME}) shim "$@" ;; esac',
+        f"\tcase $previous in {flags}) ;; *)",
+        f"\t\tcase $arg in {creating}) create=1 ;; esac ;;",
+        f"\t\t{' | '.join(f'{f}=*' for f in shim.BUNDLE_FLAGS)}) found=1 bundle=${{arg#*=}} ;;",
+        f"\t\t{flags}) found=1 wanted=1 ;;",
+        f"\tgrep -qsE -e '{'|'.join((*markers, escapes))}' -- \"${{bundle:-.}}/config.json\"",
+        f"config=${{{config.ENV}:-{config.DEFAULT_PATH}}}",
+        f"runtime=runc records={records.DEFAULT_DIR} odd=",
+        *arms,
+        f'elif [ -e "$config" ] || [ -n "${{{config.ENV}-}}" ]; then',
+    ]
+
+
+def test_the_script_spells_what_the_shim_and_the_config_spell() -> None:
+    """The shell program is a file a linter reads, not a template: its words for the shim's
+    flags, the config's keys and values, the records and the GPU markers are written out
+    in it, and must be the Python's (a config key added there and not here fails this)."""
+    script = (Path(launcher.HERE) / f"{launcher.RUNTIME}.sh").read_text().splitlines()
+    assert [w for w in script_words() if w not in script] == []
+    assert sum(line.startswith("\t\t") and ") case $value in" in line for line in script) == len(
+        config.KEYS
+    )
 
 
 @settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -165,7 +212,7 @@ def test_a_gpu_request_spelt_with_json_escapes_goes_to_the_shim(
     site: Site, shell: str, tmp_path: Path, text: str
 ) -> None:
     from gpuwire import lightjson
-    from runtime_hook import spec as ocispec
+    from runtime_hook.start import spec as ocispec
 
     assert ocispec.asks_for_gpu(lightjson.loads(text))  # type: ignore[arg-type]
     (tmp_path / "config.json").write_text(text)
@@ -261,65 +308,3 @@ def test_a_config_named_but_missing_is_left_to_the_shim(
 
 
 # -- with real runc ---------------------------------------------------------------------
-
-
-@requires_root()
-@requires_binary("runc")
-def test_only_a_gpu_create_starts_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Launchers written for a Python that does not exist: every call but a GPU create
-    still works, so none of them started Python."""
-    from gpuwire.lab.rootfs import Bundle
-
-    lab = Lab(tmp_path / "lab")
-    monkeypatch.setenv(config.ENV, str(lab.config))
-    runtime, _ = launcher.install(str(tmp_path / "libexec"), python="/nonexistent/python3")
-    version = subprocess.run([runtime, "--version"], capture_output=True, text=True)
-    assert version.returncode == 0
-    assert version.stdout.startswith("runc version")
-    plain = Bundle.create(tmp_path / "plain", ["echo", "started"], {"A": "1"})
-    out = plain.run(runtime=runtime)  # run, then runc's delete
-    assert (out.returncode, out.stdout) == (0, "started\n"), out.stderr
-    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
-    gpu = Bundle.create(tmp_path / "gpu", ["true"], env)
-    assert gpu.run(runtime=runtime).returncode == 127  # exec /nonexistent/python3
-
-
-@requires_root()
-@requires_binary("runc")
-def test_a_gpu_containers_record_goes_with_its_delete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Create, start and delete through the launcher, as containerd calls it: the record
-    the shim writes at create is removed at delete, which the launcher hands to Python."""
-    from gpuwire.lab.rootfs import Bundle
-
-    lab = Lab(tmp_path / "lab")
-    monkeypatch.setenv(config.ENV, str(lab.config))
-    runtime, _ = launcher.install(str(tmp_path / "libexec"))
-    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(lab.keys, "0")}
-    bundle = Bundle.create(tmp_path / "gpu", ["true"], env, cri_annotations())
-    root, cid = str(tmp_path / "runc"), f"gpuwire-{uuid.uuid4().hex[:12]}"
-
-    def call(*args: str) -> None:
-        """Output to a file: the container inherits it (a pipe would not see EOF)."""
-        with tempfile.TemporaryFile("w+") as output:
-            command = [runtime, "--root", root, *args]
-            code = subprocess.call(command, stdin=subprocess.DEVNULL, stdout=output, stderr=output)
-            output.seek(0)
-            assert code == 0, output.read()
-
-    try:
-        call("create", "--bundle", str(bundle.path), cid)
-        assert (lab.records / cid).exists()
-        call("start", cid)
-        until(lambda: json.loads(runc_state(root, cid))["status"] == "stopped")
-        call("delete", cid)
-        assert not (lab.records / cid).exists()
-    finally:
-        subprocess.run(["runc", "--root", root, "delete", "--force", cid], capture_output=True)
-
-
-def runc_state(root: str, cid: str) -> str:
-    return subprocess.run(
-        ["runc", "--root", root, "state", cid], capture_output=True, text=True, check=True
-    ).stdout

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import log
+from runtime_hook.start import log
 
 
 def test_one_line_appended_per_event(tmp_path: Path) -> None:

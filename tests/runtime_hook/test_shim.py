@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire.lab.rootfs import busybox_rootfs
-from runtime_hook import cgroup, ldcache, shim
+from runtime_hook.injection import cgroup, ldcache
+from runtime_hook.start import shim
+from testbed.lab import Lab, container_spec, grant_for
+from testbed.rootfs import busybox_rootfs
 from tests.conftest import requires_root
-from tests.runtime_support import Lab, container_spec, grant_for
 
 SHIM = str(Path(sys.executable).parent / "gpuwire-runtime")
 
@@ -121,8 +122,8 @@ def test_container_start_imports_stay_light(
     bundle = tmp_path / "bundle"
     busybox_rootfs(bundle / "rootfs")
     code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r});"
-        "from runtime_hook import config, shim;"
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r});"
+        "from runtime_hook.start import config, shim;"
         f"shim.edit_bundle({str(bundle)!r}, 'x', config.load());"
         f"print(sorted(set({HEAVY!r}) & set(sys.modules)))"
     )

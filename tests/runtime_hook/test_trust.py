@@ -9,10 +9,10 @@ import pytest
 
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
-from runtime_hook.config import Config
-from runtime_hook.discovery import Roots
-from runtime_hook.trust import GRANTED, NOT_GPU, REFUSED, evaluate
-from tests.runtime_support import (
+from gpuwire.nvidia import Roots
+from runtime_hook.start.config import Config
+from runtime_hook.start.trust import GRANTED, NOT_GPU, REFUSED, evaluate
+from testbed.lab import (
     OTHER_POD,
     POD_UID,
     SANDBOX,
@@ -24,7 +24,7 @@ from tests.runtime_support import (
 
 
 @pytest.fixture
-def node(sim_node: tuple[Path, sim.Inventory], tmp_path: Path) -> tuple[Config, KeyRing]:
+def node(sim_node: tuple[Path, sim.Machine], tmp_path: Path) -> tuple[Config, KeyRing]:
     keys = write_keys(tmp_path / "keys")
     config = Config(
         roots=Roots(str(sim_node[0])),
@@ -35,7 +35,7 @@ def node(sim_node: tuple[Path, sim.Inventory], tmp_path: Path) -> tuple[Config, 
 
 
 def uuids(config: Config) -> list[str]:
-    return [d.uuid for d in sim.load_inventory(config.roots.proc).devices]
+    return [d.uuid for d in sim.load_machine(config.roots.proc).devices]
 
 
 def granted_indices(spec: dict[str, Any], config: Config) -> list[int] | None:

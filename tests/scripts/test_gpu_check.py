@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts/gpu-check"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts/gpu-check"
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 
 pytestmark = pytest.mark.skipif(

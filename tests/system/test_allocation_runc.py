@@ -16,11 +16,11 @@ import pytest
 from deviceplugin import plugin
 from deviceplugin.api import api_pb2
 from deviceplugin.config import Config
-from gpuwire.lab.rootfs import Bundle
-from gpuwire.lab.view import VIEW_SCRIPT, view
+from testbed.kubelet import Kubelet
+from testbed.lab import OTHER_POD, POD_UID, Lab, cri_annotations
+from testbed.rootfs import Bundle
+from testbed.view import VIEW_SCRIPT, view
 from tests.conftest import requires_binary, requires_root
-from tests.kubelet import Kubelet
-from tests.runtime_support import OTHER_POD, POD_UID, Lab, cri_annotations
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -91,7 +91,7 @@ def test_allocated_gpus_and_only_those_reach_the_container(
     lab: Lab, kubelet: Kubelet, delivery: str
 ) -> None:
     ids, answer = kubelet.admit("nvidia.com/gpu", 2)
-    index = {d.uuid: d.index for d in lab.inventory.devices}
+    index = {d.uuid: d.index for d in lab.machine.devices}
     granted = sorted(ids, key=index.__getitem__)
     out = container(lab, answer, delivery).run(runtime=SHIM if delivery == "shim" else "runc")
     assert out.returncode == 0, out.stderr

@@ -1,6 +1,6 @@
 """containerd itself reads what `gpuwire containerd configure` writes, and runs the shim.
 
-A private containerd (gpuwire/lab/containerd.py) starts from a main config an admin might
+A private containerd (testbed/containerd.py) starts from a main config an admin might
 have, after `gpuwire containerd configure` added its drop-in: `config dump` must show the
 handler, and the CRI plugin, which validates its runtimes when it loads, must load.
 containerd 1.6 reads config version 2; version 3 needs containerd 2.x, which Debian 12 does
@@ -8,7 +8,7 @@ not ship, so version 3 is checked as TOML structure in test_containerd_config.py
 
 Then containers: `ctr run --runc-binary gpuwire-runtime`, with the CRI annotations and env a
 kubelet and the webhook would give, shows the same GPU view as the runc tests
-(tests/test_runtime_runc.py).
+(tests/system/test_runc.py).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ import pytest
 import tomlkit
 
 from gpuwire import allocation
-from gpuwire.lab.containerd import CRI, Container, Containerd, Mount
-from gpuwire.lab.image import NAME, write_layout_tar
-from gpuwire.lab.rootfs import busybox_rootfs
-from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
-from runtime_hook import launcher
+from runtime_hook.setup import launcher
+from testbed.containerd import CRI, Container, Containerd, Mount
+from testbed.image import NAME, write_layout_tar
+from testbed.lab import Lab, cri_annotations, grant_for, served_launchers
+from testbed.rootfs import busybox_rootfs
+from testbed.view import VIEW_SCRIPT, granted_view, shown, view
+from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, cri_annotations, grant_for, served_launchers
-from tests.waiting import until
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 
@@ -191,7 +191,7 @@ def test_ctr_run_through_the_shim_gives_the_granted_gpus(
 ) -> None:
     shim = str(served_launchers() / launcher.RUNTIME) if served else SHIM
     seen = run_view(node_containerd, granted(lab, "1,3"), runc_binary=shim)
-    expected = granted_view(lab.inventory.devices, (1, 3))
+    expected = granted_view(lab.machine.devices, (1, 3))
     assert shown(seen, expected) == expected
     assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
     assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
@@ -222,7 +222,7 @@ def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, node_containerd: 
     token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
     mount = Mount(lab.allocations / token, allocation.container_path(token))
     seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts=(mount,))
-    expected = granted_view(lab.inventory.devices, (2,))
+    expected = granted_view(lab.machine.devices, (2,))
     assert shown(seen, expected) == expected
 
 
@@ -294,5 +294,5 @@ def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path, serv
         (tmp_path / "spec.json").write_text(json.dumps(spec))
         out = containerd.run(Container(spec=tmp_path / "spec.json"))
     assert out.returncode == 0, out.stderr
-    expected = granted_view(lab.inventory.devices, (2,))
+    expected = granted_view(lab.machine.devices, (2,))
     assert shown(view(out.stdout), expected) == expected

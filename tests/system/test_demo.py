@@ -18,13 +18,13 @@ from typing import Any, TypeVar
 import pytest
 
 from gpuwire import grant
-from gpuwire.lab.view import granted_view, shown
 from scripts.demo import holders
 from scripts.demo.cluster import NODE, RESOURCE, ROOT, Cluster, up
 from scripts.demo.controlplane import unfit
 from scripts.demo.kubelet import Allocation, container_options
 from scripts.demo.scenarios import SCENARIOS, Outcome, capabilities, gpus, play, variables
 from scripts.demo.show import command
+from testbed.view import granted_view, shown
 from tests.conftest import requires_binary, requires_root
 
 F = TypeVar("F", bound=Callable[..., None])

@@ -1,5 +1,5 @@
 """Proof with real podman: the CDI spec `gpuwire cdi generate` writes gives a container the
-same GPU view as the shim and the hook do under runc (tests/test_runtime_runc.py).
+same GPU view as the shim and the hook do under runc (tests/system/test_runc.py).
 
 podman applies the spec itself: device nodes with cgroup rules, read-only mounts, env, and
 the `gpuwire-hook ldcache` createContainer hook. A requested device node opens with ENXIO
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire.lab.image import NAME, write_layout_tar
-from gpuwire.lab.podman import Podman
-from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
+from testbed.image import NAME, write_layout_tar
+from testbed.lab import Lab
+from testbed.podman import Podman
+from testbed.view import VIEW_SCRIPT, granted_view, shown, view
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab
 
 pytestmark = [requires_root(), requires_binary("podman", "runc", "unshare", "busybox")]
 
@@ -62,19 +62,19 @@ def smi(lab: Lab, *indices: int) -> list[str]:
 def test_device_by_index_gives_exactly_that_gpu(lab: Lab, podman: Podman) -> None:
     seen = gpu_view(podman, "1")
     expected = granted_view(
-        lab.inventory.devices, (1,), CONTROL
+        lab.machine.devices, (1,), CONTROL
     )  # busybox has no ldconfig: the hook's ran
     assert shown(seen, expected) == expected
     assert seen["env"] == ["void"]  # nothing further down injects again
 
 
 def test_devices_by_uuid_and_several(lab: Lab, podman: Podman) -> None:
-    expected = granted_view(lab.inventory.devices, (0, 3), CONTROL)
+    expected = granted_view(lab.machine.devices, (0, 3), CONTROL)
     assert shown(gpu_view(podman, lab.uuid(3), "0"), expected) == expected
 
 
 def test_all(lab: Lab, podman: Podman) -> None:
-    expected = granted_view(lab.inventory.devices, (0, 1, 2, 3), CONTROL)
+    expected = granted_view(lab.machine.devices, (0, 1, 2, 3), CONTROL)
     assert shown(gpu_view(podman, "all"), expected) == expected
 
 

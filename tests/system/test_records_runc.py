@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import holdings
+from deviceplugin import agent
 from gpuwire import allocation, records
-from gpuwire.lab.rootfs import Bundle
 from gpuwire.records import PLUGIN, PLUGIN_LESS
+from testbed.lab import Lab, cri_annotations, grant_for
+from testbed.rootfs import Bundle
+from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab, cri_annotations, grant_for
-from tests.waiting import until
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
@@ -151,14 +151,14 @@ def test_a_container_killed_without_delete_is_swept(
     c = container(lab, containers, granted(lab, "all"), delivery)
     c.create()
     c("start", c.id)
-    settings = holdings.Settings(records_dir=str(lab.records), pod_resources="/nonexistent")
-    devices = lab.inventory.devices
-    node = holdings.observe(settings, devices, time.time())
+    settings = agent.Settings(records_dir=str(lab.records), pod_resources="/nonexistent")
+    devices = lab.machine.devices
+    node = agent.observe(settings, devices, time.time())
     assert [(h.name, len(h.gpus), h.whole_node) for h in node.holders] == [
         ("team-a/trainer-0", 4, True)
     ]
     c.kill()  # the container died; nobody called delete (a crashed shim, a lost node)
-    assert holdings.observe(settings, devices, time.time()).holders == ()
+    assert agent.observe(settings, devices, time.time()).holders == ()
     assert not (lab.records / c.id).exists()
 
 

@@ -2,7 +2,7 @@
 it, or handed to that Python untouched.
 
 Every GPU start through the resident (runc's prestart hook, the shim, containerd) is proven
-in the runtime tests' `-resident` deliveries (tests/test_runtime_runc.py and those that
+in the runtime tests' `-resident` deliveries (tests/system/test_runc.py and those that
 share its deliveries): their launchers name a Python that does not exist, so only the
 resident can have served them. Here: what it serves and what it declines. The fallback in
 these calls is `echo fell back: ARGV0 ARG...`, so a declined call shows.
@@ -22,11 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire.lab.resident import Resident
-from runtime_hook import launcher, resident
+from runtime_hook.setup import launcher
+from runtime_hook.start import resident
+from testbed.lab import Lab
+from testbed.resident import Resident
+from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab
-from tests.waiting import until
+from tests.runtime_hook.test_launcher import settings_of
 
 pytestmark = [requires_root(), requires_binary("cc")]
 
@@ -109,7 +111,7 @@ def test_the_runtime_to_exec_is_execd_by_the_caller_in_its_directory(
 ) -> None:
     """The shim's part is served (config.json edited in the caller's working directory), and
     the runtime it names runs as the caller's own exec, with the caller's arguments."""
-    from tests.test_runtime_runc import granted_env, make_bundle
+    from tests.system.test_runc import granted_env, make_bundle
 
     lab = Lab(tmp_path / "lab")
     lab.configure(runtime="/bin/echo")
@@ -193,7 +195,8 @@ def test_without_a_compiler_the_launchers_run_python(
     monkeypatch.setenv("CC", "/nonexistent/cc")
     _, hook = launcher.install(str(tmp_path), python="/usr/bin/python3")
     assert not (tmp_path / launcher.CALL).exists()
-    assert "\nexec /usr/bin/python3 -IS -c " in Path(hook).read_text()
+    settings = settings_of(Path(hook).read_text())
+    assert (settings["python"], settings["call"]) == ("/usr/bin/python3", "")
     assert f"{launcher.CALL} not built (no C compiler" in capfd.readouterr().err
 
 

@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 
 from gpuwire import allocation
-from gpuwire.lab.rootfs import Bundle
-from gpuwire.lab.view import VIEW_SCRIPT, view
-from runtime_hook import launcher
-from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import (
+from runtime_hook.setup import launcher
+from runtime_hook.start import resident
+from testbed.lab import (
     OTHER_POD,
     POD_UID,
     SANDBOX,
@@ -30,13 +28,17 @@ from tests.runtime_support import (
     grant_for,
     served_launchers,
 )
+from testbed.rootfs import Bundle
+from testbed.view import VIEW_SCRIPT, view
+from tests.conftest import requires_binary, requires_root
+from tests.runtime_hook.test_launcher import settings_of
 
 pytestmark = [requires_root(), requires_binary("runc")]
 
 BIN = Path(sys.executable).parent
 HOOK, SHIM = str(BIN / "gpuwire-hook"), str(BIN / "gpuwire-runtime")
 ENXIO = "cat: can't open '/dev/nvidia{}': No such device or address"
-# "-resident": the same launchers, served by a resident gpuwire (runtime_hook.resident)
+# "-resident": the same launchers, served by a resident gpuwire (runtime_hook.start.resident)
 DELIVERIES = ("prestart", "shim", "prestart-resident", "shim-resident")
 
 
@@ -223,9 +225,9 @@ def test_shim_failure_reaches_the_runtime_log_containerd_reads(lab: Lab) -> None
 
 
 def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
-    """`python -m runtime_hook.launcher DIR`, no resident: the shell launcher hands a GPU create
-    to the shim, which makes links and ld cache itself (no hook in the spec); the hook runs
-    Python -IS at once."""
+    """`python -m runtime_hook.setup.launcher DIR`, no resident: the shell launcher hands a
+    GPU create to the shim, which makes links and ld cache itself (no hook in the spec); the
+    hook runs Python -IS at once."""
     shim_path, hook_path = launcher.install(str(tmp_path / "libexec"), socket=None)
     bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
     out = bundle.run(runtime=shim_path)
@@ -235,4 +237,6 @@ def test_launchers_inject_the_same(lab: Lab, tmp_path: Path) -> None:
     assert seen["ldcache"] == ["libcuda.so.1"]
     assert "hooks" not in json.loads((bundle.path / "config.json").read_text())
     assert Path(shim_path).read_text().startswith("#!/bin/sh\n")
-    assert f"\nexec {sys.executable} -IS -c " in Path(hook_path).read_text()
+    settings = settings_of(Path(hook_path).read_text())
+    assert (settings["python"], settings["call"]) == (sys.executable, "")
+    assert settings["code"] == launcher.python_code(resident.token(), "runtime_hook.start.hook")

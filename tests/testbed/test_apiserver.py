@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client import ApiException
 
-from tests.apiserver import ApiServer
+from testbed.apiserver import ApiServer
 
 Obj = dict[str, Any]
 

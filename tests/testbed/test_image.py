@@ -8,7 +8,7 @@ import json
 import tarfile
 from pathlib import Path
 
-from gpuwire.lab.image import NAME, write_layout_tar
+from testbed.image import NAME, write_layout_tar
 from tests.conftest import requires_binary
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuwire.lab.rootfs import Bundle, busybox_rootfs
-from tests.conftest import requires_binary, requires_root
+from testbed.rootfs import busybox_rootfs
 
 
 def test_busybox_rootfs_layouts(tmp_path: Path) -> None:
@@ -16,13 +15,3 @@ def test_busybox_rootfs_layouts(tmp_path: Path) -> None:
     rhel = busybox_rootfs(tmp_path / "rhel", debian=False)
     assert (rhel / "usr/lib64").is_dir()
     assert not (rhel / "etc/debian_version").exists()
-
-
-@requires_root()
-@requires_binary("runc")
-def test_runc_runs_a_bundle(tmp_path: Path) -> None:
-    bundle = Bundle.create(tmp_path / "b", ["sh", "-c", "echo hello $WHO; ls /dev"], {"WHO": "gpu"})
-    out = bundle.run()
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("hello gpu\n")
-    assert "nvidia0" not in out.stdout

@@ -20,14 +20,14 @@ import pytest
 
 from certs import pki
 from gpuwire import grant
-from gpuwire.lab.webhook import WebhookProcess
-from webhook import inventory
+from testbed.webhook import WebhookProcess
+from webhook import fleet
 from webhook.mutation import Denial, Outcome, mutate
 from webhook.policy import Policy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-NODES = inventory.load(EXAMPLES / "nodes.yaml")
+NODES = fleet.load(EXAMPLES / "nodes.yaml")
 KEYS = grant.KeyRing({"k1": b"test-secret"})
 K8S_VERSION = "1.30"
 
@@ -68,7 +68,7 @@ def run(
     raw: Any,
     namespace: str = "ml",
     policy: Policy | None = None,
-    nodes: inventory.Inventory = NODES,
+    nodes: fleet.Fleet = NODES,
     keyring: grant.KeyRing = KEYS,
 ) -> Outcome:
     return mutate(raw, namespace, policy or Policy(), nodes, keyring)
@@ -78,7 +78,7 @@ def admit(
     raw: dict[str, Any],
     namespace: str = "ml",
     policy: Policy | None = None,
-    nodes: inventory.Inventory = NODES,
+    nodes: fleet.Fleet = NODES,
     keyring: grant.KeyRing = KEYS,
 ) -> tuple[dict[str, Any], Outcome]:
     """The admitted pod and the outcome; fails the test unless the pod is admitted, the

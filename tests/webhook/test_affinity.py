@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwire import annotations as a
-from tests.webhook_support import admit, container, pod, required_terms
+from tests.webhook.support import admit, container, pod, required_terms
 
 PRODUCT_IN_A100 = {
     "key": "nvidia.com/gpu.product",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpuwire import cli, grant
-from tests.webhook_support import EXAMPLES, K8S_VERSION, admit
+from tests.webhook.support import EXAMPLES, K8S_VERSION, admit
 
 NODES = str(EXAMPLES / "nodes.yaml")
 POLICY = str(EXAMPLES / "policy.yaml")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gpuwire import grant
-from tests.webhook_support import A100_80, EXAMPLES, NODES, admit, env, required_terms, run
+from tests.webhook.support import A100_80, EXAMPLES, NODES, admit, env, required_terms, run
 from webhook import policy
 
 POLICY = policy.load(EXAMPLES / "policy.yaml")

@@ -1,5 +1,5 @@
-"""The watch-backed node inventory, driven through the real `kubernetes` client against the
-list/watch stand-in (tests/apiserver.py), and the webhook serving from it."""
+"""The watch-backed node fleet, driven through the real `kubernetes` client against the
+list/watch stand-in (testbed/apiserver.py), and the webhook serving from it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.resources import assign
 from gpuwire import annotations as a
 from gpuwire import sim
-from gpuwire.lab.webhook import serving
-from tests.apiserver import ApiServer
-from tests.webhook_support import EXAMPLES, client, container, eventually, make_files, pod
-from webhook import inventory
+from testbed.apiserver import ApiServer
+from testbed.webhook import serving
+from tests.webhook.support import EXAMPLES, client, container, eventually, make_files, pod
+from webhook import fleet
 from webhook.placement import place
 from webhook.review import request_for
 from webhook.watch import NodeWatch
@@ -161,8 +161,8 @@ def test_not_ready_while_the_api_server_is_away(tmp_path: Path) -> None:
 
 def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
     """The node labels and `gpuwire.io/gpus` annotation of deviceplugin/labels.py are the
-    inventory's input: a contract between two components, checked here."""
-    found = sim.make_inventory(gpus=8, products=("NVIDIA H100 80GB HBM3",))
+    fleet's input: a contract between two components, checked here."""
+    found = sim.make_machine(gpus=8, products=("NVIDIA H100 80GB HBM3",))
     gpus = NodeGpus(
         found.driver_version,
         found.cuda_version,
@@ -171,7 +171,7 @@ def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
     sick = found.gpus[3].device.uuid
     labelled = plugin_labels.labels(gpus, assign(gpus.devices, [], "nvidia.com/gpu"))
     annotation = plugin_labels.gpus_annotation(gpus, unhealthy={sick})
-    assert plugin_labels.GPUS_ANNOTATION == inventory.GPUS_ANNOTATION
+    assert plugin_labels.GPUS_ANNOTATION == fleet.GPUS_ANNOTATION
     obj = {
         "kind": "Node",
         "metadata": {
@@ -180,7 +180,7 @@ def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
             "annotations": {plugin_labels.GPUS_ANNOTATION: annotation},
         },
     }
-    node_view = inventory.node_from_object(obj)
+    node_view = fleet.node_from_object(obj)
     assert node_view is not None
     assert (node_view.product, node_view.memory_mib, node_view.count) == (
         "NVIDIA-H100-80GB-HBM3",
@@ -191,7 +191,7 @@ def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
     assert [g.healthy for g in node_view.gpus] == [g.device.uuid != sick for g in found.gpus]
     placed = place(
         a.parse({a.UUID: sick, a.MODEL: "h100"}),
-        inventory.Inventory((node_view,)),
+        fleet.Fleet((node_view,)),
     )
     assert placed.devices == (sick,)
     assert placed.warnings == (f"{sick} on node n1 is reported unhealthy",)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpuwire import annotations as a
 from gpuwire import grant
-from tests.webhook_support import (
+from tests.webhook.support import (
     A100_80,
     H100,
     admit,
@@ -23,7 +23,7 @@ from tests.webhook_support import (
     run,
     verifies,
 )
-from webhook.inventory import Inventory
+from webhook.fleet import Fleet
 from webhook.policy import Policy, Rule
 
 PLUGINLESS = Policy(device_plugin=False)
@@ -349,13 +349,13 @@ def test_a_share_against_different_gpus_takes_the_smallest_with_a_warning() -> N
 
 def test_an_enforced_limit_that_cannot_be_resolved_is_denied() -> None:
     p = pod({a.MEMORY_LIMIT: "25%"}, [container(gpus=1)])
-    denial = deny(p, nodes=Inventory())
+    denial = deny(p, nodes=Fleet())
     assert denial.message.startswith("gpuwire.io/gpu-memory-limit: '25%': profile 'hami' needs")
 
 
 def test_an_informational_limit_that_cannot_be_resolved_is_a_warning() -> None:
     p = pod({a.MEMORY_LIMIT: "20Gi", a.LIMIT_PROFILE: "hami,pytorch"}, [container(gpus=1)])
-    mutated, outcome = admit(p, nodes=Inventory())
+    mutated, outcome = admit(p, nodes=Fleet())
     assert env(mutated)["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env(mutated)
     assert any("profile 'pytorch' skipped" in w for w in outcome.warnings)
@@ -419,7 +419,7 @@ def test_rules_limit_count_devices_and_capabilities() -> None:
     admit(pod({a.COUNT: "all", a.MODEL: "T4"}), "team", policy=policy)  # T4 nodes have 2
     assert (
         "asks for all GPUs of its node ("
-        in deny(pod({a.COUNT: "all"}), "team", policy=policy, nodes=Inventory()).message
+        in deny(pod({a.COUNT: "all"}), "team", policy=policy, nodes=Fleet()).message
     )
 
 

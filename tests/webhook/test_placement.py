@@ -1,4 +1,4 @@
-"""Resolving model, memory and device requests against the inventory of GPU nodes."""
+"""Resolving model, memory and device requests against the fleet of GPU nodes."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 
 from gpuwire import annotations as a
 from gpuwire.annotations import parse
-from tests.webhook_support import H100, NODES
-from webhook import inventory
-from webhook.inventory import GPUS_ANNOTATION, Inventory, node_from_object
+from tests.webhook.support import H100, NODES
+from webhook import fleet
+from webhook.fleet import GPUS_ANNOTATION, Fleet, node_from_object
 from webhook.placement import Unplaceable, place
 
 
@@ -46,7 +46,7 @@ def test_an_unknown_model_is_denied_listing_the_models_that_exist() -> None:
 
 def test_an_empty_inventory_says_so() -> None:
     with pytest.raises(Unplaceable, match="matches no GPU node; models present: none"):
-        place(parse({a.MODEL: "A100"}), Inventory())
+        place(parse({a.MODEL: "A100"}), Fleet())
 
 
 def test_policy_allow_admits_an_unknown_model_without_the_constraint() -> None:
@@ -88,7 +88,7 @@ def test_share_limits_and_all_resolve_against_the_candidates() -> None:
     placement = place(parse({a.MODEL: "A100"}), NODES)
     assert placement.gpu_memory_mib() == 40960
     assert placement.gpu_count() == 8
-    assert place(parse({}), Inventory()).gpu_memory_mib() is None
+    assert place(parse({}), Fleet()).gpu_memory_mib() is None
 
 
 def node(
@@ -101,7 +101,7 @@ def node(
 
 
 def test_nodes_without_gpus_are_left_out_and_the_hostname_label_is_used() -> None:
-    found = Inventory.of(
+    found = Fleet.of(
         [
             node("cpu", {"kubernetes.io/hostname": "cpu"}),
             node("n1", {"nvidia.com/gpu.product": "Tesla-T4", "kubernetes.io/hostname": "host-1"}),
@@ -123,12 +123,10 @@ def test_a_malformed_gpus_annotation_is_ignored_not_fatal() -> None:
 def test_the_nodes_file_must_be_a_node_list(tmp_path: Any) -> None:
     path = tmp_path / "nodes.yaml"
     path.write_text("kind: Pod\n")
-    with pytest.raises(inventory.InventoryFileError, match="expected a v1 List of Node objects"):
-        inventory.load(path)
+    with pytest.raises(fleet.FleetFileError, match="expected a v1 List of Node objects"):
+        fleet.load(path)
     path.write_text("kind: List\nitems: [{kind: Pod}]\n")
-    with pytest.raises(
-        inventory.InventoryFileError, match="every item must be a Node; found \\['Pod'\\]"
-    ):
-        inventory.load(path)
-    with pytest.raises(inventory.InventoryFileError, match="No such file"):
-        inventory.load(tmp_path / "missing.yaml")
+    with pytest.raises(fleet.FleetFileError, match="every item must be a Node; found \\['Pod'\\]"):
+        fleet.load(path)
+    with pytest.raises(fleet.FleetFileError, match="No such file"):
+        fleet.load(tmp_path / "missing.yaml")

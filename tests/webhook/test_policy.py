@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.webhook_support import EXAMPLES
+from tests.webhook.support import EXAMPLES
 from webhook import policy
 from webhook.policy import Policy, PolicyError, Rule, parse
 

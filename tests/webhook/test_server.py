@@ -21,8 +21,8 @@ import pytest
 from certs import pki
 from gpuwire import annotations as a
 from gpuwire import grant
-from gpuwire.lab.webhook import serving
-from tests.webhook_support import (
+from testbed.webhook import serving
+from tests.webhook.support import (
     K8S_VERSION,
     Files,
     client,

@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire.lab.rootfs import Bundle
-from gpuwire.lab.view import view
-from runtime_hook import cgroup
-from runtime_hook import spec as ocispec
-from runtime_hook.cgroup import CgroupError
-from runtime_hook.discovery import Roots, discover
-from runtime_hook.edits import Layout, container_edits, to_cdi
+from gpuwire.cdi import to_cdi
+from gpuwire.driver import discover
+from gpuwire.edits import Layout, container_edits
+from gpuwire.nvidia import Roots
+from runtime_hook.injection import cgroup
+from runtime_hook.injection.cgroup import CgroupError
+from runtime_hook.start import spec as ocispec
+from testbed.lab import Lab
+from testbed.rootfs import Bundle
+from testbed.view import view
 from tests.conftest import requires_binary, requires_root
-from tests.runtime_support import Lab
-from tests.test_runtime_runc import DELIVERIES, HOOK, granted_env, make_bundle, run
+from tests.system.test_runc import DELIVERIES, HOOK, granted_env, make_bundle, run
 
 pytestmark = [requires_root(), requires_binary("runc")]
 

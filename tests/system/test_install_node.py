@@ -16,11 +16,11 @@ import pytest
 import yaml
 
 from certs import files
-from gpuwire.lab.rootfs import busybox_rootfs
-from runtime_hook import launcher
+from runtime_hook.setup import launcher
+from testbed.rootfs import busybox_rootfs
 from tests.conftest import requires_binary, requires_root
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "deploy/node/install-node"
 DROP_IN = "etc/containerd/conf.d/99-gpuwire.toml"
 LAUNCHERS = "/opt/gpuwire/current/libexec"  # the image's <version>/libexec, through `current`
@@ -191,7 +191,7 @@ def test_first_install_puts_everything_on_the_host_and_restarts_containerd_once(
     for name in ("gpuwire-runtime", "gpuwire-hook"):  # the launchers, not pip's scripts
         text = node.read(f"opt/gpuwire/current/libexec/{name}")
         assert text == node.read(f"opt/gpuwire/0.1.0/libexec/{name}")
-        assert "runtime_hook/launcher.py" in text
+        assert "runtime_hook/setup/launcher.py" in text
     assert node.restarts() == 1
 
 
