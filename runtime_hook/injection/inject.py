@@ -31,13 +31,14 @@ import stat
 
 from gpuwire import resolve
 from gpuwire.edits import Edits
-from runtime_hook.injection import child, inroot, ldcache, syscalls
+from runtime_hook.injection import child, inroot, ldcache
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-MOUNT_ATTRS = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+# `syscalls` (mounts, namespaces) is imported where it is used: the prestart hook and the
+# confined ldconfig need it, the shim's usual start (links and a cache written) does not.
 
 
 class InjectionError(RuntimeError):
@@ -46,6 +47,9 @@ class InjectionError(RuntimeError):
 
 def detached_mount(host_path: str) -> int:
     """A read-only, nosuid, nodev clone of the regular file at `host_path`, not yet attached."""
+    from runtime_hook.injection import syscalls
+
+    attributes = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
     fd = os.open(host_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -54,7 +58,7 @@ def detached_mount(host_path: str) -> int:
     finally:
         os.close(fd)
     try:
-        syscalls.mount_setattr(tree, MOUNT_ATTRS)
+        syscalls.mount_setattr(tree, attributes)
     except OSError:
         os.close(tree)
         raise
@@ -64,7 +68,7 @@ def detached_mount(host_path: str) -> int:
 def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Apply `edits` to the created container whose init process is `pid`."""
 
-    from runtime_hook.injection import cgroup  # the prestart hook's alone
+    from runtime_hook.injection import cgroup, syscalls  # the prestart hook's alone
 
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
@@ -130,6 +134,8 @@ def _inside(
     """In the namespaces `enter` enters: nodes, mounts, links and the cache, which is left
     to `make_cache` (`ldcache.update`, or `ldcache.run` where `enter` already isolated) where
     gpuwire cannot write it; all or nothing."""
+    from runtime_hook.injection import syscalls
+
     enter()
     os.umask(0)
     journal = inroot.Journal()

@@ -1,8 +1,8 @@
 """The mount and namespace system calls injection needs, which Python 3.11's `os` lacks.
 
 Mounts made from file descriptors (`open_tree`, `move_mount`, `mount_setattr`) and namespace
-calls (`setns`, `unshare`), declared on `_ctypes` as `gpuwire.libc` declares them (`openat2`
-is `gpuwire.resolve`'s). The new-mount-API syscall numbers are the same on every
+calls (`setns`, `unshare`), declared on `_ctypes` with `gpuwire.resolve`'s C types (which
+holds `openat2`). The new-mount-API syscall numbers are the same on every
 architecture (the kernel's common table), so nothing here is x86-specific. Every failure
 raises `OSError` with the errno and the call that failed.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from _ctypes import Structure, byref, sizeof
 
-from gpuwire.libc import (
+from gpuwire.resolve import (
     c_char_p,
     c_int,
     c_size_t,

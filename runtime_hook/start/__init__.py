@@ -16,7 +16,6 @@ MODULES = (
     "gpuwire.elf",
     "gpuwire.grant",
     "gpuwire.ldsocache",
-    "gpuwire.libc",
     "gpuwire.lightjson",
     "gpuwire.nvidia",
     "gpuwire.records",
