@@ -1,4 +1,4 @@
-"""Discovery on the simulated node (`gpuwire sim node DIR`): its inventory, and the XID events
+"""Discovery on the simulated node (`gpuwire sim node DIR`): its machine, and the XID events
 `gpuwire sim fault` appends to its event file, delivered the way NVML delivers them.
 
 Like NVML, only events that happen after the plugin starts count: the file's earlier lines
@@ -28,13 +28,13 @@ class SimDiscovery:
         self._watch: inotify.Watch | None = None
 
     def discover(self) -> NodeGpus:
-        inventory = sim.load_inventory(self.root)
+        machine = sim.load_machine(self.root)
         sysfs = self.root / "sys"
         gpus = tuple(
             Gpu(g.device, g.compute_capability, pcie_root=pcie_root(sysfs, g.device.pci_bus_id))
-            for g in inventory.gpus
+            for g in machine.gpus
         )
-        return NodeGpus(inventory.driver_version, inventory.cuda_version, gpus)
+        return NodeGpus(machine.driver_version, machine.cuda_version, gpus)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:
         events = self._read_new()
@@ -69,7 +69,7 @@ class SimDiscovery:
 
     def alive(self, uuid: str) -> bool:
         try:
-            return any(d.uuid == uuid for d in sim.load_inventory(self.root).devices)
+            return any(d.uuid == uuid for d in sim.load_machine(self.root).devices)
         except (OSError, ValueError, KeyError):
             return False
 

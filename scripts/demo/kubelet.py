@@ -7,7 +7,7 @@ then Allocate); the env in the order the kubelet hands it to the CRI (the plugin
 the pod's) over the image's; the plugin's mounts; the annotations containerd's CRI plugin puts
 on every container spec; and the runtime handler: the pod's RuntimeClass, else containerd's
 default, looked up in containerd's own config. The containers keep running, holding their
-GPUs, until the demo ends; what they printed (gpuwire.lab.view) and what gpuwire-runtime
+GPUs, until the demo ends; what they printed (testbed.view) and what gpuwire-runtime
 logged about them come back as data.
 
 Simplified: the pod sandbox is an id, not a pause container; init containers are not run
@@ -25,10 +25,10 @@ from typing import Any
 
 import grpc
 
-from gpuwire.lab.containerd import RUNC_SHIM, Container, Mount
-from gpuwire.lab.view import view
 from scripts.demo.cluster import VIEWED, Cluster, Handler, until
-from tests.kubelet import KubeletError
+from testbed.containerd import RUNC_SHIM, Container, Mount
+from testbed.kubelet import KubeletError
+from testbed.view import view
 
 Obj = dict[str, Any]
 
@@ -54,7 +54,7 @@ class Started:
     handler: Handler | None  # None: containerd does not run here
     argv: tuple[str, ...] = ()  # the `ctr` command
     running: bool = False
-    seen: Mapping[str, list[str]] | None = None  # what it printed (gpuwire.lab.view)
+    seen: Mapping[str, list[str]] | None = None  # what it printed (testbed.view)
     error: str = ""  # why it did not start or run
     runtime_log: tuple[str, ...] = ()  # what gpuwire-runtime said about it
 
