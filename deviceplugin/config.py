@@ -21,6 +21,8 @@ from deviceplugin.resources import Rule, resource_name_error
 from gpuwire import allocation, grant, nvidia
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_ROOT = "/var/lib/kubelet"
+DEFAULT_HOOK = "/opt/gpuwire/current/libexec/gpuwire-hook"  # the node installer's launcher
 MAX_REPLICAS = 1000  # keeps `<uuid>::<n>` within the kubelet's 63-character ID limit
 
 
@@ -52,6 +54,14 @@ class Config:
     label_interval: float = 60.0
     node_name: str | None = None
     kubeconfig: str | None = None
+    # the DRA plugin's (gpuwire dra serve)
+    kubelet_root: str = KUBELET_ROOT
+    cdi_dir: str = "/var/run/cdi"
+    shared_gpus: tuple[str, ...] = ()  # GPU UUIDs or product globs published as shared
+    host_root: str = "/"  # where the plugin sees the host's root (CDI specs name host paths)
+    driver_root: str | None = None  # the driver's files; None: the simulated node or host root
+    hook: str = DEFAULT_HOOK  # gpuwire-hook as the host runs it, for the claims' ld-cache hook
+    ldconfig: str = "/sbin/ldconfig"  # the host's static ldconfig, the hook's fallback
 
     @property
     def default_resource(self) -> str:
@@ -100,6 +110,19 @@ def as_xids(value: Any) -> frozenset[int]:
     ):
         raise ValueError("expected a list of XID numbers, e.g. [13, 31, 43]")
     return frozenset(value)
+
+
+def as_path(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError("expected an absolute path")
+    return value
+
+
+def as_gpus(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+        raise ValueError("expected GPU UUIDs or product-name patterns, e.g. [GPU-…, '*A100*']")
+    return tuple(items)
 
 
 def as_resource(value: Any) -> str:
@@ -152,6 +175,13 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sweep.grace": ("sweep_grace", as_seconds),
     "labels.enabled": ("labels", as_flag),
     "labels.interval": ("label_interval", as_seconds),
+    "dra.kubeletRoot": ("kubelet_root", as_path),
+    "dra.cdiDir": ("cdi_dir", as_path),
+    "dra.sharedGpus": ("shared_gpus", as_gpus),
+    "dra.hostRoot": ("host_root", as_path),
+    "dra.driverRoot": ("driver_root", as_path),
+    "dra.hook": ("hook", as_path),
+    "dra.ldconfig": ("ldconfig", as_path),
 }
 
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwire import nvidia
+from gpuwire.devices import Device
 from gpuwire.driver import Driver, Library
 from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, device_node, ldcache_args
 
@@ -51,7 +52,9 @@ if TYPE_CHECKING:
 
 
 HOOK_TIMEOUT = 30
-LDCACHE_HOOK = "createContainer"
+# createRuntime, not createContainer: it runs in the runtime's namespaces, where the resident
+# serves it (runtime_hook.start.resident); it enters the container's mount namespace itself.
+LDCACHE_HOOK = "createRuntime"
 
 Spec = dict[str, Any]
 
@@ -145,6 +148,42 @@ def _normalised(nodes: list[DeviceNode]) -> list[DeviceNode]:
     return nodes
 
 
+def common_edits(driver: Driver, capabilities: tuple[str, ...]) -> Edits:
+    """What every device of a spec brings along: control nodes, the driver's files for
+    `capabilities`, and `NVIDIA_VISIBLE_DEVICES=void` (the engine has injected the devices)."""
+    common = container_edits(driver, (), capabilities, host_layout(driver))
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
+    _normalised(common.device_nodes)
+    return common
+
+
+def device(name: str, nodes: list[DeviceNode]) -> dict[str, Any]:
+    """A spec device holding these device nodes (its own copies: YAML would otherwise write
+    anchors and aliases)."""
+    return {"name": name, "containerEdits": {"deviceNodes": [dict(n) for n in nodes]}}
+
+
+def gpu_nodes(driver: Driver, devices: tuple[Device, ...]) -> list[DeviceNode]:
+    """The GPUs' own device nodes (`/dev/nvidiaN`), host paths normalised."""
+    return _normalised([device_node(driver.gpu_node(d)) for d in devices])
+
+
+def assemble(
+    kind: str, devices: list[dict[str, Any]], common: Edits, hook: str, ldconfig: str
+) -> Spec:
+    """A whole spec: its devices, the common edits with the ld-cache hook, the lowest
+    `cdiVersion` that holds them."""
+    check_kind(kind)
+    spec: Spec = {
+        "cdiVersion": "",
+        "kind": kind,
+        "devices": devices,
+        "containerEdits": dict(to_cdi(common, hook, ldconfig)),
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
 def generate(
     driver: Driver,
     hook: str,
@@ -158,24 +197,14 @@ def generate(
         raise CdiError(
             f"the driver under {driver.roots.proc} lists no GPU: a CDI spec needs a device"
         )
-    nodes = _normalised([device_node(driver.gpu_node(d)) for d in driver.devices])
-    devices = [  # each its own copy: YAML would otherwise write anchors and aliases
-        {"name": name, "containerEdits": {"deviceNodes": [node.copy()]}}
+    nodes = gpu_nodes(driver, driver.devices)
+    devices = [
+        device(name, [node])
         for d, node in zip(driver.devices, nodes, strict=True)
         for name in (str(d.index), d.uuid)
     ]
-    devices.append({"name": ALL, "containerEdits": {"deviceNodes": nodes}})
-    common = container_edits(driver, (), capabilities, host_layout(driver))
-    common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
-    _normalised(common.device_nodes)
-    spec: Spec = {
-        "cdiVersion": "",
-        "kind": kind,
-        "devices": devices,
-        "containerEdits": dict(to_cdi(common, hook, ldconfig)),
-    }
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+    devices.append(device(ALL, nodes))
+    return assemble(kind, devices, common_edits(driver, capabilities), hook, ldconfig)
 
 
 def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:

@@ -8,8 +8,10 @@
   runtime deletes it.
 - `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]... [--entry F::P]...`:
   the links and ld cache for a container whose devices and mounts the runtime already made
-  (CDI's `createContainer` hook). Runs in the container's mount namespace, before
-  pivot_root.
+  (a CDI spec's hook). As a `createRuntime` hook (gpuwire's CDI specs) it runs in the
+  runtime's namespaces and enters the container's mount namespace, as the prestart hook
+  does, so the resident can serve it; as a `createContainer` hook it already runs there,
+  before pivot_root.
 
 Both must start fast: they run on container start, so imports here are only what the path
 taken needs.
@@ -112,8 +114,18 @@ def ldcache(args: list[str]) -> int:
     journal = inroot.Journal()
     try:
         ldconfig, folders, links, entries = parse_ldcache_args(args)
-        bundle = str(read_state()["bundle"])
+        state = read_state()
+        bundle = str(state["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
+        pid = state.get("pid")
+        if isinstance(pid, int) and not _in_mount_namespace_of(pid):
+            from gpuwire.edits import Edits
+            from runtime_hook.injection import inject
+
+            inject.links_and_cache(
+                pid, rootfs, Edits({}, [], [], links, folders, entries), ldconfig
+            )
+            return 0
         ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
         dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
         if not cache.make(dirs, links, folders, entries):
@@ -125,6 +137,13 @@ def ldcache(args: list[str]) -> int:
     finally:
         journal.close()
     return 0
+
+
+def _in_mount_namespace_of(pid: int) -> bool:
+    import os
+
+    here, there = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def main(argv: list[str] | None = None) -> int:
