@@ -14,7 +14,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
+from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus, pcie_root
+from gpuwire import nvidia
 from gpuwire.devices import Device, normalise_bus_id
 
 log = logging.getLogger(__name__)
@@ -54,13 +55,25 @@ class NvmlDiscovery:
                 numa_node=self._numa_node(h, buses[i]),
                 nvlinks=tuple(sorted(links.items())),
             )
-            gpus.append(Gpu(device, tuple(nv.nvmlDeviceGetCudaComputeCapability(h))))
+            compute = tuple(nv.nvmlDeviceGetCudaComputeCapability(h))
+            root = pcie_root(self.sysfs, buses[i])
+            gpus.append(Gpu(device, compute, self._brand(h), root))
         self._uuids = [g.device.uuid for g in gpus]
         return NodeGpus(nv.nvmlSystemGetDriverVersion(), self._cuda_version(), tuple(gpus))
 
     def _cuda_version(self) -> str:
         version = int(self.nvml.nvmlSystemGetCudaDriverVersion())  # 12040 → 12.4
         return f"{version // 1000}.{version % 1000 // 10}"
+
+    def _brand(self, handle: Any) -> str:
+        """go-nvlib's name for NVML's brand; "" where the driver does not say."""
+        try:
+            value = int(self.nvml.nvmlDeviceGetBrand(handle))
+        except self.nvml.NVMLError:
+            return ""
+        return next(
+            (n for c, n in nvidia.BRANDS.items() if getattr(self.nvml, c, None) == value), ""
+        )
 
     def _numa_node(self, handle: Any, bus: str) -> int:
         try:

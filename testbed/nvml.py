@@ -30,6 +30,7 @@ class FakeGpu:
     links: list[tuple[str, str] | None] = field(default_factory=list)  # (kind, remote bus) per link
     events_supported: bool = True
     lost: bool = False
+    brand: int | None = pynvml.NVML_BRAND_NVIDIA  # None: the driver does not support the query
 
 
 def _error(code: int) -> pynvml.NVMLError:
@@ -113,6 +114,12 @@ class StandIn:
         if numa is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return numa
+
+    def nvmlDeviceGetBrand(self, handle: FakeGpu) -> int:
+        brand = self._check(handle).brand
+        if brand is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return brand
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeGpu) -> tuple[int, int]:
         return self._check(handle).compute
