@@ -503,7 +503,8 @@ def own_node_policy() -> tuple[Any, Any]:
     env = celpy.Environment()
     (condition,) = vap["spec"]["matchConditions"]
     (validation,) = vap["spec"]["validations"]
-    return tuple(env.program(env.compile(e["expression"])) for e in (condition, validation))
+    compiled = [env.program(env.compile(e["expression"])) for e in (condition, validation)]
+    return compiled[0], compiled[1]
 
 
 @pytest.mark.parametrize(
