@@ -28,7 +28,7 @@ import tomlkit
 
 from gpuwire import allocation
 from gpuwire.lab.containerd import CRI, Container, Containerd, Mount
-from gpuwire.lab.image import NAME, write_layout_tar
+from gpuwire.lab.image import NAME, PAUSE, write_layout_tar
 from gpuwire.lab.rootfs import busybox_rootfs
 from gpuwire.lab.view import VIEW_SCRIPT, granted_view, shown, view
 from runtime_hook import launcher
@@ -55,8 +55,7 @@ def containerd() -> Iterator[Containerd]:
         instance.config.write_text(
             "# the admin's comment\n"
             + text.replace(
-                'stream_server_port = "0"',
-                'stream_server_port = "0"\n  sandbox_image = "registry.example/pause:9"',
+                f'sandbox_image = "{PAUSE}"', 'sandbox_image = "registry.example/pause:9"'
             )
         )
         yield instance
