@@ -134,13 +134,13 @@ def download(url: str, timeout: float = 120) -> bytes:
 
 
 def resolve(
-    suite: str, name: str, arch: str, cache: Path, mirror: str = MIRROR
+    suite: str, name: str, arch: str, cache: Path, mirror: str = MIRROR, keyring: Path = KEYRING
 ) -> tuple[Package, list[str]]:
     """The package `name` that `suite` holds today, from its verified index, and warnings.
     What an index said is kept in `cache` under the index's hash, so a suite that has not
     changed costs one InRelease."""
     base = f"{mirror}/dists/{suite}"
-    release = verified_text(download(f"{base}/InRelease"))
+    release = verified_text(download(f"{base}/InRelease"), keyring)
     warnings = check_release(release, suite)
     path = f"main/binary-{arch}/Packages.xz"
     sha256, size = release_hash(release, path)
