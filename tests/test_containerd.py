@@ -327,6 +327,18 @@ def test_without_the_shim_nothing_is_injected(lab: Lab, kubelet: KubeRuntime) ->
     assert seen["env"] == ["0"]  # as the image asked: nobody read it
 
 
+def test_the_pods_env_comes_after_the_plugins_and_wins(kubelet: KubeRuntime) -> None:
+    """containerd keeps both entries in the spec, in the kubelet's order; runc lets the last
+    one win."""
+    answer = api_pb2.ContainerAllocateResponse(envs={"A": "plugin", "B": "plugin"})
+    obj = pod(command="env | grep -E '^(A|B)='", A="pod")
+    _, (cid,) = run_pod(kubelet, obj, "", {"trainer": [answer]})
+    kubelet.exited(cid)
+    assert kubelet.logs(cid) == "A=pod\nB=plugin\n"
+    env = kubelet.spec(cid)["process"]["env"]
+    assert [e for e in env if e[:2] in ("A=", "B=")] == ["A=plugin", "B=plugin", "A=pod"]
+
+
 def allocated(lab: Lab, index: int, strategies: Strategies) -> api_pb2.ContainerAllocateResponse:
     """The device plugin's Allocate answer for GPU `index` (deviceplugin/allocate.py), its
     token file written as the plugin writes it."""
