@@ -32,7 +32,7 @@ import grpc
 from bench.common import Summary, report, summarise
 from deviceplugin.api import api_pb2, api_pb2_grpc
 from gpuwire import sim
-from tests.kubelet import Kubelet
+from testbed.kubelet import Kubelet
 
 RESOURCE = "nvidia.com/gpu"
 GPUS, REPLICAS = 8, 16
@@ -142,8 +142,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as name:
         tmp = Path(name)
         root = tmp / "node"
-        inventory = sim.make_inventory(gpus=GPUS, nvlink="mesh")
-        sim.write_node(root, inventory)
+        machine = sim.make_machine(gpus=GPUS, nvlink="mesh")
+        sim.write_node(root, machine)
         kubelet_dir = tmp / "dp"
         with Kubelet(kubelet_dir) as kubelet:
             plugin = start_plugin(tmp, root, kubelet_dir)
@@ -151,7 +151,7 @@ def main() -> int:
                 endpoint = kubelet.plugin(RESOURCE, timeout=60).endpoint
                 with grpc.insecure_channel(f"unix://{kubelet_dir / endpoint}") as channel:
                     stub = api_pb2_grpc.DevicePluginStub(channel)
-                    uuids = [d.uuid for d in inventory.devices]
+                    uuids = [d.uuid for d in machine.devices]
                     baseline, *figures = measure(stub, kubelet, root, uuids, args.calls)
             finally:
                 plugin.terminate()

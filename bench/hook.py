@@ -22,7 +22,7 @@ baseline is plain runc; the others add gpuwire:
   no GPU never starts Python, a granted one starts it once (links and ld cache included);
 - the same GPU start through pip's console script instead of the `-IS` launcher;
 - the hook and the shim again, from launchers that hand their Python part to a resident
-  gpuwire (runtime_hook.resident, on a private socket, started with the same Python)
+  gpuwire (runtime_hook.start.resident, on a private socket, started with the same Python)
   through gpuwire-call: what a node the installer set up runs;
 - the floors of a Python design: a prestart hook that is `python -IS -c pass`, and a
   runtime that is `python -IS` exec'ing runc: what any Python hook or shim pays before
@@ -35,7 +35,7 @@ launchers and the resident run (default: this one). It matters: a node runs the 
 python-build-standalone (static, PGO), which starts faster than a shared-library build such
 as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
 
-containerd: a private containerd (gpuwire.lab.containerd) starts the image through
+containerd: a private containerd (testbed.containerd) starts the image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
 reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
 `BinaryName`), asking for no GPU and for one granted GPU (Python, and served by the
@@ -65,14 +65,15 @@ from typing import Any
 
 from bench.common import Summary, report, summarise
 from gpuwire.elfstub import shared_object
-from gpuwire.lab.containerd import CRI_NAMESPACE, Container, Containerd
-from gpuwire.lab.image import NAME, layout_files, write_tar
-from gpuwire.lab.resident import Resident
-from gpuwire.lab.rootfs import Bundle, busybox_rootfs
-from runtime_hook import launcher, resident
+from runtime_hook.setup import launcher
+from runtime_hook.start import resident
+from testbed.containerd import CRI_NAMESPACE, Container, Containerd
 from testbed.cri import api_pb2 as cri
+from testbed.image import NAME, layout_files, write_tar
 from testbed.kuberuntime import KubeRuntime, Sandbox
-from tests.runtime_support import CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
+from testbed.lab import CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
+from testbed.resident import Resident
+from testbed.rootfs import Bundle, busybox_rootfs
 
 CONSOLE_SCRIPTS = Path(sys.executable).parent
 IMAGE_LIBRARIES = 150  # about what the ld.so.cache of a CUDA runtime image lists

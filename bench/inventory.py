@@ -44,7 +44,7 @@ def timed(name: str, runs: int, work: Callable[[], object]) -> Summary:
 
 
 def container_start(runs: int, tmp: Path) -> str:
-    gpus = [d.uuid for d in sim.make_inventory(gpus=2).devices]
+    gpus = [d.uuid for d in sim.make_machine(gpus=2).devices]
     record = records.started(
         "c" * 64, ANNOTATIONS, gpus, path=records.PLUGIN_LESS, whole_node=False,
         capabilities=["compute", "utility"], pid=os.getpid(),
@@ -72,7 +72,7 @@ def container_start(runs: int, tmp: Path) -> str:
 
 
 def agent_pass(runs: int, tmp: Path) -> str:
-    devices = sim.make_inventory(gpus=8).devices
+    devices = sim.make_machine(gpus=8).devices
     root = tmp / "agent"
     for i in range(100):
         gpu = devices[i % 8].uuid
@@ -102,7 +102,7 @@ def agent_pass(runs: int, tmp: Path) -> str:
 
 
 def cluster(nodes: int) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
-    devices = sim.make_inventory(gpus=8).devices
+    devices = sim.make_machine(gpus=8).devices
     objs: list[dict[str, object]] = []
     for n in range(nodes):
         gpus = [

@@ -41,7 +41,7 @@ import yaml
 from bench.common import Summary, report, summarise
 from certs import pki
 from gpuwire import annotations as a
-from gpuwire.lab.webhook import WebhookProcess, serving
+from testbed.webhook import WebhookProcess, serving
 from webhook.review import request_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from gpuwire import records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from deviceplugin import holdings
+    from deviceplugin import agent
 
 
 def _typed(
@@ -118,14 +118,14 @@ def _port(value: int) -> int:
     return value
 
 
-def _holder_settings(args: argparse.Namespace) -> holdings.Settings | None:
+def _holder_settings(args: argparse.Namespace) -> agent.Settings | None:
     """The holders job's settings, or None when neither the annotation nor metrics is asked."""
     if not args.holders and args.metrics_port is None:
         return None
-    from deviceplugin import holdings
+    from deviceplugin import agent
 
     socket = {"pod_resources": args.pod_resources_socket} if args.pod_resources_socket else {}
-    return holdings.Settings(
+    return agent.Settings(
         records_dir=args.records_dir,
         **socket,
         host_root=args.host_root,
@@ -296,7 +296,7 @@ def label(argv: list[str]) -> int:
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import holdings, labeler, labels
+    from deviceplugin import agent, labeler, labels
     from deviceplugin.discovery import open_discovery
     from gpuwire.holders import ANNOTATION
 
@@ -318,7 +318,7 @@ def label(argv: list[str]) -> int:
             stop = _stop_on_signals()
             jobs = []
             if holder_settings is not None:
-                job = holdings.job(
+                job = agent.job(
                     holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
@@ -335,8 +335,8 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            agent = holdings.Agent(holder_settings, name, lambda: node.devices, unreachable, api)
-            held = agent.step(time.time()).holders.holders
+            node_agent = agent.Agent(holder_settings, name, lambda: node.devices, unreachable, api)
+            held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0
     finally:

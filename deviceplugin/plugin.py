@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 
-from deviceplugin import holdings, state, sweep
+from deviceplugin import agent, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, open_discovery
@@ -67,7 +67,7 @@ def run(
     config: Config,
     stop: threading.Event,
     discovery: Discovery | None = None,
-    holders: holdings.Settings | None = None,
+    holders: agent.Settings | None = None,
 ) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
     also keep the node's GPU holders (annotation, metrics) up to date."""
@@ -97,10 +97,8 @@ def run(
         )
     if holders is not None:
         inside = dataclasses.replace(holders, plugin=bool(endpoints))
-        agent = holdings.job(
-            inside, config.node_name, config.kubeconfig, discovery, health.unhealthy
-        )
-        jobs.append(threading.Thread(target=agent, args=(stop,), name="holders"))
+        watch = agent.job(inside, config.node_name, config.kubeconfig, discovery, health.unhealthy)
+        jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
     for job in jobs:
         job.daemon = True
         job.start()

@@ -1,4 +1,4 @@
-"""Discovery on the simulated node (`gpuwire sim node DIR`): its inventory, and the XID events
+"""Discovery on the simulated node (`gpuwire sim node DIR`): its machine, and the XID events
 `gpuwire sim fault` appends to its event file, delivered the way NVML delivers them.
 
 Like NVML, only events that happen after the plugin starts count: the file's earlier lines
@@ -28,9 +28,9 @@ class SimDiscovery:
         self._watch: inotify.Watch | None = None
 
     def discover(self) -> NodeGpus:
-        inventory = sim.load_inventory(self.root)
-        gpus = tuple(Gpu(g.device, g.compute_capability) for g in inventory.gpus)
-        return NodeGpus(inventory.driver_version, inventory.cuda_version, gpus)
+        machine = sim.load_machine(self.root)
+        gpus = tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus)
+        return NodeGpus(machine.driver_version, machine.cuda_version, gpus)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:
         events = self._read_new()
@@ -65,7 +65,7 @@ class SimDiscovery:
 
     def alive(self, uuid: str) -> bool:
         try:
-            return any(d.uuid == uuid for d in sim.load_inventory(self.root).devices)
+            return any(d.uuid == uuid for d in sim.load_machine(self.root).devices)
         except (OSError, ValueError, KeyError):
             return False
 

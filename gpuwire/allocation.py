@@ -28,7 +28,7 @@ import os
 
 from gpuwire import atomicfile, lightjson
 from gpuwire.grant import KeyRing, hmac_sha256, mac_matches
-from gpuwire.record import Record
+from gpuwire.value import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class AllocationError(ValueError):
     """A token that does not prove an allocation."""
 
 
-class Allocation(Record):
+class Allocation(Value):
     __slots__ = _fields = ("token", "resource", "devices")
     token: str
     resource: str
@@ -128,7 +128,7 @@ OWNER_ANNOTATIONS = (
 )
 
 
-class Owner(Record):
+class Owner(Value):
     """Whom a token is bound to: a pod, by its UID where the runtime names it, else by its
     sandbox."""
 

@@ -16,14 +16,18 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("mutate",), "webhook.cli:mutate", "print a pod as the webhook would mutate it"),
     (
         ("grant", "verify"),
-        "runtime_hook.cli:grant_verify",
+        "runtime_hook.setup.cli:grant_verify",
         "explain whether a container spec's grant holds",
     ),
     (("grant",), "gpuwire.grant:main", "print the GPUWIRE_GRANT line for a container"),
-    (("cdi", "generate"), "runtime_hook.cli:cdi_generate", "write a CDI spec for this node's GPUs"),
+    (
+        ("cdi", "generate"),
+        "runtime_hook.setup.cli:cdi_generate",
+        "write a CDI spec for this node's GPUs",
+    ),
     (
         ("containerd", "configure"),
-        "runtime_hook.cli:containerd_configure",
+        "runtime_hook.setup.cli:containerd_configure",
         "add the gpuwire runtime to containerd",
     ),
     (("device-plugin", "serve"), "deviceplugin.cli:serve", "run the kubelet device plugin"),

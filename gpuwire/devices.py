@@ -3,15 +3,15 @@
 A request string selects devices the way libnvidia-container does (reference
 nvidia-runtime.md 1.1): `void`/empty/unset is not a GPU container, `none` is a GPU
 container with no GPU, `all` is every GPU, otherwise a list of indices, UUIDs or PCI bus ids.
-The types are `gpuwire.record` values: this module is on the container-start path.
+The types are `gpuwire.value` values: this module is on the container-start path.
 """
 
 from __future__ import annotations
 
-from gpuwire.record import Choice, Record
+from gpuwire.value import Choice, Value
 
 
-class Device(Record):
+class Device(Value):
     """One GPU as discovery (procfs, NVML or the simulated node) reports it."""
 
     __slots__ = _fields = (
@@ -72,7 +72,7 @@ Kind.VOID, Kind.NONE, Kind.ALL, Kind.LIST = (
 )
 
 
-class Request(Record):
+class Request(Value):
     __slots__ = _fields = ("kind", "entries")
     kind: Kind
     entries: tuple[str, ...]

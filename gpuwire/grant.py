@@ -6,7 +6,7 @@ device request and the canonical capabilities. Namespace and container name come
 CRI annotations on the node, so a grant copied into another namespace or container is void.
 Keys are files in a directory (a mounted Secret), one key each, named by key id; every key
 verifies, the newest-named one signs, which is how keys rotate without a failed start.
-Imports are kept to what the node side needs on every container start (see gpuwire.record):
+Imports are kept to what the node side needs on every container start (see gpuwire.value):
 the MAC is computed here on CPython's own SHA-256, because `hmac` and `hashlib` load OpenSSL
 (`_hashlib`, ~3 ms) on every GPU container start.
 """
@@ -17,7 +17,7 @@ import os
 from _operator import _compare_digest as compare_digest  # what hmac.compare_digest falls back to
 
 from gpuwire import devices, nvidia
-from gpuwire.record import Record
+from gpuwire.value import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class GrantError(ValueError):
     """A grant that cannot be made or read (no key, malformed value)."""
 
 
-class Subject(Record):
+class Subject(Value):
     """What a grant binds, each field in canonical form."""
 
     __slots__ = _fields = ("namespace", "container", "devices", "capabilities")
@@ -128,7 +128,7 @@ def subject_names(annotations: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-class KeyRing(Record):
+class KeyRing(Value):
     __slots__ = _fields = ("keys",)
     keys: Mapping[str, bytes]
 

@@ -22,8 +22,8 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 
 from gpuwire.devices import Device
-from gpuwire.record import Record
 from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
+from gpuwire.value import Value
 
 ANNOTATION = "gpuwire.io/holders"
 VERSION = 1
@@ -38,7 +38,7 @@ class HoldersError(ValueError):
     """An annotation value that is not a holders list; the message says what is wrong."""
 
 
-class Holder(Record):
+class Holder(Value):
     """One container and the GPUs it holds. A container outside any pod has namespace and
     pod "" and its runtime ID as `container`."""
 
@@ -78,7 +78,7 @@ class Holder(Record):
         return f"{self.namespace}/{self.pod}" if self.pod else f"container {self.container[:12]}"
 
 
-class Assignment(Record):
+class Assignment(Value):
     """Devices of one resource the kubelet gave a container (pod-resources `List`)."""
 
     __slots__ = _fields = ("namespace", "pod", "container", "resource", "device_ids")
@@ -100,7 +100,7 @@ class Assignment(Record):
         )
 
 
-class NodeHolders(Record):
+class NodeHolders(Value):
     """A node's holders, its GPUs shared by time-slicing, and whether a device plugin
     allocates GPUs there: everything conflict detection needs."""
 
@@ -116,7 +116,7 @@ class NodeHolders(Record):
         return [h for h in self.holders if uuid in h.gpus]
 
 
-class Conflict(Record):
+class Conflict(Value):
     __slots__ = _fields = ("kind", "gpus", "holders")
     kind: str  # SHARED_GPU or ALL_BESIDE_PLUGIN
     gpus: tuple[str, ...]  # UUIDs

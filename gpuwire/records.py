@@ -28,7 +28,7 @@ import os
 import stat
 
 from gpuwire import atomicfile
-from gpuwire.record import Record
+from gpuwire.value import Value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def valid_id(container: str) -> bool:
     )
 
 
-class ContainerRecord(Record):
+class ContainerRecord(Value):
     __slots__ = _fields = (
         "id",
         "namespace",
@@ -318,7 +318,7 @@ def status(record: ContainerRecord, host_root: str = "/", proc: str = "/proc") -
     return RUNNING if process_start(pid, proc) == start else GONE
 
 
-class Entry(Record):
+class Entry(Value):
     """One file in the records directory: its record, or why it is not one."""
 
     __slots__ = _fields = ("name", "record", "error", "mtime")

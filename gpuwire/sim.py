@@ -6,8 +6,8 @@ container then gives ENXIO where the cgroup allows it and EPERM where it does no
 `/proc/devices`, `/proc/driver/nvidia/{version,params,gpus/<bus>/information}`, the driver's
 libraries (real ELF shared objects with the driver's SONAMEs, so ldconfig treats them as it
 would the real ones) and binaries (a `nvidia-smi` that lists the GPUs a container can open),
-GSP firmware, and an inventory file the simulated NVML backend reads, with an event file for
-injected faults (XIDs).
+GSP firmware, and a machine file (the simulated GPUs) the simulated NVML backend reads, with
+an event file for injected faults (XIDs).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gpuwire import nvidia
 from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
-INVENTORY = "var/lib/gpuwire-sim/inventory.json"
+MACHINE = "var/lib/gpuwire-sim/machine.json"
 EVENTS = "var/lib/gpuwire-sim/events.jsonl"
 UVM_MAJOR = 510  # dynamic on a real node: readers must take it from /proc/devices
 
@@ -62,7 +62,7 @@ class SimGpu:
 
 
 @dataclass(frozen=True)
-class Inventory:
+class Machine:
     driver_version: str
     cuda_version: str
     gpus: tuple[SimGpu, ...]
@@ -80,7 +80,7 @@ class Inventory:
         return json.dumps({**body, "gpus": gpus}, indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> Inventory:
+    def from_json(cls, text: str) -> Machine:
         raw = json.loads(text)
         gpus = []
         for g in raw["gpus"]:
@@ -90,8 +90,8 @@ class Inventory:
         return cls(raw["driver_version"], raw["cuda_version"], tuple(gpus))
 
 
-def load_inventory(root: str | os.PathLike[str]) -> Inventory:
-    return Inventory.from_json(Path(root, INVENTORY).read_text())
+def load_machine(root: str | os.PathLike[str]) -> Machine:
+    return Machine.from_json(Path(root, MACHINE).read_text())
 
 
 def product_memory(product: str) -> tuple[int, tuple[int, int]]:
@@ -113,14 +113,14 @@ def _links(count: int, topology: str, index: int) -> tuple[tuple[int, int], ...]
     return ()
 
 
-def make_inventory(
+def make_machine(
     gpus: int = 4,
     products: tuple[str, ...] = (DEFAULT_PRODUCT,),
     driver: str = DEFAULT_DRIVER,
     cuda: str = DEFAULT_CUDA,
     nvlink: str = "pairs",
     seed: str = "gpuwire",
-) -> Inventory:
+) -> Machine:
     """A node's GPUs: products cycle over the indices; NUMA node 0 for the first half."""
     out = []
     for i in range(gpus):
@@ -138,7 +138,7 @@ def make_inventory(
             nvlinks=_links(gpus, nvlink, i),
         )
         out.append(SimGpu(device, cc))
-    return Inventory(driver, cuda, tuple(out))
+    return Machine(driver, cuda, tuple(out))
 
 
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
@@ -179,10 +179,10 @@ def _information(d: Device) -> str:
     )
 
 
-def _nvidia_smi(inventory: Inventory) -> str:
-    table = "\n".join(f"{d.minor} {d.uuid} {d.product}" for d in inventory.devices)
+def _nvidia_smi(machine: Machine) -> str:
+    table = "\n".join(f"{d.minor} {d.uuid} {d.product}" for d in machine.devices)
     return f"""#!/bin/sh
-# gpuwire simulated nvidia-smi (driver {inventory.driver_version}): lists the GPUs whose device
+# gpuwire simulated nvidia-smi (driver {machine.driver_version}): lists the GPUs whose device
 # node this container can open. With no driver loaded, an allowed open fails with ENXIO and a
 # denied one with EPERM, so the error text tells which.
 allowed() {{
@@ -211,12 +211,12 @@ fi
 """
 
 
-def write_node(root: str | os.PathLike[str], inventory: Inventory, layout: str = "debian") -> None:
-    """Write the host root for `inventory` under `root` (idempotent: files are replaced)."""
+def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "debian") -> None:
+    """Write the host root for `machine` under `root` (idempotent: files are replaced)."""
     root = Path(root)
-    ver = inventory.driver_version
+    ver = machine.driver_version
     # device nodes
-    for d in inventory.devices:
+    for d in machine.devices:
         _char_device(root / "dev" / f"nvidia{d.minor}", nvidia.GPU_MAJOR, d.minor)
     for name, major_name, minor in (nvidia.CTL_NODE, nvidia.MODESET_NODE, *nvidia.UVM_NODES):
         major = UVM_MAJOR if major_name == "nvidia-uvm" else nvidia.GPU_MAJOR
@@ -239,7 +239,7 @@ def write_node(root: str | os.PathLike[str], inventory: Inventory, layout: str =
         proc / "params", "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileMode: 438\n"
     )
     _write(proc / "registry", 'Binary: ""\n')
-    for d in inventory.devices:
+    for d in machine.devices:
         _write(proc / "gpus" / d.pci_bus_id / "information", _information(d))
     # libraries: <name>.so.<ver>, the SONAME link, and the unversioned link for libcuda
     libdir = root / (nvidia.LIBDIR_DEBIAN if layout == "debian" else nvidia.LIBDIR_OTHER)
@@ -258,11 +258,11 @@ def write_node(root: str | os.PathLike[str], inventory: Inventory, layout: str =
             _write(
                 bindir / name, f"#!/bin/sh\necho '{name}: gpuwire simulated driver {ver}'\n", 0o755
             )
-    _write(bindir / "nvidia-smi", _nvidia_smi(inventory), 0o755)
-    # firmware, inventory, an empty fault stream
+    _write(bindir / "nvidia-smi", _nvidia_smi(machine), 0o755)
+    # firmware, machine, an empty fault stream
     for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(root / nvidia.FIRMWARE_DIR / ver / fw, b"gpuwire simulated GSP firmware\n")
-    _write(root / INVENTORY, inventory.to_json())
+    _write(root / MACHINE, machine.to_json())
     events = root / EVENTS
     if not events.exists():
         _write(events, "")
@@ -291,7 +291,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.gpus < 0:
         parser.error("--gpus must be 0 or more")
-    inventory = make_inventory(
+    machine = make_machine(
         args.gpus,
         tuple(args.product or (DEFAULT_PRODUCT,)),
         args.driver,
@@ -299,8 +299,8 @@ def main(argv: list[str]) -> int:
         args.nvlink,
         args.seed,
     )
-    write_node(args.dir, inventory, args.layout)
-    for d in inventory.devices:
+    write_node(args.dir, machine, args.layout)
+    for d in machine.devices:
         print(f"GPU {d.index}: {d.product} (UUID: {d.uuid}) bus {d.pci_bus_id}")
     if os.geteuid() != 0:
         print("not root: /dev/nvidia* are placeholder files, not character devices")
@@ -313,7 +313,7 @@ def fault_main(argv: list[str]) -> int:
     parser.add_argument("--gpu", required=True, help="index or UUID")
     parser.add_argument("--xid", type=int, required=True)
     args = parser.parse_args(argv)
-    devices = load_inventory(args.dir).devices
+    devices = load_machine(args.dir).devices
     match = [d for d in devices if args.gpu in (str(d.index), d.uuid)]
     if not match:
         parser.error(f"no GPU {args.gpu!r} on this node")

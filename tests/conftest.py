@@ -32,12 +32,12 @@ def requires_binary(*names: str) -> pytest.MarkDecorator:
 
 
 @pytest.fixture
-def sim_node(tmp_path: Path) -> tuple[Path, sim.Inventory]:
+def sim_node(tmp_path: Path) -> tuple[Path, sim.Machine]:
     """A 4-GPU A100 node (NVLink pairs 0-1, 2-3) written under a temporary directory."""
     root = tmp_path / "node"
-    inventory = sim.make_inventory(gpus=4)
-    sim.write_node(root, inventory)
-    return root, inventory
+    machine = sim.make_machine(gpus=4)
+    sim.write_node(root, machine)
+    return root, machine
 
 
 @pytest.fixture

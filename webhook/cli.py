@@ -14,12 +14,12 @@ import yaml
 
 from gpuwire import grant
 from webhook import review
-from webhook.inventory import InventoryFileError
+from webhook.fleet import FleetFileError
 from webhook.policy import PolicyError
-from webhook.sources import FileInventory, InventorySource, Sources
+from webhook.sources import FleetFile, FleetSource, Sources
 
 
-def _cluster_inventory(kubeconfig: str | None) -> InventorySource:
+def _cluster_fleet(kubeconfig: str | None) -> FleetSource:
     """A Node watch through the in-cluster service account, else a kubeconfig."""
     from kubernetes import client, config
 
@@ -55,7 +55,7 @@ def serve(argv: list[str]) -> int:
     from webhook.server import create_app, run
 
     try:
-        nodes = FileInventory(args.nodes) if args.nodes else _cluster_inventory(args.kubeconfig)
+        nodes = FleetFile(args.nodes) if args.nodes else _cluster_fleet(args.kubeconfig)
         sources = Sources.load(args.policy, args.grant_key_dir, nodes)
         context = tls.server_context(args.tls_cert, args.tls_key)
         certificate = tls.reloading(context, args.tls_cert, args.tls_key)
@@ -88,8 +88,8 @@ def mutate(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         pod = _read_pod(args.pod)
-        sources = Sources.load(args.policy, args.grant_key_dir, FileInventory(args.nodes))
-    except (OSError, ValueError, yaml.YAMLError, PolicyError, InventoryFileError) as exc:
+        sources = Sources.load(args.policy, args.grant_key_dir, FleetFile(args.nodes))
+    except (OSError, ValueError, yaml.YAMLError, PolicyError, FleetFileError) as exc:
         parser.exit(2, f"gpuwire mutate: {exc}\n")
     namespace = args.namespace or (pod.get("metadata") or {}).get("namespace") or "default"
     body = json.dumps(review.request_for(pod, namespace)).encode()

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the webhook: admissions by outcome, latency, reloads, inventory size."""
+"""Prometheus metrics of the webhook: admissions by outcome, latency, reloads, fleet size."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class Metrics:
             "gpuwire_webhook_inventory_gpu_nodes",
             "GPU nodes in the webhook's inventory.",
             registry=self.registry,
-        ).set_function(lambda: len(sources.inventory.current.nodes))
+        ).set_function(lambda: len(sources.fleet.current.nodes))
 
     def observe(self, outcome: str, seconds: float) -> None:
         self._by_outcome[outcome].inc()

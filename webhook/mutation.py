@@ -1,4 +1,4 @@
-"""The mutation, a pure function: (pod, namespace, policy, inventory, keyring) → patch or denial.
+"""The mutation, a pure function: (pod, namespace, policy, fleet, keyring) → patch or denial.
 
 No sockets, files or clocks: the server and `gpuwire mutate` are thin shells around `mutate`,
 and the tests call it directly. The rules, in the order a container meets them:
@@ -23,7 +23,7 @@ from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
 from webhook import affinity
-from webhook.inventory import Inventory
+from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, set_path
 from webhook.placement import Placement, Unplaceable, place
 from webhook.pod import Container, MalformedPod, Pod
@@ -85,13 +85,13 @@ class _Mutation:
         pod: Pod,
         namespace: str,
         policy: Policy,
-        inventory: Inventory,
+        fleet: Fleet,
         keyring: grant.KeyRing,
     ) -> None:
         self.pod = pod
         self.namespace = namespace
         self.policy = policy
-        self.inventory = inventory
+        self.fleet = fleet
         self.keyring = keyring
         self.rule = policy.rule(namespace) or NO_RULE
         self.warnings: list[str] = []
@@ -129,7 +129,7 @@ class _Mutation:
         placement = NOWHERE
         if gpu:
             try:
-                placement = place(request, self.inventory, self.policy.unknown_model == "allow")
+                placement = place(request, self.fleet, self.policy.unknown_model == "allow")
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
@@ -335,7 +335,7 @@ def mutate(
     raw_pod: Any,
     namespace: str,
     policy: Policy,
-    inventory: Inventory,
+    fleet: Fleet,
     keyring: grant.KeyRing,
 ) -> Outcome:
     """The JSON patch (or denial) the webhook answers for a pod being created in `namespace`."""
@@ -345,7 +345,7 @@ def mutate(
         pod = Pod.read(raw_pod)
         if pod.mirror:
             return Outcome(skipped="mirror pod")
-        return _Mutation(pod, namespace, policy, inventory, keyring).run()
+        return _Mutation(pod, namespace, policy, fleet, keyring).run()
     except MalformedPod as exc:
         return Outcome(denial=Denial(400, f"malformed pod: {exc}"))
     except Denied as exc:

@@ -1,4 +1,4 @@
-"""Where a GPU request can run: node affinity expressions resolved against the inventory.
+"""Where a GPU request can run: node affinity expressions resolved against the fleet.
 
 "A100" is a substring; node affinity matches whole label values. So the webhook resolves the
 request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
@@ -14,16 +14,16 @@ from typing import Any
 
 from gpuwire import annotations as keys
 from gpuwire.annotations import GpuRequest
-from webhook.inventory import (
+from webhook.fleet import (
     HOSTNAME_LABEL,
     MEMORY_LABEL,
     PRODUCT_LABEL,
-    Inventory,
+    Fleet,
     Node,
 )
 
 Expression = dict[str, Any]
-KEPT = 1024  # placements kept per inventory snapshot
+KEPT = 1024  # placements kept per fleet snapshot
 
 
 class Unplaceable(ValueError):
@@ -60,11 +60,11 @@ def _matches(name: str, words: Sequence[str]) -> bool:
 
 
 class _Placer:
-    def __init__(self, request: GpuRequest, inventory: Inventory, allow_unknown: bool) -> None:
+    def __init__(self, request: GpuRequest, fleet: Fleet, allow_unknown: bool) -> None:
         self.request = request
-        self.inventory = inventory
+        self.fleet = fleet
         self.allow_unknown = allow_unknown
-        self.nodes = list(inventory.nodes)
+        self.nodes = list(fleet.nodes)
         self.expressions: list[Expression] = []
         self.devices: tuple[str, ...] = ()
         self.warnings: list[str] = []
@@ -80,7 +80,7 @@ class _Placer:
         r = self.request
         if not r.models and not r.excluded_models:
             return
-        present = self.inventory.normalised
+        present = self.fleet.normalised
         allowed = [p for p, name in present.items() if not _matches(name, r.excluded_models)]
         if r.models:
             chosen = [p for p in allowed if _matches(present[p], r.models)]
@@ -121,10 +121,10 @@ class _Placer:
         wanted = self.request.uuids
         if not wanted:
             return
-        found = {u: self.inventory.holder(u) for u in wanted}
+        found = {u: self.fleet.holder(u) for u in wanted}
         missing = [u for u, h in found.items() if h is None]
         if missing:
-            present = [g.uuid for n in self.inventory.nodes for g in n.gpus]
+            present = [g.uuid for n in self.fleet.nodes for g in n.gpus]
             self.unresolved(
                 (keys.UUID, keys.HAMI_USE_UUID),
                 f"names {_listing(missing)}, which no node has; GPUs present: {_listing(present)}",
@@ -155,7 +155,7 @@ class _Placer:
     def excluded_uuids(self) -> None:
         """A node cannot be told to skip one GPU: keep off every node holding an excluded one."""
         holding = sorted(
-            {h[0].hostname for u in self.request.excluded_uuids if (h := self.inventory.holder(u))}
+            {h[0].hostname for u in self.request.excluded_uuids if (h := self.fleet.holder(u))}
         )
         if holding:
             self.expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": holding})
@@ -171,7 +171,7 @@ class _Placer:
         )
 
 
-def place(request: GpuRequest, inventory: Inventory, allow_unknown: bool = False) -> Placement:
+def place(request: GpuRequest, fleet: Fleet, allow_unknown: bool = False) -> Placement:
     """Resolve `request`'s model, memory and device constraints; Unplaceable when none fits.
 
     `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable constraint with a
@@ -179,11 +179,11 @@ def place(request: GpuRequest, inventory: Inventory, allow_unknown: bool = False
     pods ask alike, and resolving costs a pass over the cluster's nodes), so they are shared:
     read-only, like the expressions that go into patches. Denials are not kept.
     """
-    placed = inventory.placements
+    placed = fleet.placements
     key = (request, allow_unknown)
     found = placed.get(key)
     if found is None:
         if len(placed) >= KEPT:  # distinct requests beyond that: start over, memory stays bounded
             placed.clear()
-        found = placed[key] = _Placer(request, inventory, allow_unknown).place()
+        found = placed[key] = _Placer(request, fleet, allow_unknown).place()
     return found

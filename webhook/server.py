@@ -1,7 +1,7 @@
 """The admission server: starlette routes around `review.answer` and the current sources.
 
 `POST /mutate` answers AdmissionReviews; `/healthz` says the process serves, `/readyz` that
-it can answer correctly (inventory synced, a grant key loaded), `/metrics` is Prometheus.
+it can answer correctly (fleet synced, a grant key loaded), `/metrics` is Prometheus.
 Bodies are capped at MAX_BODY: the API server caps a request at 3 MiB, and a CREATE review
 holds one object, so anything larger is not a review and gets 413 without being read whole.
 """
@@ -81,7 +81,7 @@ def create_app(
 
     async def readyz(request: Request) -> Response:
         problems = []
-        if not sources.inventory.synced:
+        if not sources.fleet.synced:
             problems.append("node inventory not synced yet")
         if not sources.keys.value.keys:
             problems.append("no grant key loaded")
@@ -99,13 +99,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        sources.inventory.start()
+        sources.fleet.start()
         task = asyncio.create_task(refresh())
         try:
             yield
         finally:
             task.cancel()
-            sources.inventory.stop()
+            sources.fleet.stop()
 
     routes = [
         Route("/mutate", mutate, methods=["POST"]),

@@ -1,7 +1,7 @@
-"""What each admission reads: the policy, the grant keys and the inventory, kept current.
+"""What each admission reads: the policy, the grant keys and the fleet, kept current.
 
 Policy and keys come from mounted files (a ConfigMap, a Secret) and are reloaded when those
-change; the inventory comes from a Node watch or a `--nodes` file. `decide` reads whatever is
+change; the fleet comes from a Node watch or a `--nodes` file. `decide` reads whatever is
 current and calls the pure mutation, so the server and `gpuwire mutate` answer alike.
 """
 
@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Protocol
 
 from gpuwire import grant
-from webhook import inventory, policy
-from webhook.inventory import Inventory
+from webhook import fleet, policy
+from webhook.fleet import Fleet
 from webhook.mutation import Outcome, mutate
 from webhook.reload import Watched
 from webhook.review import Review
 
 
-class InventorySource(Protocol):
+class FleetSource(Protocol):
     @property
-    def current(self) -> Inventory: ...
+    def current(self) -> Fleet: ...
 
     @property
     def synced(self) -> bool: ...
@@ -33,17 +33,17 @@ class InventorySource(Protocol):
     def refresh(self) -> None: ...
 
 
-class FileInventory:
+class FleetFile:
     """`--nodes FILE`: a static Node list, reloaded when the file changes."""
 
     def __init__(self, path: str | Path | None) -> None:
         paths = [Path(path)] if path else []
         self._file = Watched(
-            f"nodes file {path}", paths, lambda: inventory.load(path) if path else Inventory()
+            f"nodes file {path}", paths, lambda: fleet.load(path) if path else Fleet()
         )
 
     @property
-    def current(self) -> Inventory:
+    def current(self) -> Fleet:
         return self._file.value
 
     @property
@@ -64,10 +64,10 @@ class FileInventory:
 class Sources:
     policy: Watched[policy.Policy]
     keys: Watched[grant.KeyRing]
-    inventory: InventorySource
+    fleet: FleetSource
 
     @classmethod
-    def load(cls, policy_path: str | None, key_dir: str | None, nodes: InventorySource) -> Sources:
+    def load(cls, policy_path: str | None, key_dir: str | None, nodes: FleetSource) -> Sources:
         """Everything read once now (a bad file fails here, loudly) and watched after."""
         policies = Watched(
             f"policy {policy_path}",
@@ -86,11 +86,11 @@ class Sources:
             review.pod,
             review.namespace,
             self.policy.value,
-            self.inventory.current,
+            self.fleet.current,
             self.keys.value,
         )
 
     def refresh(self) -> None:
         self.policy.refresh()
         self.keys.refresh()
-        self.inventory.refresh()
+        self.fleet.refresh()

@@ -1,8 +1,8 @@
-"""The inventory from the cluster: a list + watch of its Nodes.
+"""The fleet from the cluster: a list + watch of its Nodes.
 
 An admission must not wait on the API server (mutating webhooks run in sequence, on every pod
 create), so the webhook lists Nodes once, then follows a watch, and publishes an immutable
-`Inventory` snapshot after each event. Readers take `current` without a lock. A watch that
+`Fleet` snapshot after each event. Readers take `current` without a lock. A watch that
 expires (410 Gone) or breaks is followed by a fresh list, with backoff while the API server
 is away; until the first list succeeds the webhook is not ready.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from webhook.inventory import Inventory
+from webhook.fleet import Fleet
 
 log = logging.getLogger(__name__)
 _new_watch: Any = watch.Watch  # untyped in the client
@@ -30,7 +30,7 @@ class NodeWatch:
     def __init__(self, api: client.CoreV1Api, timeout_seconds: int = 300) -> None:
         self.api: Any = api  # the client's methods are untyped
         self.timeout_seconds = timeout_seconds
-        self._current = Inventory()
+        self._current = Fleet()
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._nodes: dict[str, Mapping[str, Any]] = {}
@@ -38,7 +38,7 @@ class NodeWatch:
         self._thread = threading.Thread(target=self._run, name="gpuwire-node-watch", daemon=True)
 
     @property
-    def current(self) -> Inventory:
+    def current(self) -> Fleet:
         return self._current
 
     @property
@@ -66,7 +66,7 @@ class NodeWatch:
     def _publish(self) -> None:
         """A new snapshot only when the GPU nodes changed: most events are heartbeats or nodes
         without GPUs, and what admissions resolved against a snapshot is kept with it."""
-        found = Inventory.of(self._nodes.values())
+        found = Fleet.of(self._nodes.values())
         if found != self._current:
             self._current = found
 

@@ -11,8 +11,8 @@ the demo's images, and the kubelet's runtime manager on its CRI socket
 Debian's 1.7 or 2.x (testbed/containerds.py, fetched by `make demo`). The plugin also runs
 the node agent's holders job (who holds which GPU, from the shim's container records and the
 kubelet's pod-resources API), for the inventory.
-The stand-ins are the tests' own (tests/apiserver.py, tests/kubelet.py,
-tests/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
+The stand-ins are the testbed's (testbed/apiserver.py, testbed/kubelet.py,
+testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
 
 `up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
 is interrupted.
@@ -45,18 +45,18 @@ from certs.grantkey import key_id
 from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import nvidia, sim
 from gpuwire.devices import Device
-from gpuwire.lab.containerd import CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
-from gpuwire.lab.host import LabError, stop
-from gpuwire.lab.image import write_layout_tar
-from gpuwire.lab.resident import Resident, command
-from gpuwire.lab.view import VIEW_SCRIPT
-from gpuwire.lab.webhook import serving
 from testbed import containerds
+from testbed.apiserver import ApiServer
+from testbed.containerd import CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
 from testbed.containerds import Generation
+from testbed.host import LabError, stop
+from testbed.image import write_layout_tar
+from testbed.kubelet import Kubelet
 from testbed.kuberuntime import KubeRuntime
-from tests.apiserver import ApiServer
-from tests.kubelet import Kubelet
-from tests.podresources import PodResourcesKubelet
+from testbed.podresources import PodResourcesKubelet
+from testbed.resident import Resident, command
+from testbed.view import VIEW_SCRIPT
+from testbed.webhook import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples/policy.yaml"
@@ -68,7 +68,7 @@ POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /va
 RESOURCE = nvidia.RESOURCE
 
 # The demo's images: busybox whose command prints what the container sees of the GPUs
-# (gpuwire.lab.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
+# (testbed.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
 # ends. `cuda` also bakes in the env NVIDIA's CUDA images carry.
 IMAGE = "docker.io/gpuwire/demo:latest"
 CUDA_IMAGE = "docker.io/gpuwire/demo:cuda"
@@ -306,7 +306,7 @@ def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation)
     runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim:
     the launcher, served by a resident gpuwire, as on a node the installer set up."""
     libexec, socket = cluster.workdir / "libexec", str(cluster.workdir / "resident.sock")
-    install = ["-I", "-m", "runtime_hook.launcher", "--socket", socket, str(libexec)]
+    install = ["-I", "-m", "runtime_hook.setup.launcher", "--socket", socket, str(libexec)]
     run(cluster.steps, "the launchers and gpuwire-call", [sys.executable, *install])
     stack.enter_context(Resident(socket))
     cluster.steps.append(Step("the resident gpuwire", tuple(command(sys.executable, socket))))
@@ -354,7 +354,7 @@ def up() -> Iterator[Cluster]:
         url, ca = start_webhook(workdir, kubeconfig, steps, stack)
         cluster = Cluster(
             workdir,
-            sim.load_inventory(workdir / "node").devices,
+            sim.load_machine(workdir / "node").devices,
             api,
             kubeconfig,
             kubelet,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 from gpuwire import holders
 from gpuwire.devices import Device
-from gpuwire.lab.host import LabError
 from scripts.demo.cluster import GPUWIRE, Cluster, Step, until
 from scripts.demo.scenarios import Outcome, Verdict, gpus
+from testbed.host import LabError
 
 Key = tuple[str, str, str]  # namespace, pod, container
 

@@ -8,7 +8,7 @@ GetPreferredAllocation, then Allocate), then CreateContainer with the Allocate a
 kubelet hands it over and StartContainer (testbed/kuberuntime.py). containerd itself writes
 the `io.kubernetes.cri.*` annotations the shim trusts, from the pod's metadata. The
 containers keep running, holding their GPUs, until the demo ends; what they printed
-(gpuwire.lab.view), the annotations containerd wrote and what gpuwire-runtime logged about
+(testbed.view), the annotations containerd wrote and what gpuwire-runtime logged about
 them come back as data.
 
 Simplified (see testbed/kuberuntime.py for the rest): every pod is on the host network;
@@ -25,12 +25,12 @@ from typing import Any
 import grpc
 
 from deviceplugin.api import api_pb2
-from gpuwire.lab.containerd import Mount
-from gpuwire.lab.view import view
 from scripts.demo.cluster import VIEWED, Cluster, Handler, until
+from testbed.containerd import Mount
 from testbed.cri import api_pb2 as cri
+from testbed.kubelet import KubeletError
 from testbed.kuberuntime import CRIError, Sandbox
-from tests.kubelet import KubeletError
+from testbed.view import view
 
 Obj = dict[str, Any]
 
@@ -64,7 +64,7 @@ class Started:
     handler: Handler | None  # None: containerd does not run here
     container_id: str = ""
     running: bool = False
-    seen: Mapping[str, list[str]] | None = None  # what it printed (gpuwire.lab.view)
+    seen: Mapping[str, list[str]] | None = None  # what it printed (testbed.view)
     annotations: Mapping[str, str] = field(default_factory=dict)  # containerd's, on its spec
     error: str = ""  # why it did not start or run
     runtime_log: tuple[str, ...] = ()  # what gpuwire-runtime said about it

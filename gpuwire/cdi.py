@@ -1,0 +1,203 @@
+"""A CDI spec for this node's GPUs: the container edits, laid out the way CDI wants them.
+
+The edits are the shim's and the hook's (`gpuwire.edits`), so all three deliveries
+inject the same thing. A spec has one device per GPU under two names, its index and its
+UUID, plus `all`; a device holds only its own `/dev/nvidiaN`. What every GPU container
+needs (control nodes, the driver's libraries, binaries and firmware, the ld-cache hook, env)
+is in the spec's common `containerEdits`, which an engine applies once when any of the
+spec's devices is requested. Device nodes carry type, major and minor, so the engine
+writes their cgroup allow rules into the OCI spec itself: the low-level runtime knows them,
+and a `runc update` cannot silently revoke them as it can rules written behind its back.
+
+A spec cannot know the image's distro, so libraries go where the host keeps them (relative
+to the driver root), as NVIDIA's specs do; the ld-cache hook adds that folder to the
+container's cache whatever the distro. The common env sets `NVIDIA_VISIBLE_DEVICES=void`:
+the engine has injected the devices, and no NVIDIA-style runtime further down may inject
+again from an image's `NVIDIA_VISIBLE_DEVICES=all`.
+
+`cdiVersion` is the lowest the fields used allow (CDI `specs-go/version.go`), so older
+engines accept the spec: podman 4.3 reads up to 0.5.0. Facts: nvidia-runtime.md 3, 5.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from gpuwire import nvidia
+from gpuwire.driver import Driver, Library
+from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, device_node, ldcache_args
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from gpuwire.edits import DeviceNode, Mount
+
+    class Hook(TypedDict):
+        hookName: str
+        path: str
+        args: list[str]
+        env: list[str]
+        timeout: int
+
+    class ContainerEdits(TypedDict):
+        env: list[str]
+        deviceNodes: list[DeviceNode]
+        mounts: list[Mount]
+        hooks: list[Hook]
+
+
+HOOK_TIMEOUT = 30
+LDCACHE_HOOK = "createContainer"
+
+Spec = dict[str, Any]
+
+ALL = "all"
+# CDI `pkg/parser`: vendor and class start with a letter and end alphanumeric.
+_VENDOR = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_CLASS = r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?"
+_KIND = re.compile(rf"^({_VENDOR})/({_CLASS})$")
+
+
+class CdiError(ValueError):
+    """A spec that cannot be written; the message names the input and what is accepted."""
+
+
+def check_kind(kind: str) -> str:
+    match = _KIND.match(kind)
+    if not match or len(match[2]) > 63:
+        raise CdiError(
+            f"kind {kind!r} is not a CDI kind: expected vendor/class (e.g. nvidia.com/gpu), "
+            "each starting with a letter, ending alphanumeric, inner [A-Za-z0-9_.-], "
+            "class at most 63 characters"
+        )
+    return kind
+
+
+# -- cdiVersion: each version with what first needs it (CDI specs-go/version.go) ---------
+
+
+def _edits(spec: Spec) -> list[dict[str, Any]]:
+    return [spec.get("containerEdits", {}), *(d["containerEdits"] for d in spec["devices"])]
+
+
+def _uses(spec: Spec, field: str) -> bool:
+    return any(edits.get(field) for edits in _edits(spec))
+
+
+VERSIONS: tuple[tuple[str, Callable[[Spec], bool]], ...] = (
+    ("0.3.0", lambda spec: True),  # the earliest CDI engines still accept
+    ("0.4.0", lambda spec: any(m.get("type") for e in _edits(spec) for m in e.get("mounts", []))),
+    (
+        "0.5.0",
+        lambda spec: (
+            any(not d["name"][:1].isalpha() for d in spec["devices"])
+            or any(n.get("hostPath") for e in _edits(spec) for n in e.get("deviceNodes", []))
+        ),
+    ),
+    (
+        "0.6.0",
+        lambda spec: (
+            bool(spec.get("annotations"))
+            or any(d.get("annotations") for d in spec["devices"])
+            or "." in spec["kind"].partition("/")[2]
+        ),
+    ),
+    ("0.7.0", lambda spec: _uses(spec, "additionalGids") or _uses(spec, "intelRdt")),
+    ("1.1.0", lambda spec: _uses(spec, "netDevices")),
+)
+
+
+def minimum_version(spec: Spec) -> str:
+    """The lowest `cdiVersion` whose fields cover everything `spec` uses."""
+    return [version for version, needs in VERSIONS if needs(spec)][-1]
+
+
+# -- the spec ------------------------------------------------------------------------------
+
+
+def _host_dir(libraries: dict[str, tuple[Library, ...]], root: str, default: str) -> str:
+    """Where the host keeps these libraries, as a path inside the driver root."""
+    for lib in (lib for libs in libraries.values() for lib in libs):
+        relative = os.path.relpath(os.path.dirname(lib.host_path), root)
+        if not relative.startswith(".."):
+            return "/" + relative
+    return default
+
+
+def host_layout(driver: Driver) -> Layout:
+    default = Layout.of(debian=True)
+    root = os.path.realpath(driver.roots.driver)
+    return Layout(
+        _host_dir(driver.libraries, root, default.libdir),
+        _host_dir(driver.libraries32, root, default.libdir32),
+        default.bindir,
+    )
+
+
+def _normalised(nodes: list[DeviceNode]) -> list[DeviceNode]:
+    """hostPaths normalised in place: a dev root of `/` gives `//dev/nvidia0`."""
+    for node in nodes:
+        node["hostPath"] = os.path.normpath("/" + node["hostPath"].lstrip("/"))
+    return nodes
+
+
+def generate(
+    driver: Driver,
+    hook: str,
+    ldconfig: str,
+    capabilities: tuple[str, ...] = nvidia.CAPABILITIES,
+    kind: str = nvidia.CDI_KIND,
+) -> Spec:
+    """The CDI spec for every GPU of `driver`, with the files of `capabilities`."""
+    check_kind(kind)
+    if not driver.devices:
+        raise CdiError(
+            f"the driver under {driver.roots.proc} lists no GPU: a CDI spec needs a device"
+        )
+    nodes = _normalised([device_node(driver.gpu_node(d)) for d in driver.devices])
+    devices = [  # each its own copy: YAML would otherwise write anchors and aliases
+        {"name": name, "containerEdits": {"deviceNodes": [node.copy()]}}
+        for d, node in zip(driver.devices, nodes, strict=True)
+        for name in (str(d.index), d.uuid)
+    ]
+    devices.append({"name": ALL, "containerEdits": {"deviceNodes": nodes}})
+    common = container_edits(driver, (), capabilities, host_layout(driver))
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
+    _normalised(common.device_nodes)
+    spec: Spec = {
+        "cdiVersion": "",
+        "kind": kind,
+        "devices": devices,
+        "containerEdits": dict(to_cdi(common, hook, ldconfig)),
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
+def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:
+    """The hooks the edits need: one ld-cache hook, or none when no library is mounted."""
+    if not edits.ldcache_folders and not edits.links:
+        return []
+    return [
+        {
+            "hookName": LDCACHE_HOOK,
+            "path": hook_path,
+            "args": ["gpuwire-hook", *ldcache_args(edits, ldconfig)],
+            "env": list(HOOK_ENV),
+            "timeout": HOOK_TIMEOUT,
+        }
+    ]
+
+
+def to_cdi(edits: Edits, hook_path: str, ldconfig: str) -> ContainerEdits:
+    """The edits as a CDI `containerEdits` object."""
+    return {
+        "env": [f"{k}={v}" for k, v in edits.env.items()],
+        "deviceNodes": list(edits.device_nodes),
+        "mounts": list(edits.mounts),
+        "hooks": hooks(edits, hook_path, ldconfig),
+    }

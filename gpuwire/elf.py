@@ -1,0 +1,136 @@
+"""What discovery needs from an ELF file: its class, machine, SONAME and program interpreter,
+and what ldconfig files a library under.
+
+The SONAME decides the link a container needs (`libcuda.so.1 -> libcuda.so.550.54.15`);
+the class keeps a 32-bit library out of the 64-bit directory; the interpreter tells a
+static ldconfig (safe to run inside a container root) from a dynamic one (which would load
+the container's own loader). The type, machine, dynamic string table and, for 32-bit
+objects, the DT_NEEDED names are what ldconfig classifies a library by
+(`gpuwire.ldsocache.library_flags`). Only headers are read, a few kilobytes per file.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+ELFCLASS32, ELFCLASS64 = 1, 2
+ET_DYN = 3
+PT_LOAD, PT_DYNAMIC, PT_INTERP = 1, 2, 3
+DT_NULL, DT_NEEDED, DT_STRTAB, DT_SONAME = 0, 1, 5, 14
+
+
+class ElfError(ValueError):
+    """Not an ELF file discovery can read."""
+
+
+class Elf:
+    __slots__ = ("bits", "dynamic", "interpreter", "machine", "needed", "shared", "soname")
+
+    def __init__(
+        self,
+        bits: int,
+        soname: str | None,
+        interpreter: str | None,
+        machine: int = 0,
+        shared: bool = False,
+        dynamic: bool = False,
+        needed: tuple[str, ...] = (),
+    ) -> None:
+        self.bits = bits
+        self.soname = soname
+        self.interpreter = interpreter
+        self.machine = machine  # e_machine: 62 x86-64, 3 i386
+        self.shared = shared  # ET_DYN
+        self.dynamic = dynamic  # a dynamic section with a string table
+        self.needed = needed  # DT_NEEDED names, read for 32-bit objects only
+
+
+def read(fd: int) -> Elf:
+    """The facts above of the ELF file open on `fd` (little-endian)."""
+    ident = os.pread(fd, 64, 0)
+    if len(ident) < 52 or ident[:4] != b"\x7fELF" or ident[5] != 1:
+        raise ElfError("not a little-endian ELF file")
+    kind, machine = struct.unpack_from("<HH", ident, 16)
+    if ident[4] == ELFCLASS64:
+        bits, phdr, dyn = 64, struct.Struct("<IIQQQQQQ"), struct.Struct("<qQ")
+        (phoff,) = struct.unpack_from("<Q", ident, 32)
+        phentsize, phnum = struct.unpack_from("<HH", ident, 54)
+    elif ident[4] == ELFCLASS32:
+        bits, phdr, dyn = 32, struct.Struct("<IIIIIIII"), struct.Struct("<iI")
+        (phoff,) = struct.unpack_from("<I", ident, 28)
+        phentsize, phnum = struct.unpack_from("<HH", ident, 42)
+    else:
+        raise ElfError("unknown ELF class")
+    if phnum and phentsize < phdr.size:
+        raise ElfError("program headers too small")
+    table = os.pread(fd, phentsize * phnum, phoff)
+    if len(table) < phentsize * phnum:
+        raise ElfError("program headers beyond the end of the file")
+    loads: list[tuple[int, int, int]] = []  # (vaddr, offset, filesz)
+    dynamic = interp = None
+    for i in range(phnum):
+        fields = phdr.unpack_from(table, i * phentsize)
+        if bits == 64:
+            kind_, offset, vaddr, filesz = fields[0], fields[2], fields[3], fields[5]
+        else:
+            kind_, offset, vaddr, filesz = fields[0], fields[1], fields[2], fields[4]
+        if kind_ == PT_LOAD:
+            loads.append((vaddr, offset, filesz))
+        elif kind_ == PT_DYNAMIC:
+            dynamic = (offset, filesz)
+        elif kind_ == PT_INTERP:
+            interp = os.pread(fd, filesz, offset).rstrip(b"\0").decode(errors="replace")
+    strtab, soname, needed = _dynamic(fd, dynamic, dyn)
+    names = _Strings(fd, strtab, loads)
+    return Elf(
+        bits,
+        names.get(soname),
+        interp,
+        machine,
+        kind == ET_DYN,
+        strtab is not None,
+        tuple(n for n in map(names.get, needed if bits == 32 else ()) if n is not None),
+    )
+
+
+def _dynamic(
+    fd: int, dynamic: tuple[int, int] | None, entry: struct.Struct
+) -> tuple[int | None, int | None, list[int]]:
+    """DT_STRTAB, DT_SONAME and the DT_NEEDED string offsets of the dynamic section."""
+    strtab = soname = None
+    needed: list[int] = []
+    if dynamic is None or dynamic[1] == 0:
+        return strtab, soname, needed
+    data = os.pread(fd, dynamic[1], dynamic[0])
+    for off in range(0, len(data) - entry.size + 1, entry.size):
+        tag, value = entry.unpack_from(data, off)
+        if tag == DT_NULL:
+            break
+        if tag == DT_STRTAB:
+            strtab = value
+        elif tag == DT_SONAME:
+            soname = value
+        elif tag == DT_NEEDED:
+            needed.append(value)
+    return strtab, soname, needed
+
+
+class _Strings:
+    """Strings of the dynamic string table, whose address maps to a file offset through the
+    PT_LOAD segments."""
+
+    def __init__(self, fd: int, strtab: int | None, loads: list[tuple[int, int, int]]) -> None:
+        self.fd = fd
+        self.base = None
+        if strtab is not None:
+            for vaddr, offset, filesz in loads:
+                if vaddr <= strtab < vaddr + filesz:
+                    self.base = offset + (strtab - vaddr)
+                    break
+
+    def get(self, index: int | None) -> str | None:
+        if self.base is None or index is None:
+            return None
+        raw = os.pread(self.fd, 256, self.base + index)
+        return raw.split(b"\0", 1)[0].decode(errors="replace")

@@ -1,0 +1,142 @@
+/*
+ * gpuwire-call SOCKET TOKEN KIND N FALLBACK...
+ *
+ * Hands one call of gpuwire-hook or gpuwire-runtime (KIND: hook | runtime) to the resident
+ * gpuwire listening on SOCKET (runtime_hook/start/resident.py), which has Python and gpuwire
+ * loaded already and forks a copy of itself for the call: a GPU container start then pays
+ * neither the interpreter's start nor the imports (~11 ms). FALLBACK is the command the
+ * launcher would otherwise exec (`python -IS -c CODE ARGV0 ARG...`); its last N words are
+ * the program's own arguments (ARGV0 ARG...). Where nobody answers, or the resident is
+ * another build than TOKEN names, or it declines, FALLBACK runs as before.
+ *
+ * The resident's child greets first ("r"); a resident that does not within READY_MS (stopped,
+ * overloaded) gets no request, and FALLBACK runs. The request is one datagram: TOKEN, KIND,
+ * the umask, N and the N arguments, then the environment, each ended by a NUL; with it go
+ * stdin, stdout, stderr and the working directory as descriptors. The answer: "x" and an
+ * exit status, "e" and the runtime to exec with the ARGs, or "f" to run FALLBACK. Only the standard C library: it is built
+ * with `cc -static` so that it runs on any host whatever glibc the host has.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define REQUEST_MAX (1 << 20)
+#define ANSWER_MAX 8192
+#define READY_MS 2000
+
+extern char **environ;
+
+static char request[REQUEST_MAX];
+static size_t used;
+
+static int add(const char *field)
+{
+	size_t n = strlen(field) + 1;
+	if (n > sizeof(request) - used)
+		return -1;
+	memcpy(request + used, field, n);
+	used += n;
+	return 0;
+}
+
+static int ask(const char *socket_path, int sock, char **argv, int first, int argc)
+{
+	struct sockaddr_un address = {.sun_family = AF_UNIX};
+	if (strlen(socket_path) >= sizeof(address.sun_path))
+		return -1;
+	strcpy(address.sun_path, socket_path);
+	if (connect(sock, (struct sockaddr *)&address, sizeof(address)) < 0)
+		return -1;
+	struct pollfd ready = {.fd = sock, .events = POLLIN};
+	char greeting;
+	if (poll(&ready, 1, READY_MS) != 1 || recv(sock, &greeting, 1, 0) != 1 || greeting != 'r')
+		return -1;
+
+	char number[32];
+	mode_t mask = umask(0);
+	umask(mask);
+	if (add(argv[2]) || add(argv[3]))
+		return -1;
+	snprintf(number, sizeof(number), "%o", (unsigned)mask);
+	if (add(number))
+		return -1;
+	snprintf(number, sizeof(number), "%d", argc - first);
+	if (add(number))
+		return -1;
+	for (int i = first; i < argc; i++)
+		if (add(argv[i]))
+			return -1;
+	for (char **env = environ; *env; env++)
+		if (add(*env))
+			return -1;
+
+	int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (cwd < 0)
+		return -1;
+	int fds[4] = {0, 1, 2, cwd};
+	char control[CMSG_SPACE(sizeof(fds))];
+	memset(control, 0, sizeof(control));
+	struct iovec iov = {.iov_base = request, .iov_len = used};
+	struct msghdr message = {
+		.msg_iov = &iov,
+		.msg_iovlen = 1,
+		.msg_control = control,
+		.msg_controllen = sizeof(control),
+	};
+	struct cmsghdr *header = CMSG_FIRSTHDR(&message);
+	header->cmsg_level = SOL_SOCKET;
+	header->cmsg_type = SCM_RIGHTS;
+	header->cmsg_len = CMSG_LEN(sizeof(fds));
+	memcpy(CMSG_DATA(header), fds, sizeof(fds));
+	ssize_t sent = sendmsg(sock, &message, MSG_NOSIGNAL);
+	close(cwd);
+	return sent == (ssize_t)used ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+	char *end = NULL;
+	long n = argc > 5 ? strtol(argv[4], &end, 10) : 0;
+	if (argc < 6 || *end != '\0' || n < 1 || n > argc - 5) {
+		fputs("usage: gpuwire-call SOCKET TOKEN KIND N FALLBACK...\n", stderr);
+		return 2;
+	}
+	int first = argc - (int)n;
+	int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (sock >= 0 && ask(argv[1], sock, argv, first, argc) == 0) {
+		static char answer[ANSWER_MAX + 1];
+		ssize_t got;
+		do
+			got = recv(sock, answer, ANSWER_MAX, 0);
+		while (got < 0 && errno == EINTR);
+		if (got <= 0) {
+			fprintf(stderr, "gpuwire-%s: the resident gpuwire on %s gave no answer\n",
+				argv[3], argv[1]);
+			return 1;
+		}
+		answer[got] = '\0';
+		if (answer[0] == 'x')
+			return atoi(answer + 1);
+		if (answer[0] == 'e') {
+			argv[first] = answer + 1;
+			execv(answer + 1, argv + first);
+			fprintf(stderr, "gpuwire-runtime: cannot exec %s: %s\n", answer + 1,
+				strerror(errno));
+			return 127;
+		}
+	}
+	/* nobody answered, or the answer was "f": the Python launcher, as if we were not here */
+	if (sock >= 0)
+		close(sock);
+	execv(argv[5], argv + 5);
+	fprintf(stderr, "gpuwire-%s: cannot exec %s: %s\n", argv[3], argv[5], strerror(errno));
+	return 127;
+}

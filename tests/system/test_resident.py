@@ -1,0 +1,242 @@
+"""The resident gpuwire and gpuwire-call: a call is served as the Python launcher would run
+it, or handed to that Python untouched.
+
+Every GPU start through the resident (runc's prestart hook, the shim, containerd) is proven
+in the runtime tests' `-resident` deliveries (tests/system/test_runc.py and those that
+share its deliveries): their launchers name a Python that does not exist, so only the
+resident can have served them. Here: what it serves and what it declines. The fallback in
+these calls is `echo fell back: ARGV0 ARG...`, so a declined call shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.setup import launcher
+from runtime_hook.start import resident
+from testbed.lab import Lab
+from testbed.resident import Resident
+from testbed.waiting import until
+from tests.conftest import requires_binary, requires_root
+from tests.runtime_hook.test_launcher import settings_of
+
+pytestmark = [requires_root(), requires_binary("cc")]
+
+FALLBACK = ["/bin/echo", "fell back:"]
+NOT_ROOT = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
+class Site:
+    def __init__(self, home: Path, call: str, socket: str, pid: int = 0) -> None:
+        self.home = home
+        self.call_path = call
+        self.socket = socket
+        self.pid = pid  # the resident's
+
+    def call(
+        self,
+        kind: str,
+        *args: str,
+        token: str | None = None,
+        stdin: str = "",
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> subprocess.CompletedProcess[str]:
+        count = str(len(args) + 1)
+        argv = [self.call_path, self.socket, token or resident.token(), kind, count]
+        return subprocess.run(
+            [*prefix, *argv, *FALLBACK, "argv0", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env if env is not None else {"PATH": os.defpath},
+            cwd=cwd,
+            timeout=30,
+        )
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Site]:
+    # a directory anybody may enter, so that only the socket's mode and the peer check
+    # stand between a caller that is not root and the resident
+    home = Path(tempfile.mkdtemp(prefix="gpuwire-resident-"))
+    home.chmod(0o755)
+    call = launcher.build_call(str(home))
+    assert call is not None
+    socket = str(home / "resident.sock")
+    # the resident's own environment names a config that does not exist: a call that works
+    # was run with the caller's
+    with Resident(socket, env={"GPUWIRE_CONFIG": "/nonexistent/config.toml"}) as running:
+        yield Site(home, call, socket, running.process.pid)
+    shutil.rmtree(home)
+
+
+def test_the_socket_is_roots_alone(site: Site) -> None:
+    info = os.stat(site.socket)
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o600)
+
+
+def test_a_call_is_run_as_the_python_launcher_would_run_it(site: Site) -> None:
+    out = site.call("hook", "no-such-subcommand")
+    assert (out.returncode, out.stdout) == (2, "")  # gpuwire-hook's usage error, not echo
+    assert out.stderr.startswith("usage: gpuwire-hook prestart")
+
+
+def test_the_callers_environment_and_stdin_are_the_ones_used(site: Site, tmp_path: Path) -> None:
+    lab = Lab(tmp_path / "lab")
+    lab.records.mkdir(parents=True)
+    (lab.records / "c1").write_text("{}")
+    state = '{"ociVersion": "1.0.2", "id": "c1", "status": "stopped", "bundle": "/b"}'
+    good = site.call("hook", "poststop", stdin=state, env={"GPUWIRE_CONFIG": str(lab.config)})
+    assert (good.returncode, good.stderr) == (0, "")
+    assert not (lab.records / "c1").exists()  # the record of the container on stdin went
+    bad = site.call("hook", "poststop", stdin=state, env={"GPUWIRE_CONFIG": str(tmp_path / "x")})
+    assert bad.returncode == 1
+    assert str(tmp_path / "x") in bad.stderr
+
+
+def test_the_runtime_to_exec_is_execd_by_the_caller_in_its_directory(
+    site: Site, tmp_path: Path
+) -> None:
+    """The shim's part is served (config.json edited in the caller's working directory), and
+    the runtime it names runs as the caller's own exec, with the caller's arguments."""
+    from tests.system.test_runc import granted_env, make_bundle
+
+    lab = Lab(tmp_path / "lab")
+    lab.configure(runtime="/bin/echo")
+    bundle = make_bundle(lab, granted_env(lab, "2"), delivery="shim")
+    env = {"GPUWIRE_CONFIG": str(lab.config), "PATH": os.defpath}
+    out = site.call("runtime", "create", "c2", env=env, cwd=bundle.path)
+    assert (out.returncode, out.stdout) == (0, "create c2\n"), out.stderr
+    spec = (bundle.path / "config.json").read_text()
+    assert "/dev/nvidia2" in spec
+    assert "/dev/nvidia1" not in spec
+
+
+@pytest.mark.parametrize(
+    ("kind", "token", "prefix"),
+    [
+        ("hook", "/another/build", ()),
+        ("nvidia-hook", None, ()),
+        ("hook", None, ("unshare", "--mount")),
+        ("hook", None, ("unshare", "--cgroup")),
+        ("hook", None, ("unshare", "--pid", "--fork")),
+        ("hook", None, NOT_ROOT),
+    ],
+    ids=[
+        "another-build",
+        "unknown-kind",
+        "another-mount-namespace",
+        "another-cgroup-namespace",
+        "another-pid-namespace",
+        "not-root",
+    ],
+)
+def test_what_the_resident_does_not_serve_runs_the_fallback(
+    site: Site, kind: str, token: str | None, prefix: tuple[str, ...]
+) -> None:
+    out = site.call(kind, "prestart", token=token, prefix=prefix)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "fell back: argv0 prestart\n", "")
+
+
+def test_a_caller_that_is_not_root_is_declined_by_the_resident_too(site: Site) -> None:
+    """With the socket opened to everybody, the peer's credentials still decide."""
+    os.chmod(site.socket, 0o666)
+    try:
+        out = site.call("hook", "x", prefix=NOT_ROOT)
+    finally:
+        os.chmod(site.socket, 0o600)
+    assert (out.stdout, out.stderr) == ("fell back: argv0 x\n", "")
+
+
+def test_nobody_listening_runs_the_fallback(site: Site) -> None:
+    nobody = Site(site.home, site.call_path, str(site.home / "nobody.sock"))
+    out = nobody.call("hook", "prestart")
+    assert (out.returncode, out.stdout) == (0, "fell back: argv0 prestart\n")
+
+
+def test_calls_at_once_are_each_answered(site: Site) -> None:
+    results: list[int] = []
+
+    def one() -> None:
+        results.append(site.call("hook", "no-such-subcommand").returncode)
+
+    threads = [threading.Thread(target=one) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [2] * 16
+
+
+def test_gpuwire_call_is_static(site: Site) -> None:
+    """It runs on the host whatever glibc the host has: no program interpreter."""
+    data = Path(site.call_path).read_bytes()
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    size, count = struct.unpack_from("<HH", data, 0x36)
+    types = {struct.unpack_from("<I", data, phoff + i * size)[0] for i in range(count)}
+    assert 3 not in types  # PT_INTERP
+
+
+def test_without_a_compiler_the_launchers_run_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    _, hook = launcher.install(str(tmp_path), python="/usr/bin/python3")
+    assert not (tmp_path / launcher.CALL).exists()
+    settings = settings_of(Path(hook).read_text())
+    assert (settings["python"], settings["call"]) == ("/usr/bin/python3", "")
+    assert f"{launcher.CALL} not built (no C compiler" in capfd.readouterr().err
+
+
+def test_a_resident_that_does_not_greet_is_passed_by(site: Site) -> None:
+    """A stopped (or swamped) resident holds no start up for long, and never serves a call
+    that has already run its fallback."""
+    stopped = [site.pid, waiting_child(site.pid)]  # the resident, and its child forked ahead
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        out = site.call("hook", "no-such-subcommand")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert (out.returncode, out.stdout) == (0, "fell back: argv0 no-such-subcommand\n")
+    again = site.call("hook", "no-such-subcommand")  # served again, the late one dropped
+    assert (again.returncode, again.stdout) == (2, "")
+
+
+def test_a_stopped_resident_leaves_neither_socket_nor_child(tmp_path: Path) -> None:
+    socket = str(tmp_path / "resident.sock")
+    with Resident(socket) as running:
+        waiting = waiting_child(running.process.pid)
+    assert running.process.returncode == 0  # SIGTERM: a clean stop
+    assert not os.path.exists(socket)
+    assert not Path(f"/proc/{waiting}").exists()  # the child forked ahead went with it
+
+
+def waiting_child(pid: int) -> int:
+    """The child a resident keeps forked ahead, waiting in accept."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    until(lambda: len(children.read_text().split()) == 1)
+    return int(children.read_text())
+
+
+def test_gpuwire_call_compiles_without_warnings() -> None:
+    """The C file's lint: what -Wall -Wextra would say, a failure."""
+    out = subprocess.run(
+        ["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", launcher.CALL_SOURCE],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr

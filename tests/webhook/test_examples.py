@@ -1,0 +1,154 @@
+"""Every pod in examples/ is admitted (or denied) as its header comment says, under the example
+policy and the example cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuwire import grant
+from tests.webhook.support import A100_80, EXAMPLES, NODES, admit, env, required_terms, run
+from webhook import policy
+
+POLICY = policy.load(EXAMPLES / "policy.yaml")
+Pod = dict[str, Any]
+
+
+def load(name: str) -> tuple[Pod, str]:
+    p: Pod = yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text())
+    return p, p["metadata"]["namespace"]
+
+
+def expressions(p: Pod) -> list[dict[str, Any]]:
+    (term,) = required_terms(p)
+    found: list[dict[str, Any]] = term["matchExpressions"]
+    return found
+
+
+def model_select(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert expressions(p) == [
+        {
+            "key": "nvidia.com/gpu.product",
+            "operator": "In",
+            "values": ["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"],
+        }
+    ]
+    assert env(p, "trainer").keys() == {"NVIDIA_DRIVER_CAPABILITIES", grant.ENV}
+    assert p["spec"]["runtimeClassName"] == "gpuwire"
+
+
+def model_exclude(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["Tesla-T4"]} in (
+        expressions(p)
+    )
+    assert {"key": "nvidia.com/gpu.memory", "operator": "Gt", "values": ["40959"]} in expressions(p)
+
+
+def daemonset_all_gpus(p: Pod, warnings: tuple[str, ...]) -> None:
+    e = env(p, "transcoder")
+    assert e["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert e["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility,video"
+    assert "affinity" not in p["spec"]
+
+
+def explicit_gpus(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert env(p, "bench")["NVIDIA_VISIBLE_DEVICES"] == f"{A100_80[0]},{A100_80[1]}"
+    assert expressions(p) == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-a100-80g-0"]}
+    ]
+
+
+def limits_hami(p: Pod, warnings: tuple[str, ...]) -> None:
+    e = env(p, "jupyter")
+    assert (e["CUDA_DEVICE_MEMORY_LIMIT"], e["CUDA_DEVICE_SM_LIMIT"]) == ("20480m", "30")
+    assert e["GPU_CORE_UTILIZATION_POLICY"] == "force"
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in e
+    assert "container 'jupyter': CUDA_DEVICE_MEMORY_LIMIT_0=80g removed" in warnings
+
+
+def limits_mps(p: Pod, warnings: tuple[str, ...]) -> None:
+    e = env(p, "server")
+    assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20389M"
+    assert e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert e["PYTORCH_CUDA_ALLOC_CONF"] == (
+        "expandable_segments:True,per_process_memory_fraction:0.25"
+    )
+
+
+def containers(p: Pod, warnings: tuple[str, ...]) -> None:
+    trainer = p["spec"]["containers"][0]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert grant.ENV in env(p, "trainer")
+    assert env(p, "log-shipper") == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert env(p, "fetch-dataset") == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def hami_aliases(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert expressions(p) == [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}
+    ]
+
+
+def no_request(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert env(p, "web") == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert warnings == ("container 'web': NVIDIA_VISIBLE_DEVICES=all replaced by void",)
+
+
+def trusted_agent(p: Pod, warnings: tuple[str, ...]) -> None:
+    e = env(p, "exporter")
+    assert e["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert e[grant.ENV].startswith("k1:")
+    assert warnings == ()
+
+
+def driver_only(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert env(p, "build")["NVIDIA_VISIBLE_DEVICES"] == "none"
+
+
+ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
+    "model-select": model_select,
+    "model-exclude": model_exclude,
+    "daemonset-all-gpus": daemonset_all_gpus,
+    "explicit-gpus": explicit_gpus,
+    "limits-hami": limits_hami,
+    "limits-mps": limits_mps,
+    "containers": containers,
+    "hami-aliases": hami_aliases,
+    "no-request": no_request,
+    "trusted-agent": trusted_agent,
+    "driver-only": driver_only,
+}
+DENIED = {
+    "denied-unknown-model": [
+        "gpuwire.io/gpu-model: 'B200' matches no GPU node; models present: "
+        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, Tesla-T4"
+    ],
+    "denied-bad-annotations": [
+        "gpuwire.io/gpu-count: 'two' is not a GPU count; accepted: all, none",
+        "gpuwire.io/gpu-memory-limit: '20' is neither a memory size nor a percentage; accepted:",
+    ],
+}
+
+
+def test_every_example_has_an_expectation() -> None:
+    pods = {p.stem for p in EXAMPLES.glob("*.yaml")} - {"nodes", "policy"}
+    assert pods == set(ADMITTED) | set(DENIED)
+
+
+@pytest.mark.parametrize("name", sorted(ADMITTED))
+def test_admitted_examples(name: str) -> None:
+    p, namespace = load(name)
+    mutated, outcome = admit(p, namespace, POLICY, NODES)
+    ADMITTED[name](mutated, outcome.warnings)
+
+
+@pytest.mark.parametrize("name", sorted(DENIED))
+def test_denied_examples(name: str) -> None:
+    p, namespace = load(name)
+    denial = run(p, namespace, POLICY, NODES).denial
+    assert denial is not None
+    for part in DENIED[name]:
+        assert part in denial.message

@@ -1,0 +1,147 @@
+"""The GPU nodes of the cluster as the webhook sees them: plain data built from Node objects.
+
+What a node has comes from its labels (NVIDIA GPU Feature Discovery's keys, also written by
+gpuwire's labeler) and from gpuwire's node annotation `gpuwire.io/gpus`, a JSON array with one
+object per GPU (`index`, `uuid`, `product`, `memory_mib`, `numa_node`, `healthy`), written by
+the device plugin. Labels are what node affinity can select on; the annotation is how the
+webhook knows which node holds an explicitly named GPU. Where the snapshot comes from (a
+watch, a file) is `watch.py`'s and the CLI's business.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from gpuwire import nodegpus, nvidia
+from gpuwire.annotations import GpuRequest, normalise_model
+
+if TYPE_CHECKING:
+    from webhook.placement import Placement
+
+log = logging.getLogger(__name__)
+
+PRODUCT_LABEL = nvidia.LABEL_PREFIX + "gpu.product"
+MEMORY_LABEL = nvidia.LABEL_PREFIX + "gpu.memory"  # MiB
+COUNT_LABEL = nvidia.LABEL_PREFIX + "gpu.count"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+GPUS_ANNOTATION = nodegpus.ANNOTATION
+Gpu = nodegpus.NodeGpu
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    hostname: str  # the kubernetes.io/hostname label: what node affinity can pin
+    product: str | None  # the nvidia.com/gpu.product label value
+    memory_mib: int | None
+    count: int | None
+    gpus: tuple[Gpu, ...] = ()
+
+    @property
+    def gpu_count(self) -> int | None:
+        return self.count if self.count is not None else (len(self.gpus) or None)
+
+    @property
+    def gpu_memory_mib(self) -> int | None:
+        if self.memory_mib is not None:
+            return self.memory_mib
+        return min((g.memory_mib for g in self.gpus), default=None)
+
+
+def _int(value: object) -> int | None:
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _gpus(node: str, text: str) -> tuple[Gpu, ...]:
+    """The node annotation, or nothing (logged) when a node agent wrote something else."""
+    try:
+        return nodegpus.decode(text)
+    except ValueError as exc:
+        log.warning("node %s: ignoring %s", node, exc)
+        return ()
+
+
+def node_from_object(obj: Mapping[str, Any]) -> Node | None:
+    """A Node object (as JSON) → the GPU node it describes, None for a node without GPUs."""
+    metadata = obj.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    labels: Mapping[str, str] = metadata.get("labels") or {}
+    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    gpus = _gpus(name, annotations[GPUS_ANNOTATION]) if GPUS_ANNOTATION in annotations else ()
+    product = labels.get(PRODUCT_LABEL)
+    if not name or (product is None and not gpus):
+        return None
+    return Node(
+        name=name,
+        hostname=labels.get(HOSTNAME_LABEL, name),
+        product=product,
+        memory_mib=_int(labels.get(MEMORY_LABEL)),
+        count=_int(labels.get(COUNT_LABEL)),
+        gpus=gpus,
+    )
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """An immutable snapshot; a watch replaces the whole snapshot, readers never lock."""
+
+    nodes: tuple[Node, ...] = ()
+
+    @classmethod
+    def of(cls, objects: Iterable[Mapping[str, Any]]) -> Fleet:
+        found = (node_from_object(o) for o in objects)
+        return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
+
+    @functools.cached_property
+    def products(self) -> list[str]:
+        """The GPU product label values present, sorted."""
+        return sorted({n.product for n in self.nodes if n.product})
+
+    @functools.cached_property
+    def normalised(self) -> dict[str, str]:
+        """Each product label value as model names are compared with it."""
+        return {p: normalise_model(p) for p in self.products}
+
+    @functools.cached_property
+    def placements(self) -> dict[tuple[GpuRequest, bool], Placement]:
+        """Requests already resolved against this snapshot (`placement.place` fills it); a new
+        snapshot starts with none."""
+        return {}
+
+    def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
+        """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""
+        wanted = uuid.lower()
+        for node in self.nodes:
+            for gpu in node.gpus:
+                if gpu.uuid.lower() == wanted:
+                    return node, gpu
+        return None
+
+
+class FleetFileError(ValueError):
+    """A nodes file that is not a Node list."""
+
+
+def load(path: str | Path) -> Fleet:
+    """A `v1 List` (or `NodeList`) of Node objects in YAML or JSON, as `kubectl get nodes -o
+    yaml` prints it: a static fleet for local use, tests and the demo."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetFileError(f"{path}: {exc}") from exc
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
+        raise FleetFileError(f"{path}: expected a v1 List of Node objects (with items:)")
+    kinds = {i.get("kind") for i in doc["items"] if isinstance(i, Mapping)}
+    if len(kinds) > 1 or kinds - {"Node"} or not all(isinstance(i, Mapping) for i in doc["items"]):
+        raise FleetFileError(f"{path}: every item must be a Node; found {sorted(map(str, kinds))}")
+    return Fleet.of(doc["items"])
