@@ -68,7 +68,6 @@ from gpuwire.elfstub import shared_object
 from runtime_hook.setup import launcher
 from runtime_hook.start import resident
 from testbed.containerd import CRI_NAMESPACE, Container, Containerd
-from testbed.cri import api_pb2 as cri
 from testbed.image import NAME, layout_files, write_tar
 from testbed.kuberuntime import KubeRuntime, Sandbox
 from testbed.lab import CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
@@ -354,8 +353,8 @@ def _cri_start(kubelet: KubeRuntime, sandbox: Sandbox, pod: dict[str, Any]) -> f
     cid = kubelet.create(sandbox, pod, pod["spec"]["containers"][0])
     kubelet.start(cid)
     elapsed = time.perf_counter() - start
-    kubelet.call(kubelet.runtime.StopContainer, cri.StopContainerRequest(container_id=cid))
-    kubelet.call(kubelet.runtime.RemoveContainer, cri.RemoveContainerRequest(container_id=cid))
+    kubelet.stop(cid)
+    kubelet.remove(cid)
     return elapsed
 
 

@@ -1,9 +1,11 @@
-"""A private containerd: its own config, root, state, sockets, runc root and namespace.
+"""A private containerd of one generation (testbed/containerds.py): its own config, root,
+state, sockets, runc root and namespace; with its CRI plugin on, pods run through it as a
+kubelet runs them (`kuberuntime`, testbed/kuberuntime.py).
 
 Nothing is shared with the host's containerd or with another test running beside this one:
 every path lives under one temporary directory, containers get unique ids in a unique
-namespace (so their cgroups are `/<namespace>/<id>`), and `close` removes exactly what this
-instance made, by pid and by path.
+namespace (so their cgroups are `/<namespace>/<id>`, a pod's `/<namespace>/pod<uid>/<id>`),
+and `close` removes exactly what this instance made, by pid and by path.
 """
 
 from __future__ import annotations
@@ -63,28 +65,39 @@ def cri_config(home: Path, generation: Generation) -> str:
     which a CI container may not have; capped at containerd's own, nothing here depends on it.
     """
     runtime = RUNTIME_PLUGIN[generation.config_version]
-    runc = f'[plugins."{runtime}".containerd.runtimes.runc]'
-    cdi = f'  cdi_spec_dirs = ["{home}/cdi"]\n' if generation.cdi else ""
-    if generation.config_version == 2:
-        images = f'  sandbox_image = "{PAUSE}"\n'
-        cni = f'  bin_dir = "{home}/cni/bin"\n'
-        head = f'[plugins."{CRI}"]\n  stream_server_port = "0"\n{images}'
-    else:
-        cni = f'  bin_dirs = ["{home}/cni/bin"]\n'
-        head = (
-            f'[plugins."{CRI}"]\n  stream_server_port = "0"\n\n'
-            f'[plugins."io.containerd.cri.v1.images".pinned_images]\n  sandbox = "{PAUSE}"\n\n'
-            f'[plugins."{runtime}"]\n'
-        )
-    return f"""
-{head}  restrict_oom_score_adj = true
-{cdi}
-[plugins."{runtime}".cni]
-{cni}  conf_dir = "{home}/cni/net.d"
+    if generation.config_version == 2:  # 1.x: one plugin holds it all
+        head = f"""[plugins."{CRI}"]
+  stream_server_port = "0"
+  sandbox_image = "{PAUSE}"
+  restrict_oom_score_adj = true
+"""
+    else:  # 2.x: the gRPC service, the images and the runtime are plugins of their own
+        head = f"""[plugins."{CRI}"]
+  stream_server_port = "0"
 
-{runc}
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{PAUSE}"
+
+[plugins."{runtime}"]
+  restrict_oom_score_adj = true
+"""
+    cdi = f'  cdi_spec_dirs = ["{home}/cdi"]\n' if generation.cdi else ""
+    # bin_dirs from 2.1, which deprecates bin_dir
+    cni = (
+        f'bin_dirs = ["{home}/cni/bin"]'
+        if generation.series >= (2, 1)
+        else f'bin_dir = "{home}/cni/bin"'
+    )
+    return f"""
+{head}{cdi}
+[plugins."{runtime}".cni]
+  {cni}
+  conf_dir = "{home}/cni/net.d"
+
+[plugins."{runtime}".containerd.runtimes.runc]
   runtime_type = "{RUNC_SHIM}"
-{runc[:-1]}.options]
+
+[plugins."{runtime}".containerd.runtimes.runc.options]
   Root = "{home}/runc"
 """
 

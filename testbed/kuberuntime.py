@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import grpc
 from deviceplugin.api import api_pb2 as dp
 from testbed.cri import api_pb2 as cri
 from testbed.cri import api_pb2_grpc as cri_grpc
+from testbed.waiting import until
 
 Obj = dict[str, Any]
 
@@ -51,8 +51,7 @@ GRACE_PERIOD = 30  # terminationGracePeriodSeconds' default
 
 
 class CRIError(RuntimeError):
-    """A CRI call that failed (the runtime's own message), or a container that did not get
-    where it was waited for."""
+    """A CRI call that failed, with the runtime's own message."""
 
 
 def unconfined() -> cri.SecurityProfile:
@@ -200,9 +199,10 @@ def log_text(raw: str) -> str:
 
 @dataclass(frozen=True)
 class Sandbox:
+    """A pod's sandbox: its ID and the config the kubelet resends with each container."""
+
     id: str
     config: cri.PodSandboxConfig
-    handler: str
 
 
 class KubeRuntime:
@@ -239,7 +239,7 @@ class KubeRuntime:
             self.runtime.RunPodSandbox,
             cri.RunPodSandboxRequest(config=config, runtime_handler=handler),
         )
-        sandbox = Sandbox(answer.pod_sandbox_id, config, handler)
+        sandbox = Sandbox(answer.pod_sandbox_id, config)
         self.sandboxes.append(sandbox)
         return sandbox
 
@@ -291,21 +291,20 @@ class KubeRuntime:
         path = Path(self.status(container_id).log_path)
         return log_text(path.read_text()) if path.exists() else ""
 
-    def wait(
-        self, container_id: str, done: Callable[[cri.ContainerStatus], bool], timeout: float = 30
-    ) -> cri.ContainerStatus:
-        """The container's status once `done` holds for it; CRIError after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while not done(status := self.status(container_id)):
-            if time.monotonic() > deadline:
-                raise CRIError(
-                    f"container {container_id}: still {status.state} after {timeout:.0f}s"
-                )
-            time.sleep(0.02)
-        return status
-
     def exited(self, container_id: str, timeout: float = 30) -> cri.ContainerStatus:
-        return self.wait(container_id, lambda s: s.state == cri.CONTAINER_EXITED, timeout)
+        """The container's status once it has exited (TimeoutError after `timeout`)."""
+        until(lambda: self.status(container_id).state == cri.CONTAINER_EXITED, timeout)
+        return self.status(container_id)
+
+    def stop(self, container_id: str, grace: int = 0) -> None:
+        """StopContainer: SIGTERM, then SIGKILL after `grace` seconds (0: at once)."""
+        request = cri.StopContainerRequest(container_id=container_id, timeout=grace)
+        self.call(self.runtime.StopContainer, request)
+
+    def remove(self, container_id: str) -> None:
+        self.call(
+            self.runtime.RemoveContainer, cri.RemoveContainerRequest(container_id=container_id)
+        )
 
     def remove_sandbox(self, sandbox: Sandbox) -> None:
         """StopPodSandbox, then RemovePodSandbox (which removes its containers)."""
@@ -316,9 +315,11 @@ class KubeRuntime:
         self.sandboxes.remove(sandbox)
 
     def close(self) -> None:
-        for sandbox in list(self.sandboxes):
-            self.remove_sandbox(sandbox)
-        self.channel.close()
+        try:
+            for sandbox in list(self.sandboxes):
+                self.remove_sandbox(sandbox)
+        finally:
+            self.channel.close()
 
     def __enter__(self) -> KubeRuntime:
         return self

@@ -400,10 +400,8 @@ def test_a_gpu_container_is_deleted_after_upgrades_removed_its_version(
             assert (lab.records / cid).exists()  # gpuwire holds GPU 0 for it
             switch("0.2.0")
             shutil.rmtree(opt / "0.1.0")  # two upgrades later the installer has removed it
-            kubelet.call(kubelet.runtime.StopContainer,
-                         cri.StopContainerRequest(container_id=cid, timeout=0))  # fmt: skip
-            kubelet.call(kubelet.runtime.RemoveContainer,
-                         cri.RemoveContainerRequest(container_id=cid))  # fmt: skip
+            kubelet.stop(cid)
+            kubelet.remove(cid)
             assert not (lab.records / cid).exists()  # the delete went through gpuwire
     finally:  # whatever failed, runc itself behind that path lets the container go
         (opt / "runc/libexec").mkdir(parents=True)
