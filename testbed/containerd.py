@@ -34,25 +34,15 @@ CRI_PLUGINS = {2: (CRI,), 3: (CRI, "io.containerd.cri.v1.runtime", "io.container
 
 
 @dataclass(frozen=True)
-class Mount:
-    """A read-only bind mount, as `ctr run --mount` and `podman run -v` take it."""
-
-    source: Path
-    destination: str
-
-
-@dataclass(frozen=True)
 class Container:
-    """What `ctr run` starts: `image` running `args`, or, with `spec`, that OCI spec file
-    whole (`ctr run --config`, the way CRI starts from a `base_runtime_spec`)."""
+    """What `ctr run` starts, without CRI (bench/hook.py's `ctr` rows): `image` running
+    `args`, through `runtime`'s shim, with its annotations and env as given."""
 
-    image: str = ""
+    image: str
     args: tuple[str, ...] = ()
-    spec: Path | None = None
     runtime: str = RUNC_SHIM  # the shim containerd starts (a handler's runtime_type)
     runc_binary: str | None = None  # containerd's runc shim runs this instead of runc
     annotations: Mapping[str, str] = field(default_factory=dict)
-    mounts: tuple[Mount, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -219,12 +209,9 @@ class Containerd(Closing):
         home and its pods' cgroups under this instance's namespace (removed by `close`)."""
         return KubeRuntime(self.address, self.home / "kubelet", f"/{self.namespace}")
 
-    def run_argv(
-        self, container: Container, cid: str, *, detach: bool = False, log: Path | None = None
-    ) -> list[str]:
+    def run_argv(self, container: Container, cid: str, *, detach: bool = False) -> list[str]:
         """The `ctr run` arguments: runc root and IO fifos private; the container removed on
-        exit, or (`detach`) left to `remove` once `ctr` returns from starting it, its output
-        going to the file `log`."""
+        exit, or (`detach`) left to `remove` once `ctr` returns from starting it."""
         argv = [
             "run",
             "--detach" if detach else "--rm",
@@ -237,44 +224,11 @@ class Containerd(Closing):
         ]
         if container.runc_binary:
             argv += ["--runc-binary", container.runc_binary]
-        if log is not None:
-            argv += ["--log-uri", f"file://{log}"]
         for key, value in container.annotations.items():
             argv += ["--annotation", f"{key}={value}"]
-        for m in container.mounts:
-            argv += ["--mount", f"type=bind,src={m.source},dst={m.destination},options=rbind:ro"]
         for key, value in container.env.items():
             argv += ["--env", f"{key}={value}"]
-        if container.spec:
-            return [*argv, "--config", str(container.spec), cid]
         return [*argv, container.image, cid, *container.args]
-
-    def run(
-        self, container: Container, timeout: float = 60, cid: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        """Run a container to completion under `cid` (default: a fresh id); it is gone
-        afterwards either way."""
-        cid = cid or f"gpuwire-{uuid.uuid4().hex[:12]}"
-        try:
-            return self.ctr(*self.run_argv(container, cid), check=False, timeout=timeout)
-        finally:
-            self.remove(cid)
-
-    def run_detached(
-        self, container: Container, cid: str, log: Path, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        """Start a container that keeps running (until `remove` or `close`), its stdout and
-        stderr going to the file `log`."""
-        return self.ctr(*self.run_argv(container, cid, detach=True, log=log), check=False,
-                        timeout=timeout)  # fmt: skip
-
-    def task_status(self, cid: str) -> str:
-        """RUNNING, STOPPED, ... as `ctr tasks ls` says; "" when `cid` has no task."""
-        for line in self.ctr("tasks", "ls", check=False).stdout.splitlines()[1:]:
-            words = line.split()
-            if words and words[0] == cid:
-                return words[-1]
-        return ""
 
     def remove(self, cid: str, namespace: str = "") -> None:
         """Kill and delete container `cid` and its task, if it exists."""

@@ -127,7 +127,8 @@ def checked(data: bytes, sha256: str, size: int, what: str) -> bytes:
     return data
 
 
-def download(url: str, timeout: float = 120) -> bytes:
+def download(url: str, timeout: float = 30) -> bytes:
+    """`url`'s bytes; `timeout` bounds each wait on the socket, not the whole download."""
     with urllib.request.urlopen(url, timeout=timeout) as answer:  # noqa: S310 (http(s) mirror)
         data: bytes = answer.read()
         return data

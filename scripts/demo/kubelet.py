@@ -26,13 +26,20 @@ import grpc
 
 from deviceplugin.api import api_pb2
 from scripts.demo.cluster import VIEWED, Cluster, Handler, until
-from testbed.containerd import Mount
 from testbed.cri import api_pb2 as cri
 from testbed.kubelet import KubeletError
 from testbed.kuberuntime import CRIError, Sandbox
 from testbed.view import view
 
 Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount an Allocate answer asks for."""
+
+    source: Path
+    destination: str
 
 
 @dataclass(frozen=True)
