@@ -54,16 +54,6 @@ class RuntimeServiceStub:
                 request_serializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
                 response_deserializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
                 _registered_method=True)
-        self.PodSandboxStatus = channel.unary_unary(
-                '/runtime.v1.RuntimeService/PodSandboxStatus',
-                request_serializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
-                response_deserializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
-                _registered_method=True)
-        self.ListPodSandbox = channel.unary_unary(
-                '/runtime.v1.RuntimeService/ListPodSandbox',
-                request_serializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
-                response_deserializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
-                _registered_method=True)
         self.CreateContainer = channel.unary_unary(
                 '/runtime.v1.RuntimeService/CreateContainer',
                 request_serializer=testbed_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
@@ -118,18 +108,6 @@ class RuntimeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RemovePodSandbox(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PodSandboxStatus(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ListPodSandbox(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -193,16 +171,6 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.RemovePodSandbox,
                     request_deserializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.FromString,
                     response_serializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.SerializeToString,
-            ),
-            'PodSandboxStatus': grpc.unary_unary_rpc_method_handler(
-                    servicer.PodSandboxStatus,
-                    request_deserializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.FromString,
-                    response_serializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.SerializeToString,
-            ),
-            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
-                    servicer.ListPodSandbox,
-                    request_deserializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.FromString,
-                    response_serializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
             ),
             'CreateContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateContainer,
@@ -343,60 +311,6 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/RemovePodSandbox',
             testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
             testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PodSandboxStatus(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/runtime.v1.RuntimeService/PodSandboxStatus',
-            testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
-            testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ListPodSandbox(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/runtime.v1.RuntimeService/ListPodSandbox',
-            testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
-            testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
