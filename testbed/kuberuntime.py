@@ -297,9 +297,11 @@ class KubeRuntime:
         return self.status(container_id)
 
     def stop(self, container_id: str, grace: int = 0) -> None:
-        """StopContainer: SIGTERM, then SIGKILL after `grace` seconds (0: at once)."""
+        """StopContainer: SIGTERM, then SIGKILL after `grace` seconds (0: at once); returns
+        once the runtime reports it exited, as the kubelet reads it back."""
         request = cri.StopContainerRequest(container_id=container_id, timeout=grace)
         self.call(self.runtime.StopContainer, request)
+        self.exited(container_id, timeout=grace + 30)
 
     def remove(self, container_id: str) -> None:
         self.call(
