@@ -294,7 +294,7 @@ def label(argv: list[str]) -> int:
     )
     _logging("INFO" if args.watch else "WARNING")
     from deviceplugin import agent, labeler, labels
-    from deviceplugin.discovery import open_discovery
+    from deviceplugin.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
     discovery = open_discovery(config.sim)
