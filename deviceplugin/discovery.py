@@ -71,14 +71,3 @@ def pcie_root(sysfs: str | os.PathLike[str], bus_id: str) -> str | None:
     parts = target.split("/")
     root = next((p for p in parts if p.startswith("pci") and ":" in p), None)
     return root if root is not None and parts.index(root) + 1 < len(parts) else None
-
-
-def open_discovery(sim_root: str | None) -> Discovery:
-    """The simulated node under `sim_root`, else the real GPUs through NVML."""
-    if sim_root is not None:
-        from deviceplugin.simulated import SimDiscovery
-
-        return SimDiscovery(sim_root)
-    from deviceplugin.nvml import NvmlDiscovery
-
-    return NvmlDiscovery()

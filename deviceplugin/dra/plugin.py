@@ -12,9 +12,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import kubeclient
 from deviceplugin import labeler, state
+from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, open_discovery
+from deviceplugin.discovery import Discovery
 from deviceplugin.dra import devices, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
@@ -55,7 +57,7 @@ class DraPlugin:
         self.config = config
         self.discovery = discovery or open_discovery(config.sim)
         self.node = labeler.node_name(config.node_name)
-        self.api_client = api_client or labeler.core_api(config.kubeconfig).api_client
+        self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
         gpus = self.discovery.discover()
         self.devices: list[DraDevice] = devices.devices(gpus, Sharing(config.shared_gpus))
         self.by_name = {d.name: d for d in self.devices}
