@@ -460,7 +460,7 @@ def test_overlays_change_what_they_say() -> None:
     assert cdi_annotations == {"cdi.k8s.io/gpuwire-device-plugin": "nvidia.com/gpu=all"}
     assert "--cdi=uuid" in containers(plugin(cdi))[0]["args"]
     # DRA: the DRA plugin instead of the device plugin (one allocator per node), CDI on
-    assert [o for o in dra if "device-plugin" in o["metadata"]["name"]] == []
+    assert containers(plugin(dra))[0]["args"][:2] == ["node", "label"]  # the node agent
     dra_plugin = find(dra, "DaemonSet", "gpuwire-dra-plugin")
     assert containers(dra_plugin)[0]["args"][:2] == ["dra", "serve"]
     assert policy(dra)["devicePlugin"] is False
