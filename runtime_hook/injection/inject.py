@@ -85,25 +85,6 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     _all_or_nothing(steps)
 
 
-def links_and_cache(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
-    """Make the links and the ld cache of `edits` in the created container `pid`, from the
-    runtime's namespaces (a CDI spec's `createRuntime` hook: the engine made the devices and
-    mounts). A child enters the container's mount namespace, as `apply` does."""
-
-    from runtime_hook.injection import syscalls
-
-    def steps(journal: inroot.Journal) -> None:
-        ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))  # opened on the host
-        mnt_ns = journal.keep(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
-
-        def enter() -> None:
-            syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
-
-        child.run(lambda: _inside(enter, rootfs, edits, [], ldconfig_fd, ldcache.update))
-
-    _all_or_nothing(steps)
-
-
 def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
     """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
 

@@ -117,16 +117,10 @@ def ldcache(args: list[str]) -> int:
         state = read_state()
         bundle = str(state["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
+        ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))  # the host's
         pid = state.get("pid")
-        if isinstance(pid, int) and not _in_mount_namespace_of(pid):
-            from gpuwire.edits import Edits
-            from runtime_hook.injection import inject
-
-            inject.links_and_cache(
-                pid, rootfs, Edits({}, [], [], links, folders, entries), ldconfig
-            )
-            return 0
-        ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
+        if isinstance(pid, int):
+            _enter_mount_namespace_of(pid)
         dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
         if not cache.make(dirs, links, folders, entries):
             cache.update(rootfs, folders, ldconfig_fd)
@@ -139,11 +133,22 @@ def ldcache(args: list[str]) -> int:
     return 0
 
 
-def _in_mount_namespace_of(pid: int) -> bool:
+def _enter_mount_namespace_of(pid: int) -> None:
+    """Join the container's mount namespace, unless this runs there already (a
+    `createContainer` hook). This process, served call or Python launcher alike, ends with
+    the hook, so it enters itself rather than through a forked child."""
     import os
 
     here, there = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+    if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+        return
+    from runtime_hook.injection import syscalls
+
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        syscalls.setns(fd, syscalls.CLONE_NEWNS)
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

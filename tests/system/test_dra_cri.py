@@ -1,6 +1,7 @@
 """A prepared claim's CDI ids reach a container through a real containerd's CRI plugin, on
 each generation a node may run: the kubelet DRA stand-in prepares the claim with the DRA
-plugin (its CDI spec in containerd's CDI spec dir), the CRI kubelet stand-in
+plugin (its CDI spec in containerd's CDI spec dir, its ld-cache hook served by the resident
+gpuwire), the CRI kubelet stand-in
 (testbed/kuberuntime.py) sends the ids in `CDI_devices` (field 17), containerd applies
 gpuwire's edits for exactly the claim's GPUs. 1.6 drops the field: no GPU. A container
 without the claim sees none; unprepare leaves no spec, and the ids then name nothing.
@@ -28,16 +29,17 @@ from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import grant
+from runtime_hook.setup import launcher
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
 from testbed.image import NAME
 from testbed.kubelet_dra import DraKubelet
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
-from testbed.lab import Lab
+from testbed.lab import Lab, served_launchers
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
 from tests.conftest import requires_binary, requires_root
-from tests.system.test_containerd import HOOK, SHIM, generation, lab, node_containerd
+from tests.system.test_containerd import SHIM, generation, lab, node_containerd
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
 from webhook.policy import Policy
@@ -70,7 +72,10 @@ def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
     with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
             ApiServer(schema="1.34") as api, DraKubelet(sockets, NODE) as kubelet:  # fmt: skip
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=HOOK,
+        # the claims' ld-cache hook: a launcher only the resident can serve (its Python
+        # fallback does not exist), so every GPU start here shows the resident serving it
+        served = str(served_launchers() / launcher.HOOK)
+        config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=served,
                         cdi_dir=str(containerd.home / "cdi"), node_name=NODE)  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())
         stop = threading.Event()
