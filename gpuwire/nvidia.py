@@ -14,6 +14,10 @@ CDI_KIND = "nvidia.com/gpu"
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+# Access to MIG's config and monitor capabilities; `all` only, privileged containers only
+# (NVIDIA/libnvidia-container `select_mig_config_devices`; nvidia-container-toolkit
+# `cmd/nvidia-container-runtime-hook/container_config.go`).
+MIG_CONTROL_ENV = {"config": "NVIDIA_MIG_CONFIG_DEVICES", "monitor": "NVIDIA_MIG_MONITOR_DEVICES"}
 
 # NVIDIA_DRIVER_CAPABILITIES
 CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
@@ -100,6 +104,7 @@ HOST_LIBDIRS_32 = ("usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
 HOST_BINDIRS = ("usr/bin", "bin", "usr/sbin")
 
 PROC_DRIVER = "proc/driver/nvidia"
+PROC_CAPABILITIES = PROC_DRIVER + "/capabilities"  # MIG capabilities (gpuwire.mig)
 FIRMWARE_DIR = "lib/firmware/nvidia"
 
 
