@@ -19,8 +19,9 @@ import time
 
 from deviceplugin import agent, state, sweep
 from deviceplugin.allocate import Strategies
+from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus, open_discovery
+from deviceplugin.discovery import Discovery, NodeGpus
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.resources import Resource, of_node

@@ -1,7 +1,9 @@
 """The device model and NVIDIA_VISIBLE_DEVICES semantics, shared by every component.
 
-A request string selects devices the way libnvidia-container does (`select_devices` in
-`src/cli/common.c` of NVIDIA/libnvidia-container): `void`/empty/unset is not a GPU
+A request string selects devices the way libnvidia-container does (NVIDIA's container
+toolkit docs, "Specialized Configurations with Docker", `NVIDIA_VISIBLE_DEVICES`;
+NVIDIA/nvidia-container-toolkit `cmd/nvidia-container-runtime/README.md`; `select_devices`
+in NVIDIA/libnvidia-container `src/cli/common.c`): `void`/empty/unset is not a GPU
 container, `none` is a GPU container with no GPU, `all` is every GPU and every MIG device,
 otherwise a list of GPU indices, UUIDs or PCI bus ids, and MIG devices (`MigDevice`) by
 UUID (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`) or as `<gpu>:<gi>:<ci>`.

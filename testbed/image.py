@@ -1,4 +1,4 @@
-"""An OCI image-layout tar of the busybox rootfs, since the lab has no registry to pull from.
+"""An OCI image-layout tar of the busybox rootfs: the testbed has no registry to pull from.
 
 containerd (`ctr images import`) and podman (`podman load`) both read this format. The tar is
 deterministic (sorted entries, zero mtimes, root ownership), so the same rootfs always gives
@@ -18,7 +18,7 @@ from typing import Any
 
 from testbed.rootfs import busybox_rootfs
 
-NAME = "docker.io/gpuwire/lab:busybox"
+NAME = "docker.io/gpuwire/testbed:busybox"
 _LAYER = "application/vnd.oci.image.layer.v1.tar"
 _CONFIG = "application/vnd.oci.image.config.v1+json"
 _MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -15,15 +15,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from gpuwire import nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
-
-if TYPE_CHECKING:
-    from webhook.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +110,10 @@ class Fleet:
         return {p: normalise_model(p) for p in self.products}
 
     @functools.cached_property
-    def placements(self) -> dict[tuple[GpuRequest, bool], Placement]:
-        """Requests already resolved against this snapshot (`placement.place` fills it); a new
-        snapshot starts with none."""
+    def placements(self) -> dict[tuple[GpuRequest, bool], object]:
+        """Requests already resolved against this snapshot: `placement.place` keeps its
+        `Placement`s here (as objects: this module does not import placement). A new snapshot
+        starts with none."""
         return {}
 
     def holder(self, uuid: str) -> tuple[Node, Gpu] | None:

@@ -182,7 +182,7 @@ def place(request: GpuRequest, fleet: Fleet, allow_unknown: bool = False) -> Pla
     placed = fleet.placements
     key = (request, allow_unknown)
     found = placed.get(key)
-    if found is None:
+    if not isinstance(found, Placement):  # none yet (the fleet keeps them, not knowing the type)
         if len(placed) >= KEPT:  # distinct requests beyond that: start over, memory stays bounded
             placed.clear()
         found = placed[key] = _Placer(request, fleet, allow_unknown).place()

@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin.api import api_pb2, generate
 
-# (message, field, number) from kubelet-device-plugin.md 1.2
+# (message, field, number) of kubernetes/kubelet pkg/apis/deviceplugin/v1beta1/api.proto
 FIELDS = [
     ("DevicePluginOptions", "pre_start_required", 1),
     ("DevicePluginOptions", "get_preferred_allocation_available", 2),
