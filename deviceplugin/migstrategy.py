@@ -12,8 +12,9 @@ As NVIDIA's device plugin (README "MIG support"; `internal/rm/device_map.go`):
   instance spans its GPU instance get one (`1c.3g.40gb` does not).
 
 Where NVIDIA's plugin refuses to start (a `single` node that breaks a rule, a GPU in MIG
-mode without MIG devices yet), gpuwire advertises nothing for what is wrong, says why, and
-looks again: MIG devices created later are advertised then, without a restart.
+mode without MIG devices yet), gpuwire advertises nothing for what is wrong (a `single`
+node's `nvidia.com/gpu` with no devices), says why, and looks again: MIG devices created
+later are advertised then, without a restart.
 """
 
 from __future__ import annotations
@@ -83,6 +84,6 @@ def _single(node: NodeGpus, resource: str, empty: list[str]) -> Advertised:
     profiles = sorted({m.profile for m in node.mig_devices})
     if len(profiles) > 1:
         problems.append(f"more than one MIG device type present on node: {', '.join(profiles)}")
-    if problems:
-        return Advertised(problems=tuple(problems), invalid=True)
+    if problems:  # the resource stays, with no devices, until the node is right
+        return Advertised(mig={resource: ()}, problems=tuple(problems), invalid=True)
     return Advertised(mig={resource: node.mig_devices})

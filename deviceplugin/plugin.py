@@ -24,10 +24,11 @@ from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
+from deviceplugin.labeler import write_mig_map
 from deviceplugin.resources import Resource, of_node
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
-from gpuwire import mig, nvidia
+from gpuwire import nvidia
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +113,12 @@ def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.Health
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
     uuids, children = watched(node)
     health = state.HealthState(HealthBook(policy, uuids, children=children), discovery.alive)
+    write_mig_map(config.mig_map, node)
     endpoints = Endpoints(config, health)
     endpoints.update(resources(config, node))
     if not endpoints.by_name:
         log.warning("no GPUs on this node: nothing to advertise")
-    write_mig_map(config, node)
     return endpoints, health, node
-
-
-def write_mig_map(config: Config, node: NodeGpus) -> None:
-    """The node side's names of this node's MIG devices, where it has MIG (or had)."""
-    if not node.mig and not os.path.exists(config.mig_map):
-        return
-    try:
-        if mig.write_map(config.mig_map, node.mig_devices):
-            log.info("MIG map %s: %d MIG device(s)", config.mig_map, len(node.mig))
-    except OSError as exc:
-        log.warning("MIG map %s not written: %s", config.mig_map, exc)
 
 
 def follow(
@@ -148,10 +138,10 @@ def follow(
                 continue
             node = discovery.discover()
             layout, due = discovery.layout(), time.monotonic() + REDISCOVER
+            write_mig_map(config.mig_map, node)  # first: the node side must know what is allocated
             for endpoint in endpoints.update(resources(config, node)):
                 supervisor.add(endpoint)
             endpoints.health.changed(*watched(node))
-            write_mig_map(config, node)
         except Exception:
             log.exception("rediscovery failed; trying again")
 

@@ -138,15 +138,19 @@ def decode_map(data: bytes, source: str = "MIG map") -> Names:
 
 
 def write_map(path: str, devices: Iterable[MigDevice]) -> bool:
-    """Make the map at `path` list `devices` (the node agent's, from NVML); whether it changed."""
+    """Make the map at `path` list `devices` (the node agent's, from NVML); whether it
+    changed. A node that has no MIG device and no map gets none."""
     from gpuwire import atomicfile
 
+    devices = tuple(devices)
     data = encode_map(devices)
     try:
         with open(path, "rb") as f:
             if f.read() == data:
                 return False
     except FileNotFoundError:
+        if not devices:
+            return False
         os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
     atomicfile.replace(path, data, 0o644)
     return True
