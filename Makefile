@@ -42,9 +42,11 @@ check: lint typecheck
 test: system-deps lint typecheck
 	$(BIN)/pytest
 
-# Stubs of deviceplugin/api/*.proto, with the grpcio-tools pinned in constraints.txt.
+# Stubs of deviceplugin/api/*.proto and testbed/cri/*.proto, with the grpcio-tools pinned
+# in constraints.txt.
 protos: venv
 	$(BIN)/python -m deviceplugin.api.generate
+	$(BIN)/python -m testbed.cri.generate
 
 demo: system-deps venv
 	$(BIN)/python -m scripts.demo
