@@ -158,3 +158,24 @@ def test_nvidias_naming_gives_every_profiles_documented_name(
 def test_profile_name_of_a_split_gpu_instance_and_half_up_rounding() -> None:
     assert mig.profile_name(3, 1, 40) == "1c.3g.40gb"
     assert mig.memory_gb(143771, 71424) == 71  # 70.5 GB: go-nvlib rounds half away from zero
+
+
+def test_cdi_spec_lists_mig_devices_with_their_own_nodes(
+    driver: Driver, mig_node: tuple[Path, sim.Machine]
+) -> None:
+    from gpuwire import cdi
+
+    driver.mig = named(driver, mig_node[1])
+    spec = cdi.generate(driver, "/usr/bin/gpuwire-hook", "/sbin/ldconfig", ("utility",))
+    by_name = {
+        d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]
+    }
+    target = driver.mig[2]
+    own = [
+        "/dev/nvidia0",
+        *(f"/dev/nvidia-caps/nvidia-cap{c}" for c in (target.gi_cap, target.ci_cap)),
+    ]
+    assert by_name[target.place] == by_name[target.uuid] == own
+    assert len(by_name["0"]) == 1 + 2 * len(driver.mig)  # the whole GPU: all its MIG devices
+    assert by_name["3"] == ["/dev/nvidia3"]
+    assert set(by_name["all"]) == {p for paths in by_name.values() for p in paths}
