@@ -172,29 +172,28 @@ def mig_labels(
         out |= {NV + "gpu.product": f"{product}-MIG-INVALID"}
         out |= {NV + k: "0" for k in ("gpu.count", "gpu.replicas", "gpu.memory")}
     elif strategy == "single" and node.mig:
-        first = node.mig[0]
-        out[NV + "gpu.product"] = f"{product}-MIG-{first.device.profile}"
+        out[NV + "gpu.product"] = f"{product}-MIG-{node.mig[0].device.profile}"
         out[NV + "gpu.count"] = str(len(node.mig))
-        out.update(_attributes(NV + "gpu.", first))
+        out.update(_attributes(NV + "gpu.", node.mig[0]))
     elif strategy == "mixed":
         for name, devices in advertised.mig.items():
             uuids = {d.uuid for d in devices}
-            first = next((m for m in node.mig if m.device.uuid in uuids), None)
-            if first is None:
+            kind = next((m for m in node.mig if m.device.uuid in uuids), None)
+            if kind is None:
                 continue
             prefix = f"{name}."
             out[prefix + "count"] = str(len(devices))
-            out[prefix + "product"] = f"{product}-MIG-{first.device.profile}"
+            out[prefix + "product"] = f"{product}-MIG-{kind.device.profile}"
             out[prefix + "replicas"] = str(replicas.get(name, 1))
             out[prefix + "sharing-strategy"] = (
                 "time-slicing" if replicas.get(name, 1) > 1 else "none"
             )
-            out.update(_attributes(prefix, first))
+            out.update(_attributes(prefix, kind))
     return out
 
 
 def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
-    """`gpuwire.io/gpus` for this node: every GPU, with its health."""
+    """`gpuwire.io/gpus` for this node: every GPU, with its health and its MIG devices."""
     return nodegpus.encode(
         nodegpus.NodeGpu(
             index=g.device.index,
@@ -203,6 +202,19 @@ def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
             memory_mib=g.device.memory_mib,
             numa_node=g.device.numa_node,
             healthy=g.device.uuid not in unhealthy,
+            mig=None
+            if not g.mig_enabled
+            else tuple(
+                nodegpus.NodeMig(
+                    uuid=m.device.uuid,
+                    profile=m.device.profile,
+                    gi=m.device.gi,
+                    ci=m.device.ci,
+                    memory_mib=m.device.memory_mib,
+                    healthy=m.device.uuid not in unhealthy,
+                )
+                for m in node.mig_of(g.device.uuid)
+            ),
         )
         for g in node.gpus
     )

@@ -36,11 +36,6 @@ class Advertised:
     invalid: bool = False  # a `single` node breaking its rules (GFD: `<model>-MIG-INVALID`)
 
 
-def resource_name(profile: str) -> str:
-    """`nvidia.com/mig-<profile>` for a mixed-strategy profile (`+` → `.`)."""
-    return f"{nvidia.LABEL_PREFIX}mig-{profile.replace('+', '.')}"
-
-
 def whole(profile: str) -> bool:
     """Whether a profile's compute instance spans its GPU instance (`3g.40gb`, not
     `1c.3g.40gb`)."""
@@ -63,7 +58,7 @@ def advertise(node: NodeGpus, strategy: str, gpu_resource: str) -> Advertised:
     problems = list(empty)
     for m in node.mig_devices:
         if whole(m.profile):
-            mig.setdefault(resource_name(m.profile), []).append(m)
+            mig.setdefault(nvidia.mig_resource(m.profile), []).append(m)
         else:
             problems.append(f"MIG device {m.uuid} ({m.profile}) has no mixed-strategy resource")
     gpus = tuple(g.device for g in node.gpus if not g.mig_enabled)

@@ -6,12 +6,14 @@ UUID, one per MIG device under `<gpu>:<gi>:<ci>` and its UUID (where the MIG map
 plus `all`; a device holds only its own nodes: `/dev/nvidiaN`, and for a MIG device its
 parent's node and its two capability nodes (a MIG-enabled GPU's are those of all its MIG
 devices), as NVIDIA's CDI specs do (nvidia-container-toolkit `pkg/nvcdi`). MIG devices
-created after the spec was written are not in it: `gpuwire cdi generate` again. What every GPU container
-needs (control nodes, the driver's libraries, binaries and firmware, the ld-cache hook, env)
-is in the spec's common `containerEdits`, which an engine applies once when any of the
-spec's devices is requested. Device nodes carry type, major and minor, so the engine
-writes their cgroup allow rules into the OCI spec itself: the low-level runtime knows them,
-and a `runc update` cannot silently revoke them as it can rules written behind its back.
+created after the spec was written are not in it: `gpuwire cdi generate` again.
+
+What every GPU container needs (control nodes, the driver's libraries, binaries and
+firmware, the ld-cache hook, env) is in the spec's common `containerEdits`, which an engine
+applies once when any of the spec's devices is requested. Device nodes carry type, major
+and minor, so the engine writes their cgroup allow rules into the OCI spec itself: the
+low-level runtime knows them, and a `runc update` cannot silently revoke them as it can
+rules written behind its back.
 
 A spec cannot know the image's distro, so libraries go where the host keeps them (relative
 to the driver root), as NVIDIA's specs do; the ld-cache hook adds that folder to the

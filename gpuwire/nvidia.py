@@ -171,6 +171,20 @@ def with_implied(capabilities: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+def mig_resource(profile: str) -> str:
+    """NVIDIA's mixed-strategy resource of a MIG profile: `nvidia.com/mig-<profile>` with
+    `+` as `.` (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`; NVIDIA/k8s-device-plugin README,
+    "MIG support"). GFD's per-profile labels are named the same way."""
+    return f"{LABEL_PREFIX}mig-{profile.replace('+', '.')}"
+
+
+def mig_profile_of(spelling: str) -> str:
+    """The profile a resource or label spells (`1g.10gb.me` → `1g.10gb+me`): the `.` after
+    the GB was a `+`."""
+    head, sep, attributes = spelling.partition("gb.")
+    return f"{head}gb+{attributes}" if sep else spelling
+
+
 def gfd_product(name: str) -> str:
     """GPU Feature Discovery's `nvidia.com/gpu.product` value for an NVML product name."""
     kept = "".join(c for c in name if c.isalnum() or c in "-_. ")

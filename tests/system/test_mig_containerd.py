@@ -20,7 +20,6 @@ from testbed.containerds import Generation
 from testbed.kuberuntime import KubeRuntime
 from testbed.lab import Lab
 from tests.conftest import requires_binary, requires_root
-from tests.system.test_mig_runc import EPERM, sibling_script
 from tests.system.test_containerd import (  # noqa: F401 - `generation` is a fixture
     HANDLER,
     SHIM,
@@ -30,6 +29,7 @@ from tests.system.test_containerd import (  # noqa: F401 - `generation` is a fix
     pod,
     run_view,
 )
+from tests.system.test_mig_runc import EPERM, sibling_script
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 
