@@ -36,7 +36,7 @@ def mig_cluster(
     root = tmp_path / "node"
     sim.write_node(root, machine)
     found = SimDiscovery(root).discover()
-    big, mid, small, _ = found.mig_devices
+    big, _, small, _ = found.mig_devices
     with ApiServer() as api:
         core_api = k8s.CoreV1Api(api.client())
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
