@@ -44,6 +44,7 @@ class NvmlDiscovery:
         self._uuids: list[str] = []  # by index, as last discovered
         self._devices: tuple[Device, ...] = ()
         self._mig: dict[tuple[str, int, int], str] = {}  # (GPU, GI, CI) → MIG UUID
+        self.unmatched: list[tuple[int, int, int]] = []  # MIG (GPU, GI, CI) not in procfs
 
     def discover(self) -> NodeGpus:
         nv = self.nvml
@@ -74,6 +75,7 @@ class NvmlDiscovery:
             (m.parent_uuid, m.gi, m.ci): m
             for m in mig.read_instances(self.proc, [g.device for g in gpus])
         }
+        self.unmatched = []
         found = [
             m
             for g, h in zip(gpus, handles, strict=True)
@@ -112,6 +114,7 @@ class NvmlDiscovery:
             procfs = caps.get((parent.uuid, gi, ci))
             if procfs is None:  # created this instant: procfs shows it by the next look
                 log.warning("GPU %d: MIG GI %d CI %d is not in procfs yet", parent.index, gi, ci)
+                self.unmatched.append((parent.index, gi, ci))
                 continue
             a = nv.nvmlDeviceGetAttributes(h)
             gb = mig.memory_gb(parent.memory_mib, int(a.memorySizeMB))
