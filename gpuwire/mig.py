@@ -29,7 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-DEFAULT_MAP = "/run/gpuwire/mig-devices"
+DEFAULT_MAP = "/run/gpuwire/mig/devices"  # a directory of its own: the node agent mounts it
 CAPS_MAJOR_NAME = "nvidia-caps"
 CONTROLS = ("config", "monitor")
 _MINOR = "DeviceFileMinor"
