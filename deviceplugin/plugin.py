@@ -82,11 +82,12 @@ class Endpoints:
                 old = endpoint.service.resource
                 endpoint.service.resource = dataclasses.replace(old, gpus=(), mig=())
         for resource in wanted:
-            if resource.name in self.by_name:
-                self.by_name[resource.name].service.resource = resource
-            else:
+            if resource.name not in self.by_name:
                 self.by_name[resource.name] = self._endpoint(resource)
                 new.append(self.by_name[resource.name])
+            elif self.by_name[resource.name].service.resource == resource:
+                continue
+            self.by_name[resource.name].service.resource = resource
             log.info(
                 "%s: %d device(s) × %d replica(s)",
                 resource.name,
