@@ -173,6 +173,20 @@ def test_mixed_resources_reach_the_kubelet_and_allocate_mig_devices(
     assert mig.read_map(config.mig_map)[node.devices[0].uuid][(chosen.gi, chosen.ci)][0] == ids[0]
 
 
+def test_none_strategy_advertises_whole_gpus_mig_or_not(
+    tmp_path: Path, config: Config, kubelet: Kubelet
+) -> None:
+    root = node_with(tmp_path, {0: ("balanced",)})
+    node = found(root)
+    with serving(replace(config, sim=str(root))):  # the default strategy
+        plugin_ = kubelet.plugin(GPU)
+        assert [d.ID for d in plugin_.devices] == [d.uuid for d in node.devices]
+        ids, _ = kubelet.admit(GPU, 4)
+    assert sorted(ids) == sorted(d.uuid for d in node.devices)
+    assert not any(r.resource_name.startswith("nvidia.com/mig-") for r in kubelet.registrations)
+    assert mig.read_map(config.mig_map)  # the node side can name the MIG devices all the same
+
+
 def test_single_strategy_advertises_identical_mig_devices_as_gpus(
     tmp_path: Path, config: Config, kubelet: Kubelet
 ) -> None:
