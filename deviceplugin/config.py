@@ -17,8 +17,9 @@ import yaml
 
 from deviceplugin.allocate import CDI_NAMES
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
+from deviceplugin.migstrategy import STRATEGIES
 from deviceplugin.resources import Rule, resource_name_error
-from gpuwire import allocation, grant, nvidia
+from gpuwire import allocation, grant, mig, nvidia
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_ROOT = "/var/lib/kubelet"
@@ -39,6 +40,8 @@ class Config:
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
     rename_by_default: bool = False  # shared GPUs advertised as <resource>.shared
+    mig_strategy: str = "none"  # none, single, mixed (NVIDIA's)
+    mig_map: str = mig.DEFAULT_MAP  # where the node side learns the names of MIG devices
     device_specs: bool = False
     cdi: str = "none"
     cdi_kind: str = nvidia.CDI_KIND
@@ -139,6 +142,12 @@ def as_cdi(value: Any) -> str:
     return str(value)
 
 
+def as_mig_strategy(value: Any) -> str:
+    if value not in STRATEGIES:
+        raise ValueError(f"expected one of {', '.join(STRATEGIES)}")
+    return str(value)
+
+
 def as_rules(value: Any) -> tuple[Rule, ...]:
     if not isinstance(value, list):
         raise ValueError("expected a list of {pattern, name[, replicas]}")
@@ -162,6 +171,8 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sharing.timeSlicing.replicas": ("replicas", as_count),
     "sharing.timeSlicing.failRequestsGreaterThanOne": ("fail_requests_greater_than_one", as_flag),
     "sharing.timeSlicing.renameByDefault": ("rename_by_default", as_flag),
+    "migStrategy": ("mig_strategy", as_mig_strategy),
+    "migMap": ("mig_map", as_text),
     "allocate.deviceSpecs": ("device_specs", as_flag),
     "allocate.cdi": ("cdi", as_cdi),
     "allocate.cdiKind": ("cdi_kind", as_text),

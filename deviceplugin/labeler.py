@@ -17,7 +17,8 @@ import kubeclient
 from deviceplugin import labels
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
-from deviceplugin.resources import assign
+from deviceplugin.resources import of_node
+from gpuwire import mig
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ def node_name(given: str | None) -> str:
 
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    resources = assign(node.devices, config.rules, config.default_resource, config.replicas)
-    return labels.labels(node, resources, renamed=config.rename_by_default)
+    resources, advertised = of_node(
+        node, config.mig_strategy, config.rules, config.default_resource, config.replicas
+    )
+    return labels.labels(node, resources, config.rename_by_default, config.mig_strategy, advertised)
 
 
 def apply(
@@ -49,7 +52,7 @@ def apply(
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
     label_changes = labels.changes(
-        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.OWN_PREFIX)
+        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.MIG_PREFIX, labels.OWN_PREFIX)
     )
     annotation_changes = labels.changes(
         meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
@@ -85,25 +88,38 @@ def run(
     unhealthy: Callable[[], frozenset[str]] | None = None,
     api: Any = None,
 ) -> None:
-    """Label now, again within a second of a health change, and every `label_interval`
-    (which also puts back labels someone removed) until `stop` is set."""
+    """Label now, again within a second of a health change or a MIG change, and every
+    `label_interval` (which also puts back labels someone removed) until `stop` is set.
+    Where no device plugin runs, this is the node agent that keeps the MIG map."""
     api = api or core_api(config.kubeconfig)
     name = node_name(config.node_name)
     node: NodeGpus | None = None
     last: frozenset[str] | None = None
+    layout: object = None
     due = 0.0
     while not stop.is_set():
         bad = unhealthy() if unhealthy else frozenset()
-        if bad != last or time.monotonic() >= due:
-            try:
-                if node is None or time.monotonic() >= due:
+        try:
+            moved = node is not None and discovery.layout() != layout
+            if bad != last or moved or time.monotonic() >= due:
+                if node is None or moved or time.monotonic() >= due:
                     node = discovery.discover()
-                    due = time.monotonic() + config.label_interval
+                    layout, due = discovery.layout(), time.monotonic() + config.label_interval
+                    write_mig_map(config.mig_map, node)
                 label_once(api, name, config, node, bad)
                 last = bad
-            except Exception as exc:  # the API server may be away; try again later
-                log.warning("labeling node %s failed: %s", name, exc)
+        except Exception as exc:  # the API server may be away; try again later
+            log.warning("labeling node %s failed: %s", name, exc)
         stop.wait(1.0)
+
+
+def write_mig_map(path: str, node: NodeGpus) -> None:
+    """The node side's names of this node's MIG devices (`gpuwire.mig`)."""
+    try:
+        if mig.write_map(path, node.mig_devices):
+            log.info("MIG map %s: %d MIG device(s)", path, len(node.mig))
+    except OSError as exc:
+        log.warning("MIG map %s not written: %s", path, exc)
 
 
 def advertise(api: Any, name: str, resource: str, count: int) -> list[dict[str, Any]] | None:

@@ -1,5 +1,6 @@
 """The node's live health, shared by every resource's server: the thread-safe shell around
-`health.HealthBook`, fed by the discovery source's events, watched by ListAndWatch streams.
+`health.HealthBook`, fed by the discovery source's events, watched by ListAndWatch streams,
+which also hear when the devices themselves change (`changed`: a MIG change).
 """
 
 from __future__ import annotations
@@ -27,6 +28,17 @@ class HealthState:
         self._alive = alive
         self._clock = clock
         self._cond = threading.Condition()
+        self._revision = 0  # bumped when the devices change
+
+    def changed(
+        self, uuids: frozenset[str] | None = None, children: dict[str, frozenset[str]] | None = None
+    ) -> None:
+        """The devices changed (and, given, the ones to watch now): every watcher sends again."""
+        with self._cond:
+            if uuids is not None:
+                self._book.track(uuids, children or {})
+            self._revision += 1
+            self._cond.notify_all()
 
     def record(self, events: list[HealthEvent]) -> None:
         with self._cond:
@@ -64,20 +76,20 @@ class HealthState:
     ) -> Iterator[frozenset[str]]:
         """The unhealthy set now, then each time it changes (and with `every`, at least that
         often), until `done()` (checked at least every `poll` seconds and on every `wake()`)."""
-        last: frozenset[str] | None = None
+        last: tuple[int, frozenset[str]] | None = None
         sent = -math.inf
         while not done():
             with self._cond:
                 current = self._settle()
                 now = self._clock()
-                if current == last and (every is None or now - sent < every):
+                if (self._revision, current) == last and (every is None or now - sent < every):
                     due = self._book.next_due()
                     wait = poll if due is None else min(poll, max(0.0, due - now))
                     if every is not None:
                         wait = min(wait, sent + every - now)
                     self._cond.wait(wait)
                     continue
-            last, sent = current, now
+                last, sent = (self._revision, current), now
             yield current
 
     def wake(self) -> None:

@@ -2,7 +2,9 @@
 
 The device plugin's labeler writes it; the webhook (pinning explicit-UUID requests to the node
 that holds them, naming the UUIDs that exist) and `gpuwire inventory` read it. Labels cannot
-carry a list of devices, so it is compact JSON: one object per GPU, by index.
+carry a list of devices, so it is compact JSON: one object per GPU, by index. A GPU in MIG
+mode carries its MIG devices under `mig` (an empty list: MIG on, no MIG devices yet); a GPU
+without the key is not in MIG mode.
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ ANNOTATION = "gpuwire.io/gpus"
 
 
 @dataclass(frozen=True)
+class NodeMig:
+    """A MIG device of a GPU: its UUID, profile, GPU and compute instance, memory, health."""
+
+    uuid: str
+    profile: str
+    gi: int
+    ci: int
+    memory_mib: int
+    healthy: bool = True
+
+
+@dataclass(frozen=True)
 class NodeGpu:
     index: int
     uuid: str
@@ -22,6 +36,7 @@ class NodeGpu:
     memory_mib: int
     numa_node: int = -1
     healthy: bool = True
+    mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
 
 
 def encode(gpus: Iterable[NodeGpu]) -> str:
@@ -34,10 +49,40 @@ def encode(gpus: Iterable[NodeGpu]) -> str:
             "memory_mib": g.memory_mib,
             "numa_node": g.numa_node,
             "healthy": g.healthy,
+            **({} if g.mig is None else {"mig": [_mig_entry(m) for m in g.mig]}),
         }
         for g in sorted(gpus, key=lambda g: g.index)
     ]
     return json.dumps(entries, separators=(",", ":"))
+
+
+def _mig_entry(m: NodeMig) -> dict[str, object]:
+    return {
+        "uuid": m.uuid,
+        "profile": m.profile,
+        "gi": m.gi,
+        "ci": m.ci,
+        "memory_mib": m.memory_mib,
+        "healthy": m.healthy,
+    }
+
+
+def _mig(entries: object) -> tuple[NodeMig, ...] | None:
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        raise TypeError("mig: expected a JSON array")
+    return tuple(
+        NodeMig(
+            uuid=str(m["uuid"]),
+            profile=str(m["profile"]),
+            gi=int(m["gi"]),
+            ci=int(m["ci"]),
+            memory_mib=int(m["memory_mib"]),
+            healthy=bool(m.get("healthy", True)),
+        )
+        for m in entries
+    )
 
 
 def decode(text: str) -> tuple[NodeGpu, ...]:
@@ -54,6 +99,7 @@ def decode(text: str) -> tuple[NodeGpu, ...]:
                 memory_mib=int(e["memory_mib"]),
                 numa_node=int(e.get("numa_node", -1)),
                 healthy=bool(e.get("healthy", True)),
+                mig=_mig(e.get("mig")),
             )
             for e in entries
         )

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuwire.devices import MigDevice
 from gpuwire.grant import KeyRing, Subject
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
@@ -63,15 +64,23 @@ def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = N
 
 
 class Lab:
-    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+    """A simulated GPU node, grant keys and a gpuwire config file under one directory; with
+    `mig` (GPU index → profiles, as `gpuwire sim node --mig`), MIG devices and the MIG map
+    the node agent writes of them."""
 
-    def __init__(self, root: Path, gpus: int = 4) -> None:
+    def __init__(
+        self, root: Path, gpus: int = 4, mig: dict[int, tuple[str, ...]] | None = None
+    ) -> None:
         from gpuwire import sim
 
         self.root = root
         self.node = root / "node"
         self.machine = sim.make_machine(gpus=gpus)
+        for index, profiles in (mig or {}).items():
+            self.machine = sim.with_mig(self.machine, index, profiles)
         sim.write_node(self.node, self.machine)
+        self.mig_map = root / "mig-devices"
+        self.mig: tuple[MigDevice, ...] = self.write_mig_map()
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
@@ -86,12 +95,22 @@ class Lab:
             "allocation-dir": str(self.allocations),
             "log": str(self.log),
             "records-dir": str(self.records),
+            "mig-map": str(self.mig_map),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
 
     def uuid(self, index: int) -> str:
         return self.machine.devices[index].uuid
+
+    def write_mig_map(self) -> tuple[MigDevice, ...]:
+        """The MIG map as the node agent writes it: its discovery of the node's MIG devices."""
+        from deviceplugin.simulated import SimDiscovery
+        from gpuwire import mig
+
+        found = SimDiscovery(self.node).discover().mig_devices
+        mig.write_map(str(self.mig_map), found)
+        return found
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []

@@ -10,6 +10,9 @@ and the tests call it directly. The rules, in the order a container meets them:
 * Every other container gets `NVIDIA_VISIBLE_DEVICES=void` (policy `voidUnrequested`), and a
   hand-written value is replaced unless the namespace is trusted, where it is granted as is.
 * Model, memory and device requests become required node affinity.
+* A MIG profile (`gpuwire.io/mig-profile`, counted by `gpuwire.io/gpu-count`) becomes the
+  device plugin's mixed-strategy resource `nvidia.com/mig-<profile>` where the cluster runs
+  one, else MIG devices the webhook names for the container (`webhook/placement.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from webhook import affinity
 from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, pointer, set_path
 from webhook.placement import Placement, Unplaceable, place
-from webhook.pod import Container, MalformedPod, Pod
+from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 
 VISIBLE = nvidia.VISIBLE_DEVICES_ENV
@@ -131,7 +134,9 @@ class _Mutation:
         placement = NOWHERE
         if gpu:
             try:
-                placement = place(request, self.fleet, self.policy.unknown_model == "allow")
+                allow = self.policy.unknown_model == "allow"
+                named = self.named_mig(gpu)
+                placement = place(request, self.fleet, allow, self.policy.device_plugin, named)
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
@@ -168,6 +173,11 @@ class _Mutation:
                              "devices (policy cdiAnnotations)")  # fmt: skip
         return [{"op": "remove", "path": pointer("/metadata/annotations", k)} for k in named]
 
+    def named_mig(self, gpu: set[str]) -> tuple[str, ...]:
+        """The MIG devices the pod's GPU containers already name (a second admission)."""
+        found = [c.value(VISIBLE) or "" for c in self.pod.containers if c.name in gpu]
+        return tuple(u for u in found[0].split(",") if u.startswith("MIG-")) if found else ()
+
     def gpu_containers(self, request: GpuRequest) -> set[str]:
         if request.containers:
             unknown = [n for n in request.containers if self.pod.named(n) is None]
@@ -179,7 +189,7 @@ class _Mutation:
                     f"{', '.join(unknown)}, which this pod does not have; accepted: {names}",
                 )
             return set(request.containers)
-        with_resource = {c.name for c in self.pod.containers if c.gpus}
+        with_resource = {c.name for c in self.pod.containers if c.gpus or c.mig}
         if with_resource or not request.asks:
             return with_resource
         return {c.name for c in self.pod.app_containers}
@@ -204,9 +214,13 @@ class _Mutation:
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
         resource = c.gpus
+        if c.mig is not None:
+            return self.mig_resource(c, request, *c.mig)
         if resource:  # nvidia.com/gpu: 0 asks the plugin for nothing
             self.check_plugin(c, request, resource)
             return _Devices(grant.PLUGIN_DEVICES, resource)
+        if request.mig_profile:
+            return self.mig_devices(c, request, placement)
         if request.uuids:
             return _Devices(",".join(placement.devices or request.uuids), len(request.uuids))
         count = request.count if request.count is not None else self.policy.gpu_count
@@ -225,8 +239,46 @@ class _Mutation:
         op = set_path(c.raw, c.path, ("resources", "limits", nvidia.RESOURCE), str(count))
         return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
 
+    def mig_resource(self, c: Container, request: GpuRequest, name: str, count: int) -> _Devices:
+        """A container with a mixed-strategy resource: the plugin chooses its MIG devices."""
+        profile = nvidia.mig_profile_of(name.removeprefix(MIG_RESOURCE_PREFIX))
+        if c.gpus:
+            raise Denied(
+                400,
+                f"container {c.name!r} asks for both whole GPUs ({nvidia.RESOURCE}: {c.gpus}) "
+                f"and MIG devices ({name}: {count}); a container gets one or the other",
+            )
+        if request.mig_profile not in (None, profile):
+            key, value = request.source(keys.MIG_PROFILE)
+            raise Denied(
+                400,
+                f"{key}: {value!r} disagrees with container {c.name!r}'s {name}: {count}; "
+                f"accepted: {profile}, or no {key}",
+            )
+        return _Devices(grant.PLUGIN_DEVICES, count)
+
+    def mig_devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
+        """MIG devices of the asked profile: the plugin's resource, else those the placement
+        named."""
+        profile = request.mig_profile
+        assert profile is not None
+        count = request.count if isinstance(request.count, int) else 1
+        if placement.devices:
+            return _Devices(",".join(placement.devices), count)
+        resource = nvidia.mig_resource(profile)
+        op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
+        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+
     def check_plugin(self, c: Container, request: GpuRequest, resource: int) -> None:
         """A container the device plugin serves cannot also name its GPUs or take all."""
+        if request.mig_profile:
+            key, value = request.source(keys.MIG_PROFILE)
+            raise Denied(
+                400,
+                f"{key}: {value!r} asks for MIG devices, but container {c.name!r} asks for "
+                f"whole GPUs ({nvidia.RESOURCE}: {resource}); accepted: {keys.MIG_PROFILE} "
+                f"without {nvidia.RESOURCE}, or {nvidia.mig_resource(request.mig_profile)}",
+            )
         if request.uuids:
             key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
             raise Denied(

@@ -4,6 +4,14 @@
 request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
 denies what no node has, listing what exists, and names the candidate nodes so that limits
 given as a share of the GPU can be turned into MiB.
+
+A MIG profile (`gpuwire.io/mig-profile`) goes to the nodes that offer it (their MIG devices
+in `gpuwire.io/gpus`, GFD's MIG labels). For a device plugin's pod, node affinity on GFD's
+mixed-strategy label `nvidia.com/mig-<profile>.count`; for a plugin-less pod, MIG devices of
+the node with the fewest free ones that still has enough (free: healthy, held by no one in
+its `gpuwire.io/holders`, not named by this webhook since the snapshot), pinned by hostname.
+Nothing reserves those between admission and start: two webhooks, or a pod that starts late,
+can give one twice, which the inventory shows as a conflict.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwire import annotations as keys
+from gpuwire import nvidia
 from gpuwire.annotations import GpuRequest
 from webhook.fleet import (
     HOSTNAME_LABEL,
@@ -60,10 +69,19 @@ def _matches(name: str, words: Sequence[str]) -> bool:
 
 
 class _Placer:
-    def __init__(self, request: GpuRequest, fleet: Fleet, allow_unknown: bool) -> None:
+    def __init__(
+        self,
+        request: GpuRequest,
+        fleet: Fleet,
+        allow_unknown: bool,
+        plugin: bool = True,
+        named: tuple[str, ...] = (),
+    ) -> None:
         self.request = request
         self.fleet = fleet
         self.allow_unknown = allow_unknown
+        self.plugin = plugin
+        self.named = named
         self.nodes = list(fleet.nodes)
         self.expressions: list[Expression] = []
         self.devices: tuple[str, ...] = ()
@@ -161,24 +179,107 @@ class _Placer:
             self.expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": holding})
             self.nodes = [n for n in self.nodes if n.hostname not in holding]
 
+    def mig(self) -> None:
+        profile = self.request.mig_profile
+        if profile is None:
+            return
+        offering = [n for n in self.nodes if profile in n.offers()]
+        if not offering:
+            of_model = " of that model" if self.request.models else ""
+            present = _listing(self.fleet.mig_profiles())
+            if self.plugin:
+                self.unresolved(
+                    (keys.MIG_PROFILE,),
+                    f"is offered by no GPU node{of_model}; MIG profiles present: {present}",
+                )
+                return
+            key, value = self.request.source(keys.MIG_PROFILE)
+            raise Unplaceable(f"{key}: {value!r} is offered by no GPU node{of_model}; "
+                              f"MIG profiles present: {present}")  # fmt: skip
+        count = self.request.count if isinstance(self.request.count, int) else 1
+        self.nodes = offering
+        if self.plugin:
+            label = f"{nvidia.mig_resource(profile)}.count"
+            self.expressions.append({"key": label, "operator": "Gt", "values": [str(count - 1)]})
+            return
+        before = self.named_before(offering, profile, count)
+        if before is None:
+            node, self.devices = self.choose(offering, profile, count)
+        else:
+            node, self.devices = before
+        self.fleet.named.update(self.devices)
+        self.expressions.append(
+            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
+        )
+        self.nodes = [node]
+        self.warnings.append(
+            f"{keys.MIG_PROFILE}={profile}: MIG device(s) {', '.join(self.devices)} on node "
+            f"{node.name} named without a device plugin: nothing reserves them until the pod "
+            "starts"
+        )
+
+    def choose(
+        self, offering: list[Node], profile: str, count: int
+    ) -> tuple[Node, tuple[str, ...]]:
+        """`count` free MIG devices of `profile` on the node with the fewest that still has
+        enough (the others' larger free sets stay whole); Unplaceable where none has."""
+        named = self.fleet.named
+        fits = [(n, free) for n in offering if len(free := n.free_mig(profile, named)) >= count]
+        if not fits:
+            key, value = self.request.source(keys.MIG_PROFILE)
+            have = ", ".join(f"{n.name} {len(n.free_mig(profile, named))}" for n in offering)
+            raise Unplaceable(
+                f"{key}: {value!r}: no node has {count} free {profile} MIG device(s) "
+                f"(healthy and held by no one); free per node: {have}"
+            )
+        node, free = min(fits, key=lambda fit: (len(fit[1]), fit[0].name))
+        return node, tuple(m.uuid for m in free[:count])
+
+    def named_before(
+        self, offering: list[Node], profile: str, count: int
+    ) -> tuple[Node, tuple[str, ...]] | None:
+        """The MIG devices an earlier admission of this pod named, while they are free
+        devices of the profile on one node: admitting an admitted pod again changes
+        nothing."""
+        found = [self.fleet.holder(u) for u in self.named]
+        places = [h for h in found if h is not None and h[0] in offering]
+        if not places or len(places) != len(found) or len(found) != count:
+            return None
+        node = places[0][0]
+        free = {m.uuid for m in node.free_mig(profile)}
+        if any(n is not node or d.uuid not in free for n, d in places):
+            return None
+        return node, tuple(d.uuid for _, d in places)
+
     def place(self) -> Placement:
         self.models()
         self.memory()
         self.uuids()
         self.excluded_uuids()
+        self.mig()
         return Placement(
             tuple(self.expressions), tuple(self.nodes), self.devices, tuple(self.warnings)
         )
 
 
-def place(request: GpuRequest, fleet: Fleet, allow_unknown: bool = False) -> Placement:
+def place(
+    request: GpuRequest,
+    fleet: Fleet,
+    allow_unknown: bool = False,
+    plugin: bool = True,
+    named: tuple[str, ...] = (),
+) -> Placement:
     """Resolve `request`'s model, memory and device constraints; Unplaceable when none fits.
 
     `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable constraint with a
     warning instead of denying the pod. Placements are kept with the snapshot (a Deployment's
     pods ask alike, and resolving costs a pass over the cluster's nodes), so they are shared:
-    read-only, like the expressions that go into patches. Denials are not kept.
+    read-only, like the expressions that go into patches. Denials are not kept. `plugin`:
+    the cluster runs a device plugin (policy `devicePlugin`), which chooses MIG devices;
+    `named`: the MIG devices a pod already names (an earlier admission's choice).
     """
+    if request.mig_profile and not plugin:  # names devices: each pod its own
+        return _Placer(request, fleet, allow_unknown, plugin, named).place()
     placed = fleet.placements
     key = (request, allow_unknown)
     found = placed.get(key)

@@ -25,7 +25,7 @@ from typing import Any
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.shares import limits_env
-from gpuwire import atomicfile, cdi, driver
+from gpuwire import atomicfile, cdi, driver, edits
 from gpuwire.nvidia import Roots
 
 VENDOR = f"k8s.{DRIVER}"
@@ -76,7 +76,8 @@ def claim_spec(
                 f"claim {ref}: GPU {r.device.gpu.uuid} ({r.device.name}) is not in the driver's "
                 f"list under {found.roots.proc}"
             )
-        devices.append(cdi.device(f"{ref.uid}-{r.device.name}", cdi.gpu_nodes(found, (gpu,))))
+        nodes = cdi.device_nodes(edits.gpu_nodes(found, (gpu,)))
+        devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
     common.env.update(limits_env(results))

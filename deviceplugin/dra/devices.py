@@ -153,10 +153,13 @@ def device_name(gpu: Device) -> str:
 
 
 def gpu_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
-    """One device per GPU, in index order."""
+    """One device per GPU, in index order; not a GPU in MIG mode, which a container can use
+    only through its MIG devices (NVIDIA's driver publishes none for it either)."""
     island = islands(node.devices)
     out = []
     for gpu in sorted(node.gpus, key=lambda g: g.device.index):
+        if gpu.mig_enabled:
+            continue
         shared = sharing.shares(gpu.device)
         entry = gpu_entry(gpu, node, island[gpu.device.index], shared)
         out.append(DraDevice(entry["name"], gpu.device, entry, shared))

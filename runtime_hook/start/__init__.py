@@ -17,6 +17,7 @@ MODULES = (
     "gpuwire.grant",
     "gpuwire.ldsocache",
     "gpuwire.lightjson",
+    "gpuwire.mig",
     "gpuwire.nvidia",
     "gpuwire.records",
     "gpuwire.resolve",

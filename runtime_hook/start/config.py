@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, atomicfile, grant, records
+from gpuwire import allocation, atomicfile, grant, mig, records
 from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
@@ -41,6 +41,7 @@ KEYS = {
     "hook": ABSOLUTE + " to gpuwire-hook",
     "log": "'stderr' or " + ABSOLUTE,
     "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
+    "mig-map": ABSOLUTE + " (the MIG map the node agent writes: names of MIG devices)",
 }
 
 
@@ -64,6 +65,7 @@ class Config:
         "hook",
         "ldconfig",
         "log",
+        "mig_map",
         "records_dir",
         "roots",
         "runtime",
@@ -83,6 +85,7 @@ class Config:
         hook: str | None = None,
         log: str = DEFAULT_LOG,
         records_dir: str = records.DEFAULT_DIR,
+        mig_map: str = mig.DEFAULT_MAP,
         source: str = "defaults",
     ) -> None:
         self.roots = roots or Roots("/")
@@ -94,6 +97,7 @@ class Config:
         self.hook = hook or default_hook()
         self.log = log
         self.records_dir = records_dir
+        self.mig_map = mig_map
         self.source = source
 
 
@@ -123,6 +127,7 @@ def from_table(table: dict[str, object], source: str) -> Config:
         hook=values.get("hook"),
         log=values.get("log", DEFAULT_LOG),
         records_dir=values.get("records-dir", records.DEFAULT_DIR),
+        mig_map=values.get("mig-map", mig.DEFAULT_MAP),
         source=source,
     )
 

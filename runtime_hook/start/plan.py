@@ -47,7 +47,14 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
     if not outcome.inject or outcome.driver is None:
         return Plan(outcome, rootfs, None)
     layout = Layout.of(debian=is_debian(rootfs))
-    edits = container_edits(outcome.driver, outcome.devices, outcome.capabilities, layout)
+    edits = container_edits(
+        outcome.driver,
+        outcome.devices,
+        outcome.capabilities,
+        layout,
+        outcome.mig,
+        outcome.mig_controls,
+    )
     return Plan(outcome, rootfs, edits)
 
 
@@ -64,5 +71,7 @@ def summary(plan: Plan) -> str | None:
     if verdict.status != trust.GRANTED:
         return None
     gpus = ", ".join(f"{d.index} ({d.uuid})" for d in outcome.devices) or "none"
+    mig = "".join(f", MIG {m.place} ({m.name})" for m in outcome.mig)
+    controls = "".join(f", MIG {c}" for c in outcome.mig_controls)
     caps = ",".join(outcome.capabilities)
-    return f"{who}GPUs {gpus}, capabilities {caps}: {verdict.basis}"
+    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}: {verdict.basis}"

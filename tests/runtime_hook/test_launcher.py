@@ -234,6 +234,7 @@ VALID = {
     "hook": ["/usr/libexec/gpuwire-hook"],
     "log": ["stderr", "/var/log/gpuwire.log"],
     "records-dir": ["/run/gpuwire/containers"],
+    "mig-map": ["/run/gpuwire/mig/devices"],
 }
 assert set(VALID) == set(config.KEYS)
 PLAIN = [f'{k} = "{v}"' for k, values in VALID.items() for v in values] + ["# comment", ""]

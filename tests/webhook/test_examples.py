@@ -108,6 +108,15 @@ def driver_only(p: Pod, warnings: tuple[str, ...]) -> None:
     assert env(p, "build")["NVIDIA_VISIBLE_DEVICES"] == "none"
 
 
+def mig_profile(p: Pod, warnings: tuple[str, ...]) -> None:
+    notebook = p["spec"]["containers"][0]
+    assert notebook["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "2"}
+    assert expressions(p) == [
+        {"key": "nvidia.com/mig-1g.10gb.count", "operator": "Gt", "values": ["1"]}
+    ]
+    assert env(p, "notebook").keys() == {"NVIDIA_DRIVER_CAPABILITIES", grant.ENV}
+
+
 ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "model-select": model_select,
     "model-exclude": model_exclude,
@@ -120,11 +129,16 @@ ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "no-request": no_request,
     "trusted-agent": trusted_agent,
     "driver-only": driver_only,
+    "mig-profile": mig_profile,
 }
 DENIED = {
     "denied-unknown-model": [
         "gpuwire.io/gpu-model: 'B200' matches no GPU node; models present: "
         "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, Tesla-T4"
+    ],
+    "denied-unknown-mig-profile": [
+        "gpuwire.io/mig-profile: '1g.5gb' is offered by no GPU node; MIG profiles present: "
+        "1g.10gb, 2g.20gb, 3g.40gb"
     ],
     "denied-bad-annotations": [
         "gpuwire.io/gpu-count: 'two' is not a GPU count; accepted: all, none",
