@@ -62,14 +62,15 @@ HOST_CDI = Path("/var/run/cdi")
 def write_specs(
     lab: Lab, directory: Path, hooks: dict[str, str | None]
 ) -> tuple[dict[str, str], list[Path]]:
-    """One claim spec per case (its hook, or none), written where the engine reads them;
-    case → the CDI id of its one GPU, and the files."""
+    """One claim spec per case (its hook, or none), written where the engine reads them, its
+    token in the lab's allocation dir; case → the CDI id of its one GPU, and the specs."""
     gpu = devices(SimDiscovery(lab.node).discover(), Sharing())[1]
     ids, paths = {}, []
     for case, hook in hooks.items():
         ref = ClaimRef("bench", f"c-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()))
-        writer = CdiWriter(str(directory), Roots(str(lab.node)), hook or "/", "/sbin/ldconfig")
-        answered, (path,) = writer.write(ref, [Result("gpus", gpu)])
+        writer = CdiWriter(str(directory), Roots(str(lab.node)), hook or "/", "/sbin/ldconfig",
+                           str(lab.allocations), str(lab.root / "keys"))  # fmt: skip
+        answered, (path, _token) = writer.write(ref, [Result("gpus", gpu)], None)
         if hook is None:  # the same edits, without the hook
             spec = json.loads(Path(path).read_text())
             spec["containerEdits"].pop("hooks")

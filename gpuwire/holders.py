@@ -4,14 +4,16 @@ node annotation that carries it to the cluster. Pure functions; the node agent a
 
 Two sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
 allocations, as device IDs) and the runtime side's container records (`gpuwire.records`:
-every container gpuwire gave GPUs, plugin-less ones included). A container in both is one
-holder. A container granted only the `utility` capability (a monitoring agent, the device
-plugin itself) can watch a GPU through NVML but not run work or take memory on it: it holds
-nothing and is left out.
+every container gpuwire gave GPUs, plugin-less ones and those of DRA claims included). A
+container in both is one holder. A container granted only the `utility` capability (a
+monitoring agent, the device plugin itself) can watch a GPU through NVML but not run work or
+take memory on it: it holds nothing and is left out.
 
 Conflicts, the ways GPUs get oversubscribed silently:
 - `shared-gpu`: a GPU held by two or more containers although it is not shared (the device
-  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`);
+  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`; no DRA claim holds
+  it as a share of a shared GPU) and they do not all hold it through one DRA claim (a claim
+  serves every container that references it: a pod's containers, or a shared claim's pods);
 - `all-beside-plugin`: a plugin-less container that asked for `all` GPUs of a node on which
   a device plugin also hands them out, so the scheduler places plugin pods on its GPUs.
 """
@@ -46,9 +48,10 @@ class Holder:
     namespace: str
     pod: str
     container: str
-    path: str  # PLUGIN or PLUGIN_LESS
+    path: str  # PLUGIN, DRA or PLUGIN_LESS
     gpus: tuple[str, ...]  # UUIDs, sorted
     whole_node: bool = False  # asked for `all`
+    claims: tuple[str, ...] = ()  # DRA: the claims it holds them through, `namespace/name`
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -128,6 +131,7 @@ def from_records(records: Iterable[ContainerRecord]) -> list[Holder]:
             r.path,
             r.gpus,
             r.whole_node,
+            r.claims,
         )
         for r in records
         if r.gpus and not set(r.capabilities) <= WATCH_ONLY
@@ -147,16 +151,18 @@ def from_assignments(
 
 
 def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
-    """One holder per container: the union of its GPUs; `plugin` if any source says so."""
+    """One holder per container: the union of its GPUs and claims; its path the first of
+    `plugin`, `dra`, `plugin-less` that any source says."""
     merged: dict[tuple[str, str, str], Holder] = {}
     for h in holders:
         seen = merged.get(h.key)
         if seen is not None:
             h = Holder(
                 *h.key,
-                PLUGIN if PLUGIN in (h.path, seen.path) else PLUGIN_LESS,
+                next(p for p in PATHS if p in (h.path, seen.path)),
                 tuple(sorted(set(h.gpus) | set(seen.gpus))),
                 h.whole_node or seen.whole_node,
+                tuple(sorted(set(h.claims) | set(seen.claims))),
             )
         merged[h.key] = h
     return tuple(merged[k] for k in sorted(merged))
@@ -173,11 +179,14 @@ def node_holders(
     """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
     pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
     `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
-    pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs)."""
+    pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs).
+    A GPU a DRA claim holds as a share (of a shared GPU's consumable capacity) is shared."""
+    records = list(records)
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
     on_gpus = [(i, gpu_of(r, i, gpus, mig)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
+    shared |= {uuid for r in records for uuid in r.shares}
     holders = merge([*from_records(records), *from_assignments(assignments, gpus, mig)])
     plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
@@ -187,7 +196,7 @@ def conflicts(node: NodeHolders) -> list[Conflict]:
     found = []
     for uuid in sorted({u for h in node.holders for u in h.gpus} - set(node.shared)):
         holding = node.of_gpu(uuid)
-        if len(holding) > 1:
+        if len(holding) > 1 and not set.intersection(*(set(h.claims) for h in holding)):
             found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
     if node.plugin:
         for h in node.holders:
@@ -210,6 +219,8 @@ def encode(node: NodeHolders) -> str:
         }
         if h.whole_node:
             entry["all"] = True
+        if h.claims:
+            entry["claims"] = list(h.claims)
         holders.append(entry)
     value = {"v": VERSION, "plugin": node.plugin, "shared": list(node.shared), "holders": holders}
     return json.dumps(value, separators=(",", ":"))
@@ -232,6 +243,7 @@ def decode(text: str) -> NodeHolders:
                 _path(h["path"]),
                 tuple(str(u) for u in h["gpus"]),
                 bool(h.get("all", False)),
+                tuple(str(c) for c in h.get("claims", ())),
             )
             for h in raw["holders"]
         )

@@ -4,10 +4,16 @@ One transient spec per claim in the runtime's dynamic spec dir (`/var/run/cdi`, 
 shadows `/etc/cdi`), named as the CDI producer API names transient specs
 (`<vendor>-<class>_<id>`): `k8s.gpu.gpuwire.io-claim_<claim UID>.json`, kind
 `k8s.gpu.gpuwire.io/claim`, one device `<claim UID>-<device>` per allocated device holding its
-`/dev/nvidiaN` (so an id is never reused by another claim: runtimes cache specs), and the
-claim's common edits (`gpuwire.cdi.common_edits`: control devices, the driver's files for the
-claim's capabilities, the ld-cache hook) with the claim's limits env. The same naming as
-NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
+`/dev/nvidiaN` and a read-only mount of the claim's token at that device's place
+(`gpuwire.claimtoken`: the proof gpuwire's runtime accepts; so an id is never reused by
+another claim: runtimes cache specs), and the claim's common edits
+(`gpuwire.cdi.common_edits`: control devices, the driver's files for the claim's
+capabilities, the ld-cache hook) with the claim's limits env and `NVIDIA_VISIBLE_DEVICES`
+naming the claim's GPUs. The same naming as NVIDIA's and AMD's drivers (`k8s.<driver>`, a
+class, `<claim UID>-<device>`).
+
+The token is written before the spec and removed with it, so a spec never names a token
+that is not there; both are the prepared claim's files (what unprepare removes).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
 is discovered there, and every host path in the spec is written as the host sees it.
@@ -25,7 +31,8 @@ from typing import Any
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.shares import limits_env
-from gpuwire import atomicfile, cdi, driver, edits
+from gpuwire import atomicfile, cdi, claimtoken, driver, edits, nvidia
+from gpuwire.grant import KeyRing
 from gpuwire.nvidia import Roots
 
 VENDOR = f"k8s.{DRIVER}"
@@ -58,15 +65,26 @@ def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     return spec
 
 
+def claim_devices(results: Sequence[Result]) -> tuple[claimtoken.ClaimDevice, ...]:
+    """What a claim's token names of each device it was given."""
+    unique = {r.device.name: r for r in results}.values()
+    return tuple(
+        claimtoken.ClaimDevice(r.device.name, r.device.gpu.uuid, r.share_id is not None)
+        for r in unique
+    )
+
+
 def claim_spec(
     found: driver.Driver,
     ref: ClaimRef,
     results: Sequence[Result],
     hook: str,
     ldconfig: str,
+    token: str,
     host_root: str = "/",
 ) -> dict[str, Any]:
-    """The spec for a claim's results (pure, given the discovered driver)."""
+    """The spec for a claim's results (pure, given the discovered driver); `token`: where its
+    claim token is, as the host names it."""
     by_uuid = {d.uuid: d for d in found.devices}
     devices = []
     for r in {r.device.name: r for r in results}.values():
@@ -77,47 +95,80 @@ def claim_spec(
                 f"list under {found.roots.proc}"
             )
         nodes = cdi.device_nodes(edits.gpu_nodes(found, (gpu,)))
-        devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
+        device = cdi.device(f"{ref.uid}-{r.device.name}", nodes)
+        proof = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
+        device["containerEdits"]["mounts"] = [proof]
+        devices.append(device)
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in claim_devices(results))
     common.env.update(limits_env(results))
     return _host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
 
 
 class CdiWriter:
-    """Writes and removes claims' specs in `directory` (the plugin's `Writer`)."""
+    """Writes and removes claims' specs in `directory` and their tokens under
+    `allocation_dir`, signed with the keys in `key_dir` (the plugin's `Writer`)."""
 
     def __init__(
-        self, directory: str, roots: Roots, hook: str, ldconfig: str, host_root: str = "/"
+        self,
+        directory: str,
+        roots: Roots,
+        hook: str,
+        ldconfig: str,
+        allocation_dir: str,
+        key_dir: str,
+        host_root: str = "/",
     ) -> None:
         self.directory = directory
         self.roots = roots
         self.hook = hook
         self.ldconfig = ldconfig
+        self.allocation_dir = allocation_dir
+        self.key_dir = key_dir
         self.host_root = host_root
 
     def write(
-        self, ref: ClaimRef, results: Sequence[Result]
+        self, ref: ClaimRef, results: Sequence[Result], owner: str | None
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
         try:
             found = driver.discover(self.roots, capabilities)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
-        spec = claim_spec(found, ref, results, self.hook, self.ldconfig, self.host_root)
-        os.makedirs(self.directory, mode=0o755, exist_ok=True)
+        proof = claimtoken.ClaimToken(
+            ref.uid, ref.namespace, ref.name, owner, claim_devices(results)
+        )
+        token = claimtoken.path(self.allocation_dir, ref.uid)
+        spec = claim_spec(
+            found, ref, results, self.hook, self.ldconfig, on_host(token, self.host_root),
+            self.host_root,
+        )  # fmt: skip
+        keys = KeyRing.load(self.key_dir)
+        if not keys.keys:
+            raise ClaimError(
+                f"claim {ref}: no grant key in {self.key_dir} to sign its token with (gpuwire's "
+                "runtime accepts a claim's devices only with it)"
+            )
         path = os.path.join(self.directory, spec_file(ref.uid))
-        atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+        try:
+            claimtoken.write(self.allocation_dir, proof, keys)
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+        except (OSError, claimtoken.ClaimTokenError) as exc:
+            self.remove((path, token))
+            raise ClaimError(f"claim {ref}: {exc}") from None
         ids: dict[str, tuple[str, ...]] = {
             r.device.name: (cdi_id(ref.uid, r.device.name),) for r in results
         }
-        return ids, (path,)
+        return ids, (path, token)
 
     def remove(self, files: Sequence[str]) -> None:
         for path in files:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(path)
 
     def orphans(self, known: set[str]) -> list[str]:
-        pattern = spec_file("*")
-        return sorted(str(p) for p in Path(self.directory).glob(pattern) if str(p) not in known)
+        specs = Path(self.directory).glob(spec_file("*"))
+        tokens = Path(claimtoken.directory(self.allocation_dir)).glob("*")
+        return sorted(str(p) for p in (*specs, *tokens) if str(p) not in known)

@@ -67,7 +67,13 @@ class DraPlugin:
         self.sockets = Sockets(config.kubelet_root, DRIVER)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
-            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root
+            config.cdi_dir,
+            Roots(root),
+            config.hook,
+            config.ldconfig,
+            config.allocation_dir,
+            config.grant_key_dir,
+            config.host_root,
         )
         self.preparer = Preparer(
             DRIVER,

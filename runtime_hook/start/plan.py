@@ -3,13 +3,19 @@
 `make(spec, bundle, config)` decides (`runtime_hook.start.trust`), and for a granted request
 discovers the driver, probes the rootfs's distro and computes the edits. `summary` is the
 one log line that says what was decided and why.
+
+A request that prepared DRA claims prove came with their CDI specs, which the engine has
+applied already (devices, mounts, env; the spec's own hook makes the links and ld cache):
+its edits are laid out as a CDI spec lays them out (`gpuwire.edits.host_layout`), so that
+writing them into `config.json` again adds nothing the engine wrote, and `by_engine` tells
+the shim and the prestart hook to inject nothing else.
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuwire.edits import Edits, Layout, container_edits
+from gpuwire.edits import Edits, Layout, container_edits, host_layout
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start import trust
 from runtime_hook.start.config import Config
@@ -20,12 +26,15 @@ if TYPE_CHECKING:
 
 
 class Plan:
-    __slots__ = ("edits", "outcome", "rootfs")
+    __slots__ = ("by_engine", "edits", "outcome", "rootfs")
 
-    def __init__(self, outcome: trust.Outcome, rootfs: str, edits: Edits | None) -> None:
+    def __init__(
+        self, outcome: trust.Outcome, rootfs: str, edits: Edits | None, by_engine: bool = False
+    ) -> None:
         self.outcome = outcome
         self.rootfs = rootfs
         self.edits = edits  # None: nothing to inject
+        self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
 
 
 def is_debian(rootfs: str) -> bool:
@@ -46,7 +55,8 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
         return Plan(outcome, rootfs, None)
-    layout = Layout.of(debian=is_debian(rootfs))
+    by_engine = outcome.verdict.basis == "claim"
+    layout = host_layout(outcome.driver) if by_engine else Layout.of(debian=is_debian(rootfs))
     edits = container_edits(
         outcome.driver,
         outcome.devices,
@@ -55,7 +65,7 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
         outcome.mig,
         outcome.mig_controls,
     )
-    return Plan(outcome, rootfs, edits)
+    return Plan(outcome, rootfs, edits, by_engine)
 
 
 def summary(plan: Plan) -> str | None:

@@ -13,6 +13,11 @@ container's record (`runtime_hook.start.recording`) is kept at create and forgot
 and starts Python only for a create that may ask for a GPU or the delete of a container that
 has a record.
 
+A request that prepared DRA claims prove has been given its devices by the engine (their CDI
+specs): the shim writes the same edits into `config.json` again, which adds nothing but
+`NVIDIA_VISIBLE_DEVICES` naming exactly the devices the container holds, and keeps its
+record; the specs' hook makes the links and ld cache.
+
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that
 cannot be met fails `create`: the message goes to stderr and, as runc's own errors do, to
@@ -95,7 +100,8 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
         from runtime_hook.injection import inject
 
         try:
-            inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
+            if not decided.by_engine:
+                inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
         except inject.InjectionError as exc:
             log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
             raise

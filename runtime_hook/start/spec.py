@@ -3,7 +3,9 @@
 `apply(spec, edits)` is the one function that puts container edits into a spec, the way
 CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
 `linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
-mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
+mounts, and the environment. It returns a new spec and leaves its input alone. It is
+idempotent: a device node, allow rule or mount the spec has already (an engine applied the
+same edits from a CDI spec) is not added again. (Links and
 the ld cache are not in the spec: the shim makes them, `runtime_hook.injection.inject.prepare`.)
 
 Environment with a key set more than once (containerd appends rather than replaces in some
@@ -124,21 +126,24 @@ def apply(spec: Spec, edits: Edits) -> Spec:
             for n in edits.device_nodes
         ]
         resources = dict(linux.get("resources") or {})
-        resources["devices"] = list(resources.get("devices") or ()) + [
-            {
+        rules = list(resources.get("devices") or ())
+        for n in edits.device_nodes:
+            rule = {
                 "allow": True,
                 "type": n["type"],
                 "major": n["major"],
                 "minor": n["minor"],
                 "access": n["permissions"],
             }
-            for n in edits.device_nodes
-        ]
+            if rule not in rules:
+                rules.append(rule)
+        resources["devices"] = rules
         linux["devices"] = devices
         linux["resources"] = resources
         out["linux"] = linux
 
     if edits.mounts:
+        present = {(m.get("destination"), m.get("source")) for m in mounts(spec)}
         out["mounts"] = mounts(spec) + [
             {
                 "destination": m["containerPath"],
@@ -147,6 +152,7 @@ def apply(spec: Spec, edits: Edits) -> Spec:
                 "options": list(m["options"]),
             }
             for m in edits.mounts
+            if (m["containerPath"], m["hostPath"]) not in present
         ]
 
     return out

@@ -6,6 +6,11 @@ gpuwire), the CRI kubelet stand-in
 gpuwire's edits for exactly the claim's GPUs. 1.6 drops the field: no GPU. A container
 without the claim sees none; unprepare leaves no spec, and the ids then name nothing.
 
+Under the `gpuwire` runtime handler too (CDI and the shim both on): the claim's token is the
+proof the shim's trust accepts for the container its claim binds, and refuses, failing the
+start, in another pod or namespace; the shim's edits on top of the engine's add no device or
+mount twice; the container has a record, a DRA holder of the claim.
+
 `cdi.k8s.io/*` pod annotations: what containerd makes of one as a pod author wrote it, and
 of the same pod as the webhook admits it (outside trusted namespaces: removed).
 """
@@ -13,6 +18,7 @@ of the same pod as the webhook admits it (outside trusted namespaces: removed).
 from __future__ import annotations
 
 import copy
+import json
 import tempfile
 import threading
 import uuid
@@ -28,7 +34,7 @@ from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
-from gpuwire import grant
+from gpuwire import grant, records
 from runtime_hook.setup import launcher
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd
@@ -38,8 +44,9 @@ from testbed.kubelet_dra import DraKubelet
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
 from testbed.lab import Lab, served_launchers
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
+from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
-from tests.system.test_containerd import SHIM, generation, lab, node_containerd
+from tests.system.test_containerd import HANDLER, SHIM, generation, lab, node_containerd
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
 from webhook.policy import Policy
@@ -76,7 +83,9 @@ def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
         # fallback does not exist), so every GPU start here shows the resident serving it
         served = str(served_launchers() / launcher.HOOK)
         config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=served,
-                        cdi_dir=str(containerd.home / "cdi"), node_name=NODE)  # fmt: skip
+                        cdi_dir=str(containerd.home / "cdi"), node_name=NODE,
+                        allocation_dir=str(lab.allocations),
+                        grant_key_dir=str(lab.root / "keys"))  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())
         stop = threading.Event()
         thread = threading.Thread(target=plugin.run, args=(stop,), daemon=True)
@@ -95,25 +104,43 @@ def kubelet(dra_node: DraNode) -> Iterator[KubeRuntime]:
         yield runtime
 
 
-def put_claim(api: ApiServer, devices: list[str]) -> tuple[str, str, str]:
+def put_claim(
+    api: ApiServer, devices: list[str], owner: dict[str, Any] | None = None
+) -> tuple[str, str, str]:
+    """A claim of team-a allocated `devices`; with `owner`, generated for that pod."""
     name = f"claim-{uuid.uuid4().hex[:6]}"
     results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
         "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "controller": True,
+            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]  # fmt: skip
     stored = api.put({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team-a"}, "spec": spec,
-        "status": {"allocation": {"devices": {"results": results}}},
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+        "spec": spec, "status": {"allocation": {"devices": {"results": results}}},
     })  # fmt: skip
     return "team-a", name, stored["metadata"]["uid"]
 
 
-def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": f"p-{uuid.uuid4().hex[:6]}", "namespace": "team-a",
+def prepared(
+    dra_node: DraNode, devices: list[str], owner: dict[str, Any] | None = None
+) -> tuple[tuple[str, str, str], list[str]]:
+    """A claim of `devices` put and prepared: its reference and the CDI ids its request got."""
+    ref = put_claim(dra_node.api, devices, owner)
+    (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    return ref, dra_node.kubelet.cdi_ids(ref[2], "gpus")
+
+
+def pod(
+    annotations: dict[str, str] | None = None, namespace: str = "team-a", script: str = VIEW_SCRIPT
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"p-{uuid.uuid4().hex[:6]}", "namespace": namespace,
                             "uid": str(uuid.uuid4())}  # fmt: skip
     if annotations:
         meta["annotations"] = annotations
-    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", VIEW_SCRIPT]}
+    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", script]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"containers": [container]}}  # fmt: skip
 
@@ -124,8 +151,10 @@ def _image(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def run_view(kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = None) -> Any:
-    _, (cid,) = run_pod(kubelet, _image(obj), "", claims={"trainer": ids or []})
+def run_view(
+    kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = None, handler: str = ""
+) -> Any:
+    _, (cid,) = run_pod(kubelet, _image(obj), handler, claims={"trainer": ids or []})
     status = kubelet.exited(cid)
     assert status.exit_code == 0, kubelet.logs(cid)
     return view(kubelet.logs(cid))
@@ -134,10 +163,7 @@ def run_view(kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = 
 def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
 ) -> None:
-    ref = put_claim(dra_node.api, ["gpu-1", "gpu-3"])
-    (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
-    assert answer.error == ""
-    ids = dra_node.kubelet.cdi_ids(ref[2], "gpus")
+    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
     assert ids == [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-{i}" for i in (1, 3)]
     seen = run_view(kubelet, pod(), ids)
     if not generation.cdi:  # 1.6: no CDI, the field is dropped
@@ -145,7 +171,7 @@ def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     else:
         expected = granted_view(lab.machine.devices, (1, 3), CONTROL)
         assert shown(seen, expected) == expected
-        assert seen["env"] == ["void"]  # no NVIDIA-style runtime below injects again
+        assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]  # the claim's GPUs
     assert run_view(kubelet, pod())["devices"] == ["nvidia*"]  # no claim: no GPU
 
     assert dra_node.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
@@ -175,3 +201,71 @@ def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(
     _, (cid,) = run_pod(kubelet, _image(admitted), "")
     kubelet.exited(cid)
     assert not any(k.startswith("cdi.k8s.io/") for k in kubelet.spec(cid).get("annotations", {}))
+
+
+# What the container shows beside the GPU view: mount points it has twice, then it waits, so
+# that its bundle (the config.json the shim wrote) is there to read.
+HELD = (
+    VIEW_SCRIPT
+    + r"""
+awk '{print $5}' /proc/self/mountinfo | sort | uniq -d | sed 's/^/twice: /'
+echo "ready: yes"
+sleep 600
+"""
+)
+
+
+def bundle_spec(dra_node: DraNode, cid: str) -> dict[str, Any]:
+    """The config.json runc ran the container from: containerd's spec, then the shim's edits."""
+    state = dra_node.containerd.home / "state/io.containerd.runtime.v2.task/k8s.io" / cid
+    spec: dict[str, Any] = json.loads((state / "config.json").read_text())
+    return spec
+
+
+def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
+    generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
+) -> None:
+    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
+    trainer = pod(script=HELD)
+    _, (cid,) = run_pod(kubelet, _image(trainer), HANDLER, claims={"trainer": ids})
+    if not generation.cdi:  # 1.6 drops CDI devices: nothing to prove, nothing recorded
+        assert run_view(kubelet, pod(), ids, HANDLER)["devices"] == ["nvidia*"]
+        assert records.scan(str(lab.records)) == []
+        return
+    until(lambda: "ready: yes" in kubelet.logs(cid))
+    seen = view(kubelet.logs(cid))
+    expected = granted_view(lab.machine.devices, (1, 3), CONTROL)
+    assert shown(seen, expected) == expected
+    assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
+    assert "twice" not in seen  # no mount point twice in the container
+    spec = bundle_spec(dra_node, cid)
+    paths = [d["path"] for d in spec["linux"]["devices"]]
+    assert sorted(paths) == sorted(set(paths))
+    rules = [json.dumps(r, sort_keys=True) for r in spec["linux"]["resources"]["devices"]]
+    assert sorted(rules) == sorted(set(rules))
+    assert len(spec["mounts"]) == len({(m["destination"], m["source"]) for m in spec["mounts"]})
+    [entry] = records.scan(str(lab.records))
+    assert entry.record is not None
+    held = entry.record
+    assert (held.path, held.pod, held.gpus) == (
+        records.DRA, trainer["metadata"]["name"], tuple(sorted((lab.uuid(1), lab.uuid(3))))
+    )  # fmt: skip
+    assert held.claims == (f"team-a/{ref[1]}",)
+    assert any(line.endswith("capabilities compute,utility: claim") for line in lab.log_lines())
+    kubelet.stop(cid)
+    kubelet.remove(cid)
+    assert records.scan(str(lab.records)) == []  # deleted: its record goes
+
+    # a shared claim serves any pod of its namespace, no pod of another
+    assert run_view(kubelet, pod(), ids, HANDLER)["devices"] == expected["devices"]
+    with pytest.raises(CRIError, match=f"claim team-a/{ref[1]} is in namespace team-a, not team-b"):
+        run_view(kubelet, pod(namespace="team-b"), ids, HANDLER)
+    # a claim generated for one pod serves that pod alone
+    owner = pod()
+    mine, own_ids = prepared(dra_node, ["gpu-0"], owner)
+    assert run_view(kubelet, owner, own_ids, HANDLER)["devices"] != ["nvidia*"]
+    with pytest.raises(CRIError, match=f"belongs to pod {owner['metadata']['uid']}, not "):
+        run_view(kubelet, pod(), own_ids, HANDLER)
+    assert records.scan(str(lab.records)) == []  # exited and deleted, refused: none left
+    for claim in (ref, mine):
+        assert dra_node.kubelet.unprepare(DRIVER, [claim]) == {claim[2]: ""}

@@ -77,7 +77,8 @@ def test_a_prepared_claim_gives_exactly_its_gpus_in_podman(
 ) -> None:
     published = {d.name: d for d in devices(SimDiscovery(lab.node).discover(), Sharing())}
     claims = Claims()
-    writer = CdiWriter(str(podman.cdi_dir), Roots(str(lab.node)), HOOK, "/sbin/ldconfig")
+    writer = CdiWriter(str(podman.cdi_dir), Roots(str(lab.node)), HOOK, "/sbin/ldconfig",
+                       str(lab.allocations), str(lab.root / "keys"))  # fmt: skip
     preparer = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, writer, str(tmp_path))
     ref = claims.allocate(["gpu-0", "gpu-2"])
     prepared = preparer.prepare([ref])[ref.uid]
