@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import tempfile
 import threading
 import uuid
@@ -37,16 +38,24 @@ from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import grant, records
 from runtime_hook.setup import launcher
 from testbed.apiserver import ApiServer
-from testbed.containerd import Containerd
+from testbed.containerd import CRI_NAMESPACE, Containerd
 from testbed.containerds import Generation
-from testbed.image import NAME
+from testbed.image import NAME, write_layout_tar
 from testbed.kubelet_dra import DraKubelet
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
 from testbed.lab import Lab, served_launchers
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
 from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
-from tests.system.test_containerd import HANDLER, SHIM, generation, lab, node_containerd
+from tests.system.test_containerd import (
+    HANDLER,
+    HOOK,
+    SHIM,
+    configure,
+    generation,
+    lab,
+    node_containerd,
+)
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
 from webhook.policy import Policy
@@ -269,3 +278,38 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     assert records.scan(str(lab.records)) == []  # exited and deleted, refused: none left
     for claim in (ref, mine):
         assert dra_node.kubelet.unprepare(DRIVER, [claim]) == {claim[2]: ""}
+
+
+def test_under_the_prestart_hook_a_claim_is_proof_and_nothing_is_injected_again(
+    generation: Generation, lab: Lab, dra_node: DraNode
+) -> None:
+    """The `gpuwire` handler as `configure --prestart-hook` makes it (runc, the hook in the
+    base spec), CDI on: the hook accepts the claim, keeps the container's record and injects
+    nothing over what the engine applied; in another namespace the claim fails the start."""
+    ref, ids = prepared(dra_node, ["gpu-2"])
+    containerd = Containerd.create(cri=True, generation=generation)
+    with containerd:
+        base = containerd.home / "base-spec.json"
+        on = ["--cdi"] if generation.cdi else []
+        configure(containerd, "--prestart-hook", "--hook-path", HOOK, "--base-spec", str(base), *on)
+        spec = json.loads(base.read_text())
+        spec["hooks"]["prestart"][-1]["env"].append(f"GPUWIRE_CONFIG={lab.config}")
+        base.write_text(json.dumps(spec))
+        (containerd.home / "cdi").mkdir(exist_ok=True)
+        shutil.copy(dra_node.cdi_dir / cdi.spec_file(ref[2]), containerd.home / "cdi")
+        containerd.start()
+        containerd.import_image(write_layout_tar(containerd.home / "busybox.tar"), CRI_NAMESPACE)
+        with containerd.kuberuntime() as kubelet:
+            seen = run_view(kubelet, pod(script=HELD.replace("sleep 600", "")), ids, HANDLER)
+            if not generation.cdi:  # 1.6 drops CDI devices
+                assert seen["devices"] == ["nvidia*"]
+                return
+            expected = granted_view(lab.machine.devices, (2,), CONTROL)
+            assert shown(seen, expected) == expected
+            assert "twice" not in seen
+            assert any(
+                "gpuwire-hook" in line and line.endswith(": claim") for line in lab.log_lines()
+            )
+            with pytest.raises(CRIError, match="is in namespace team-a, not team-b"):
+                run_view(kubelet, pod(namespace="team-b"), ids, HANDLER)
+    assert dra_node.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
