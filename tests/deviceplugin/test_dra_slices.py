@@ -4,7 +4,6 @@ with consumable capacity, taints from health, and ResourceSlices that the Kubern
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,12 +74,6 @@ def test_nvlink_island_is_equal_exactly_for_gpus_linked_together(
 ) -> None:
     published = devices.devices(node(tmp_path, gpus=4, nvlink=topology), Sharing())
     assert [attrs(d)["nvlinkIsland"] for d in published] == expected
-
-
-def test_a_gpu_in_mig_mode_is_no_whole_gpu_device(four: NodeGpus) -> None:
-    gpus = (four.gpus[0], replace(four.gpus[1], mig_enabled=True), *four.gpus[2:])
-    published = devices.devices(replace(four, gpus=gpus), Sharing())
-    assert [d.name for d in published] == ["gpu-0", "gpu-2", "gpu-3"]
 
 
 def test_versions_are_strict_semver() -> None:
@@ -280,7 +273,7 @@ def test_device_classes_select_whole_and_shared_gpus_apart(four: NodeGpus) -> No
         for name, expressions in classes().items()
     }  # fmt: skip
     assert chosen == {"gpu.gpuwire.io": ["gpu-0", "gpu-2", "gpu-3"],
-                      "shared.gpu.gpuwire.io": ["gpu-1"]}  # fmt: skip
+                      "shared.gpu.gpuwire.io": ["gpu-1"], "mig.gpu.gpuwire.io": []}  # fmt: skip
 
 
 def test_device_classes_leave_other_drivers_devices_alone(four: NodeGpus) -> None:
