@@ -65,6 +65,7 @@ class DraPlugin:
         node = self.discovery.discover()
         self.devices: list[DraDevice] = []
         self.by_name: dict[str, DraDevice] = {}
+        self._left_out: dict[str, str | None] = {}
         self._publish(node)
         policy = HealthPolicy(config.ignored_xids, config.recover_after)
         uuids, children = node.watched()
@@ -99,14 +100,13 @@ class DraPlugin:
         log.info("DRA driver %s on node %s", DRIVER, self.node)
 
     def _publish(self, node: NodeGpus) -> None:
-        """Make the node's devices the ones published and prepared (each swapped whole)."""
+        """Make the node's devices the ones published and prepared (each swapped whole); say
+        what changed, and which MIG devices are left out and why."""
         found = devices.devices(node, Sharing(self.config.shared_gpus))
-        for m in node.mig:
-            why = devices.unpublished(m)
-            if why is not None:
-                log.warning(
-                    "MIG device %s (%s) is not published: %s", m.device.name, m.device.place, why
-                )
+        left = {m.device.name: devices.unpublished(m) for m in node.mig}
+        for name, why in sorted(left.items()):
+            if why is not None and self._left_out.get(name) != why:
+                log.warning("MIG device %s is not published: %s", name, why)
         if [d.name for d in found] != [d.name for d in self.devices]:
             log.info(
                 "%d device(s): %d GPU(s), %d shared, %d MIG device(s)",
@@ -115,7 +115,7 @@ class DraPlugin:
                 sum(d.shared for d in found),
                 sum(d.mig is not None for d in found),
             )
-        self.devices, self.by_name = found, {d.name: d for d in found}
+        self.devices, self.by_name, self._left_out = found, {d.name: d for d in found}, left
 
     def _rediscovered(self, node: NodeGpus) -> None:
         """A MIG change: new devices, their health, and the slices at once."""

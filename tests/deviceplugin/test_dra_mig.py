@@ -317,3 +317,34 @@ def test_an_xid_taints_its_mig_device_and_one_on_the_parent_all_of_its_mig_devic
     assert {tainted(c)[n] for n in MIG_NAMES[4:]} == {"79"}
     effects = {d["taints"][0]["effect"] for n, d in c.devices().items() if n in MIG_NAMES[4:]}
     assert effects == {"NoExecute"}
+
+
+class SplitDiscovery(SimDiscovery):
+    """The simulated node with its first MIG device's compute instance on one slice of its
+    three-slice GPU instance (`1c.3g.40gb`: the simulated node makes only whole ones)."""
+
+    def discover(self) -> NodeGpus:
+        node = super().discover()
+        first, *rest = node.mig
+        d = first.device
+        named = d.identified(d.uuid, "1c.3g.40gb", d.memory_mib, d.slices)
+        split = replace(first, ci_slices=1, device=named)
+        return replace(node, mig=(split, *rest))
+
+
+def test_the_plugin_says_which_mig_devices_it_leaves_out_and_why(
+    c: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    from deviceplugin.dra.plugin import DraPlugin
+
+    plugin = DraPlugin(c.config, SplitDiscovery(c.root), c.api.client())
+    split = plugin.discovery.discover().mig[0].device
+    assert "gpu-0-mig-3g40gb-9-4" not in plugin.by_name
+    assert len(plugin.by_name) == len(MIG_NAMES)  # gpu-3 and the five others
+    warned = [r.getMessage() for r in caplog.records if "is not published" in r.getMessage()]
+    assert warned == [
+        f"MIG device {split.name} is not published: its compute instance is smaller than its "
+        "GPU instance"
+    ]
+    plugin._rediscovered(plugin.discovery.discover())  # the same again: said once
+    assert sum("is not published" in r.getMessage() for r in caplog.records) == 1
