@@ -36,6 +36,21 @@ def four(tmp_path: Path) -> NodeGpus:
     return node(tmp_path / "node", gpus=4)
 
 
+# What the simulated node's GPU 0 says of itself, and each of its MIG devices says of it.
+GPU_0 = {
+    "productName": "NVIDIA A100-SXM4-80GB",
+    "brand": "Nvidia",
+    "architecture": "Ampere",
+    "cudaComputeCapability": "8.0.0",
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": "12.4.0",
+    "model": "a100",
+    "resource.kubernetes.io/pciBusID": "0000:07:00.0",
+    "resource.kubernetes.io/pcieRoot": "pci0000:00",
+    "resource.kubernetes.io/numaNode": 0,
+}
+
+
 def attrs(device: DraDevice) -> dict[str, Any]:
     return {k: next(iter(v.values())) for k, v in device.entry["attributes"].items()}
 
@@ -45,22 +60,8 @@ def test_every_gpu_is_a_device_with_nvidias_attribute_names(four: NodeGpus) -> N
     assert [d.name for d in published] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     first = attrs(published[0])
     gpu = four.gpus[0].device
-    assert first == {
-        "type": "gpu",
-        "uuid": gpu.uuid,
-        "productName": "NVIDIA A100-SXM4-80GB",
-        "brand": "Nvidia",
-        "architecture": "Ampere",
-        "cudaComputeCapability": "8.0.0",
-        "driverVersion": "550.54.15",
-        "cudaDriverVersion": "12.4.0",
-        "model": "a100",
-        "nvlinkIsland": 0,
-        "shared": False,
-        "resource.kubernetes.io/pciBusID": "0000:07:00.0",
-        "resource.kubernetes.io/pcieRoot": "pci0000:00",
-        "resource.kubernetes.io/numaNode": 0,
-    }
+    assert first == {"type": "gpu", "uuid": gpu.uuid, "nvlinkIsland": 0, "shared": False,
+                     **GPU_0}  # fmt: skip
     assert published[0].entry["capacity"] == {"memory": {"value": "80Gi"}}
     assert "allowMultipleAllocations" not in published[0].entry
 
