@@ -17,6 +17,7 @@ of the same pod as the webhook admits it (outside trusted namespaces: removed).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -79,21 +80,19 @@ class DraNode:
         return Path(self.plugin.config.cdi_dir)
 
 
-@pytest.fixture(scope="module")
-def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
-    """A containerd with CDI on (from 1.7), and the DRA plugin writing claims' specs into its
-    CDI spec dir, registered with the kubelet DRA stand-in."""
-    cdi_flag = ["--cdi"] if generation.cdi else []
-    sockets = Path(tempfile.mkdtemp(prefix="gw-dra-"))
-    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
-            ApiServer(schema="1.34") as api, DraKubelet(sockets, NODE) as kubelet:  # fmt: skip
+@contextlib.contextmanager
+def dra_plugin(lab: Lab, cdi_dir: Path) -> Iterator[tuple[ApiServer, DraKubelet, DraPlugin]]:
+    """The DRA plugin on the lab's node, writing claims' specs into `cdi_dir` (a containerd's
+    CDI spec dir), registered with the kubelet DRA stand-in. The claims' ld-cache hook is a
+    launcher only the resident can serve (its Python fallback does not exist), so every GPU
+    start shows the resident serving it."""
+    with tempfile.TemporaryDirectory(prefix="gw-dra-") as sockets, \
+            ApiServer(schema="1.34") as api, \
+            DraKubelet(Path(sockets), NODE) as kubelet:  # fmt: skip
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        # the claims' ld-cache hook: a launcher only the resident can serve (its Python
-        # fallback does not exist), so every GPU start here shows the resident serving it
-        served = str(served_launchers() / launcher.HOOK)
-        config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=served,
-                        cdi_dir=str(containerd.home / "cdi"), node_name=NODE,
-                        allocation_dir=str(lab.allocations),
+        hook = str(served_launchers() / launcher.HOOK)
+        config = Config(sim=str(lab.node), kubelet_root=sockets, hook=hook, cdi_dir=str(cdi_dir),
+                        node_name=NODE, allocation_dir=str(lab.allocations),
                         grant_key_dir=str(lab.root / "keys"))  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())
         stop = threading.Event()
@@ -101,10 +100,20 @@ def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
         thread.start()
         try:
             kubelet.wait_registered(DRIVER)
-            yield DraNode(containerd, api, kubelet, plugin)
+            yield api, kubelet, plugin
         finally:
             stop.set()
             thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
+    """A containerd with CDI on (from 1.7), and the DRA plugin writing claims' specs into its
+    CDI spec dir."""
+    cdi_flag = ["--cdi"] if generation.cdi else []
+    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
+            dra_plugin(lab, containerd.home / "cdi") as (api, kubelet, plugin):  # fmt: skip
+        yield DraNode(containerd, api, kubelet, plugin)
 
 
 @pytest.fixture
@@ -224,6 +233,14 @@ sleep 600
 )
 
 
+def records_of(lab: Lab, *pods: dict[str, Any]) -> list[records.ContainerRecord]:
+    """The container records of these pods (the lab's records dir serves every generation)."""
+    uids = {p["metadata"]["uid"] for p in pods}
+    return [
+        e.record for e in records.scan(str(lab.records)) if e.record and e.record.pod_uid in uids
+    ]
+
+
 def bundle_spec(dra_node: DraNode, cid: str) -> dict[str, Any]:
     """The config.json runc ran the container from: containerd's spec, then the shim's edits."""
     state = dra_node.containerd.home / "state/io.containerd.runtime.v2.task/k8s.io" / cid
@@ -238,8 +255,9 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     trainer = pod(script=HELD)
     _, (cid,) = run_pod(kubelet, _image(trainer), HANDLER, claims={"trainer": ids})
     if not generation.cdi:  # 1.6 drops CDI devices: nothing to prove, nothing recorded
-        assert run_view(kubelet, pod(), ids, HANDLER)["devices"] == ["nvidia*"]
-        assert records.scan(str(lab.records)) == []
+        other = pod()
+        assert run_view(kubelet, other, ids, HANDLER)["devices"] == ["nvidia*"]
+        assert records_of(lab, trainer, other) == []
         return
     until(lambda: "ready: yes" in kubelet.logs(cid))
     seen = view(kubelet.logs(cid))
@@ -253,9 +271,7 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     rules = [json.dumps(r, sort_keys=True) for r in spec["linux"]["resources"]["devices"]]
     assert sorted(rules) == sorted(set(rules))
     assert len(spec["mounts"]) == len({(m["destination"], m["source"]) for m in spec["mounts"]})
-    [entry] = records.scan(str(lab.records))
-    assert entry.record is not None
-    held = entry.record
+    [held] = records_of(lab, trainer)
     assert (held.path, held.pod, held.gpus) == (
         records.DRA, trainer["metadata"]["name"], tuple(sorted((lab.uuid(1), lab.uuid(3))))
     )  # fmt: skip
@@ -263,19 +279,20 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     assert any(line.endswith("capabilities compute,utility: claim") for line in lab.log_lines())
     kubelet.stop(cid)
     kubelet.remove(cid)
-    assert records.scan(str(lab.records)) == []  # deleted: its record goes
+    assert records_of(lab, trainer) == []  # deleted: its record goes
 
     # a shared claim serves any pod of its namespace, no pod of another
-    assert run_view(kubelet, pod(), ids, HANDLER)["devices"] == expected["devices"]
+    others = [pod(), pod(namespace="team-b"), pod()]
+    assert run_view(kubelet, others[0], ids, HANDLER)["devices"] == expected["devices"]
     with pytest.raises(CRIError, match=f"claim team-a/{ref[1]} is in namespace team-a, not team-b"):
-        run_view(kubelet, pod(namespace="team-b"), ids, HANDLER)
+        run_view(kubelet, others[1], ids, HANDLER)
     # a claim generated for one pod serves that pod alone
     owner = pod()
     mine, own_ids = prepared(dra_node, ["gpu-0"], owner)
     assert run_view(kubelet, owner, own_ids, HANDLER)["devices"] != ["nvidia*"]
     with pytest.raises(CRIError, match=f"belongs to pod {owner['metadata']['uid']}, not "):
-        run_view(kubelet, pod(), own_ids, HANDLER)
-    assert records.scan(str(lab.records)) == []  # exited and deleted, refused: none left
+        run_view(kubelet, others[2], own_ids, HANDLER)
+    assert records_of(lab, owner, *others) == []  # exited and deleted, refused: none left
     for claim in (ref, mine):
         assert dra_node.kubelet.unprepare(DRIVER, [claim]) == {claim[2]: ""}
 
