@@ -81,6 +81,34 @@ def asks_for_gpu(spec: Spec) -> bool:
     return any(str(m.get("destination", "")).startswith(prefix) for m in mounts(spec))
 
 
+# Where a CDI spec puts gpuwire's ld-cache hook (`gpuwire.cdi.LDCACHE_HOOK`; specs written
+# before it moved to createRuntime have it in createContainer), and how it is called.
+LDCACHE_HOOK_KINDS = ("createRuntime", "createContainer")
+LDCACHE_HOOK_ARGS = ["gpuwire-hook", "ldcache"]
+
+
+def ldcache_hooks(spec: Spec) -> list[list[str]]:
+    """The arguments (after `gpuwire-hook ldcache`) of each distinct gpuwire ld-cache hook in
+    the spec: one per CDI spec that brought one (a container of two claims has two)."""
+    hooks = spec.get("hooks") or {}
+    found = [
+        [str(a) for a in h.get("args") or ()][2:]
+        for kind in LDCACHE_HOOK_KINDS
+        for h in hooks.get(kind) or ()
+        if list(h.get("args") or ())[:2] == LDCACHE_HOOK_ARGS
+    ]
+    return [list(args) for args in dict.fromkeys(tuple(a) for a in found)]
+
+
+def without_ldcache_hooks(spec: Spec) -> Spec:
+    """`spec` without gpuwire's ld-cache hooks (their work done before runc: the shim's)."""
+    hooks = {
+        kind: [h for h in entries if list(h.get("args") or ())[:2] != LDCACHE_HOOK_ARGS]
+        for kind, entries in (spec.get("hooks") or {}).items()
+    }
+    return {**spec, "hooks": {kind: entries for kind, entries in hooks.items() if entries}}
+
+
 def annotations_of(spec: Spec) -> dict[str, str]:
     return {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}
 

@@ -13,11 +13,13 @@ import pytest
 
 from gpuwire import claimtoken, records, sim
 from gpuwire.claimtoken import ClaimDevice, ClaimToken
+from gpuwire.edits import ldcache_args
 from gpuwire.grant import KeyRing
-from runtime_hook.start import plan, recording
+from runtime_hook.start import plan, recording, shim
 from runtime_hook.start.config import Config
 from runtime_hook.start.trust import GRANTED, REFUSED, evaluate
 from testbed.lab import NAMESPACE, OTHER_POD, POD_UID, container_spec, cri_annotations
+from testbed.rootfs import busybox_rootfs
 
 CLAIM_UID = "0f7c2a34-5a1e-4d7e-9a0b-2c3d4e5f6a7b"
 
@@ -223,3 +225,31 @@ def test_a_claims_container_is_recorded_as_a_dra_holder(
     record = entry.record
     assert (record.path, record.gpus) == (records.DRA, tuple(sorted((ids[1], ids[3]))))
     assert (record.claims, record.shares) == (("team-a/trainer-gpus",), (ids[3],))
+
+
+def test_the_shim_makes_a_claim_specs_ld_cache_hook_itself_and_runc_runs_none(
+    node: tuple[Config, KeyRing], tmp_path: Path
+) -> None:
+    """The engine applied the claim's spec, its ld-cache hook included: the shim makes those
+    links and that cache in the root before runc, and leaves runc only the hooks that are
+    not gpuwire's."""
+    config, keys = node
+    ids = uuids(config)
+    prepare(config, keys, (1,))
+    bundle = tmp_path / "bundle"
+    busybox_rootfs(bundle / "rootfs")
+    spec = started(config, ["gpu-1"], ids[1])
+    decided = plan.make(spec, str(bundle), config)
+    assert decided.edits is not None
+    args = ldcache_args(decided.edits, config.ldconfig)  # as the claim's CDI spec names them
+    other = {"path": "/usr/bin/true", "args": ["true"]}
+    spec["hooks"] = {
+        "createRuntime": [other, {"path": "/x/gpuwire-hook", "args": ["gpuwire-hook", *args]}]
+    }
+    (bundle / "config.json").write_text(json.dumps(spec))
+    shim.edit_bundle(str(bundle), "c1", config)
+    written = json.loads((bundle / "config.json").read_text())
+    assert written["hooks"] == {"createRuntime": [other]}
+    libdir = bundle / "rootfs/usr/lib/x86_64-linux-gnu"
+    assert (libdir / "libcuda.so.1").is_symlink()
+    assert b"libcuda.so.1" in (bundle / "rootfs/etc/ld.so.cache").read_bytes()

@@ -9,7 +9,8 @@ without the claim sees none; unprepare leaves no spec, and the ids then name not
 Under the `gpuwire` runtime handler too (CDI and the shim both on): the claim's token is the
 proof the shim's trust accepts for the container its claim binds, and refuses, failing the
 start, in another pod or namespace; the shim's edits on top of the engine's add no device or
-mount twice; the container has a record, a DRA holder of the claim.
+mount twice, and it makes the links and ld cache of the claim spec's hook itself (runc runs
+no hook); the container has a record, a DRA holder of the claim.
 
 `cdi.k8s.io/*` pod annotations: what containerd makes of one as a pod author wrote it, and
 of the same pod as the webhook admits it (outside trusted namespaces: removed).
@@ -38,6 +39,7 @@ from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import grant, records
 from runtime_hook.setup import launcher
+from runtime_hook.start import spec as ocispec
 from testbed.apiserver import ApiServer
 from testbed.containerd import CRI_NAMESPACE, Containerd
 from testbed.containerds import Generation
@@ -271,6 +273,9 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     rules = [json.dumps(r, sort_keys=True) for r in spec["linux"]["resources"]["devices"]]
     assert sorted(rules) == sorted(set(rules))
     assert len(spec["mounts"]) == len({(m["destination"], m["source"]) for m in spec["mounts"]})
+    # the claim spec's ld-cache hook, which containerd put in, was made by the shim: runc ran none
+    assert ocispec.ldcache_hooks(kubelet.spec(cid)) != []
+    assert ocispec.ldcache_hooks(spec) == []
     [held] = records_of(lab, trainer)
     assert (held.path, held.pod, held.gpus) == (
         records.DRA, trainer["metadata"]["name"], tuple(sorted((lab.uuid(1), lab.uuid(3))))
