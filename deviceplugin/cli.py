@@ -282,6 +282,8 @@ DRA_FIELDS = (
     "driver_root",
     "hook",
     "ldconfig",
+    "allocation_dir",
+    "grant_key_dir",
     "ignored_xids",
     "recover_after",
     "labels",
@@ -326,6 +328,10 @@ def dra_serve(argv: list[str]) -> int:
         help=f"gpuwire-hook as the host runs it (default {settings.DEFAULT_HOOK})",
     )
     parser.add_argument("--ldconfig", type=path, help="the host's static ldconfig (/sbin/ldconfig)")
+    parser.add_argument(
+        "--allocation-dir", type=path, help="where claim tokens go, under claims/ (as the node's)"
+    )
+    parser.add_argument("--grant-key-dir", type=path, help="keys that MAC the claim tokens")
     parser.add_argument(
         "--ignore-xids",
         dest="ignored_xids",
