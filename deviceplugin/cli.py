@@ -296,7 +296,7 @@ def label(argv: list[str]) -> int:
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import agent, labeler, labels
+    from deviceplugin import agent, labeler
     from deviceplugin.discovery import open_discovery
     from gpuwire.holders import ANNOTATION
 
@@ -309,8 +309,7 @@ def label(argv: list[str]) -> int:
     try:
         node = discovery.discover()
         if args.dry_run:
-            wanted = labeler.wanted(config, node)
-            wanted[labels.GPUS_ANNOTATION] = labels.gpus_annotation(node)
+            wanted = labeler.wanted(config, node) | labeler.node_annotations(config, node)
             print(json.dumps(wanted, indent=2, sort_keys=True))
             return 0
         holder_settings = _holder_settings(args)

@@ -16,7 +16,7 @@ from typing import Any
 from deviceplugin import labels
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
-from deviceplugin.resources import assign
+from deviceplugin.resources import Resource, assign
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,22 @@ def node_name(given: str | None) -> str:
     return given or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
+def _resources(config: Config, node: NodeGpus) -> list[Resource]:
+    return assign(node.devices, config.rules, config.default_resource, config.replicas)
+
+
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    resources = assign(node.devices, config.rules, config.default_resource, config.replicas)
-    return labels.labels(node, resources, renamed=config.rename_by_default)
+    return labels.labels(node, _resources(config, node), renamed=config.rename_by_default)
+
+
+def node_annotations(
+    config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
+) -> dict[str, str]:
+    """`gpuwire.io/gpus` (none for a node without GPUs)."""
+    if not node.gpus:
+        return {}
+    value = labels.gpus_annotation(node, _resources(config, node), unhealthy)
+    return {labels.GPUS_ANNOTATION: value}
 
 
 def apply(
@@ -76,12 +89,7 @@ def apply(
 def label_once(
     api: Any, name: str, config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
 ) -> dict[str, Any] | None:
-    return apply(
-        api,
-        name,
-        wanted(config, node),
-        {labels.GPUS_ANNOTATION: labels.gpus_annotation(node, unhealthy)} if node.gpus else {},
-    )
+    return apply(api, name, wanted(config, node), node_annotations(config, node, unhealthy))
 
 
 def run(

@@ -116,8 +116,13 @@ def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False)
     return out
 
 
-def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
-    """`gpuwire.io/gpus` for this node: every GPU, with its health."""
+def gpus_annotation(
+    node: NodeGpus, resources: Sequence[Resource] = (), unhealthy: Collection[str] = ()
+) -> str:
+    """`gpuwire.io/gpus` for this node: every GPU, with its health and the resource (and how
+    many devices of it) it is advertised as, so the webhook can ask for the model a pod names."""
+    unlisted = Resource(nvidia.RESOURCE, ())
+    advertised = {g.uuid: r for r in resources for g in r.gpus}
     return nodegpus.encode(
         nodegpus.NodeGpu(
             index=g.device.index,
@@ -126,6 +131,8 @@ def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
             memory_mib=g.device.memory_mib,
             numa_node=g.device.numa_node,
             healthy=g.device.uuid not in unhealthy,
+            resource=(r := advertised.get(g.device.uuid, unlisted)).name,
+            replicas=r.replicas,
         )
         for g in node.gpus
     )

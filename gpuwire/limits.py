@@ -167,3 +167,14 @@ PROFILES: dict[str, Profile] = {
 def render(profile: str, limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
     """The env `profile` writes for `limits`, given the container's current env."""
     return PROFILES[profile].render(limits, existing)
+
+
+ENFORCED = tuple(name for name, p in PROFILES.items() if p.enforced)
+ADVISORY = tuple(name for name, p in PROFILES.items() if not p.enforced)
+LABEL_PREFIX = "gpuwire.io/limits."  # the node agent owns every label under it
+
+
+def enforcement_label(profile: str) -> str:
+    """The node label (`"true"`) saying a node enforces `profile`: its node agent found the
+    mechanism (an MPS control daemon per GPU, a HAMi-core library) and the runtime applies it."""
+    return LABEL_PREFIX + profile

@@ -2,10 +2,14 @@
 
 What a node has comes from its labels (NVIDIA GPU Feature Discovery's keys, also written by
 gpuwire's labeler) and from gpuwire's node annotation `gpuwire.io/gpus`, a JSON array with one
-object per GPU (`index`, `uuid`, `product`, `memory_mib`, `numa_node`, `healthy`), written by
-the device plugin. Labels are what node affinity can select on; the annotation is how the
-webhook knows which node holds an explicitly named GPU. Where the snapshot comes from (a
-watch, a file) is `watch.py`'s and the CLI's business.
+object per GPU (`index`, `uuid`, `product`, `memory_mib`, `numa_node`, `healthy`, `resource`),
+written by the device plugin. Labels are what node affinity can select on, but GFD's describe
+one model per node; the annotation holds every GPU of a mixed node, the resource each is
+advertised under, and which node holds an explicitly named GPU. A node's GPUs are summed up
+as groups (one model under one resource, counted), and nodes alike share one tuple of them:
+10,000 nodes of one kind cost one. The limit profiles a node enforces are its
+`gpuwire.io/limits.<profile>` labels. Where the snapshot comes from (a watch, a file) is
+`watch.py`'s and the CLI's business.
 """
 
 from __future__ import annotations
@@ -15,34 +19,57 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from gpuwire import nodegpus, nvidia
+from gpuwire import limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
 
 if TYPE_CHECKING:
-    from webhook.placement import Placement
+    from webhook.placement import Demand, Placement
 
 log = logging.getLogger(__name__)
 
 PRODUCT_LABEL = nvidia.LABEL_PREFIX + "gpu.product"
 MEMORY_LABEL = nvidia.LABEL_PREFIX + "gpu.memory"  # MiB
 COUNT_LABEL = nvidia.LABEL_PREFIX + "gpu.count"
+REPLICAS_LABEL = nvidia.LABEL_PREFIX + "gpu.replicas"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPUS_ANNOTATION = nodegpus.ANNOTATION
 Gpu = nodegpus.NodeGpu
 
 
-@dataclass(frozen=True)
+class Group(NamedTuple):
+    """A node's GPUs of one model under one resource."""
+
+    product: str  # as the nvidia.com/gpu.product label spells it
+    memory_mib: int | None
+    resource: str  # the extended resource a pod asks for them by
+    gpus: int
+    devices: int  # of that resource they make (count × time-slicing or MPS replicas)
+
+
+class Shape(NamedTuple):
+    """What placement reads of a node, its name aside: a cluster has few, however large."""
+
+    groups: tuple[Group, ...]
+    product: str | None
+    memory_mib: int | None
+    gpu_count: int | None
+    enforces: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     hostname: str  # the kubernetes.io/hostname label: what node affinity can pin
-    product: str | None  # the nvidia.com/gpu.product label value
-    memory_mib: int | None
+    product: str | None  # the nvidia.com/gpu.product label value: one model (GFD's)
+    memory_mib: int | None  # the nvidia.com/gpu.memory label
     count: int | None
     gpus: tuple[Gpu, ...] = ()
+    groups: tuple[Group, ...] = ()  # every GPU: the annotation's, else the labels'
+    enforces: frozenset[str] = frozenset()  # limit profiles enforced here
 
     @property
     def gpu_count(self) -> int | None:
@@ -53,6 +80,10 @@ class Node:
         if self.memory_mib is not None:
             return self.memory_mib
         return min((g.memory_mib for g in self.gpus), default=None)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.groups, self.product, self.memory_mib, self.gpu_count, self.enforces)
 
 
 def _int(value: object) -> int | None:
@@ -71,8 +102,30 @@ def _gpus(node: str, text: str) -> tuple[Gpu, ...]:
         return ()
 
 
-def node_from_object(obj: Mapping[str, Any]) -> Node | None:
-    """A Node object (as JSON) → the GPU node it describes, None for a node without GPUs."""
+def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> tuple[Group, ...]:
+    """The annotation's GPUs by model and resource, in index order; without the annotation,
+    the labels' one model, under the default resource."""
+    if not gpus:
+        product = labels.get(PRODUCT_LABEL)
+        count = _int(labels.get(COUNT_LABEL)) or 1
+        devices = count * (_int(labels.get(REPLICAS_LABEL)) or 1)
+        memory = _int(labels.get(MEMORY_LABEL))
+        return (Group(product, memory, nvidia.RESOURCE, count, devices),) if product else ()
+    counts: dict[tuple[str, int, str, int], int] = {}
+    for g in gpus:
+        key = (nvidia.gfd_product(g.product), g.memory_mib, g.resource, g.replicas)
+        counts[key] = counts.get(key, 0) + 1
+    return tuple(Group(p, m or None, r, n, n * k) for (p, m, r, k), n in counts.items())
+
+
+_ENFORCED = {limits.enforcement_label(p): p for p, d in limits.PROFILES.items() if d.enforced}
+
+
+def node_from_object(
+    obj: Mapping[str, Any], shared: dict[object, Any] | None = None
+) -> Node | None:
+    """A Node object (as JSON) → the GPU node it describes, None for a node without GPUs.
+    `shared` (one per snapshot) makes nodes alike share their groups and profiles."""
     metadata = obj.get("metadata") or {}
     name = str(metadata.get("name", ""))
     labels: Mapping[str, str] = metadata.get("labels") or {}
@@ -81,13 +134,21 @@ def node_from_object(obj: Mapping[str, Any]) -> Node | None:
     product = labels.get(PRODUCT_LABEL)
     if not name or (product is None and not gpus):
         return None
+    memory, count = _int(labels.get(MEMORY_LABEL)), _int(labels.get(COUNT_LABEL))
+    groups = _groups(gpus, labels)
+    enforces = frozenset(p for key, p in _ENFORCED.items() if labels.get(key) == "true")
+    if shared is not None:
+        groups = shared.setdefault(groups, groups)
+        enforces = shared.setdefault(enforces, enforces)
     return Node(
         name=name,
         hostname=labels.get(HOSTNAME_LABEL, name),
         product=product,
-        memory_mib=_int(labels.get(MEMORY_LABEL)),
-        count=_int(labels.get(COUNT_LABEL)),
+        memory_mib=memory,
+        count=count,
         gpus=gpus,
+        groups=groups,
+        enforces=enforces,
     )
 
 
@@ -99,13 +160,41 @@ class Fleet:
 
     @classmethod
     def of(cls, objects: Iterable[Mapping[str, Any]]) -> Fleet:
-        found = (node_from_object(o) for o in objects)
+        shared: dict[object, Any] = {}
+        found = (node_from_object(o, shared) for o in objects)
         return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
 
     @functools.cached_property
+    def shapes(self) -> dict[Shape, tuple[Node, ...]]:
+        """The nodes by shape, each in name order: what placement passes over."""
+        found: dict[Shape, list[Node]] = {}
+        for n in self.nodes:
+            found.setdefault(n.shape, []).append(n)
+        return {shape: tuple(nodes) for shape, nodes in found.items()}
+
+    @functools.cached_property
+    def kinds(self) -> frozenset[tuple[Group, ...]]:
+        """The distinct GPU make-ups of the nodes."""
+        return frozenset(shape.groups for shape in self.shapes)
+
+    @functools.cached_property
     def products(self) -> list[str]:
-        """The GPU product label values present, sorted."""
-        return sorted({n.product for n in self.nodes if n.product})
+        """Every GPU model of the cluster, as the product label spells it, sorted."""
+        return sorted({g.product for kind in self.kinds for g in kind})
+
+    @functools.cached_property
+    def resources(self) -> tuple[str, ...]:
+        """The extended resources the cluster's device plugins list GPUs under, sorted."""
+        return tuple(sorted({g.resource for kind in self.kinds for g in kind}))
+
+    @functools.cached_property
+    def enforced(self) -> dict[str, int]:
+        """Limit profile → how many nodes enforce it."""
+        counts: dict[str, int] = {}
+        for shape, nodes in self.shapes.items():
+            for profile in shape.enforces:
+                counts[profile] = counts.get(profile, 0) + len(nodes)
+        return counts
 
     @functools.cached_property
     def normalised(self) -> dict[str, str]:
@@ -113,7 +202,7 @@ class Fleet:
         return {p: normalise_model(p) for p in self.products}
 
     @functools.cached_property
-    def placements(self) -> dict[tuple[GpuRequest, bool], Placement]:
+    def placements(self) -> dict[tuple[GpuRequest, bool, Demand], Placement]:
         """Requests already resolved against this snapshot (`placement.place` fills it); a new
         snapshot starts with none."""
         return {}

@@ -4,12 +4,15 @@ No sockets, files or clocks: the server and `gpuwire mutate` are thin shells aro
 and the tests call it directly. The rules, in the order a container meets them:
 
 * GPU containers (named by `gpuwire.io/containers`; else those with an `nvidia.com/gpu`
-  resource; else, when the pod asks by annotation, every app container) get
+  resource, or another GPU resource of the cluster's device plugins; else, when the pod asks
+  by annotation, every app container) get
   `NVIDIA_VISIBLE_DEVICES` (`all`, `none` or the named GPUs; left to the device plugin where
   it chooses), `NVIDIA_DRIVER_CAPABILITIES`, the limit profiles' env and `GPUWIRE_GRANT`.
 * Every other container gets `NVIDIA_VISIBLE_DEVICES=void` (policy `voidUnrequested`), and a
   hand-written value is replaced unless the namespace is trusted, where it is granted as is.
-* Model, memory and device requests become required node affinity.
+* Model, memory, device and limit requests become required node affinity; a container the
+  device plugin serves asks for the resource that lists the model it wants
+  (`nvidia.com/gpu: 1` → `nvidia.com/l4: 1`) where `nvidia.com/gpu` would not hand it that.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
 from webhook import affinity
 from webhook.fleet import Fleet
-from webhook.patch import Change, Op, env_ops, set_path
-from webhook.placement import Placement, Unplaceable, place
+from webhook.patch import Change, Op, env_ops, pointer, set_path
+from webhook.placement import Demand, Placement, Unplaceable, place
 from webhook.pod import Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 
@@ -128,8 +131,9 @@ class _Mutation:
         gpu = self.gpu_containers(request)
         placement = NOWHERE
         if gpu:
+            allow = self.policy.unknown_model == "allow"
             try:
-                placement = place(request, self.fleet, self.policy.unknown_model == "allow")
+                placement = place(request, self.fleet, allow, self.demand(request, gpu))
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
@@ -157,10 +161,54 @@ class _Mutation:
                     f"{', '.join(unknown)}, which this pod does not have; accepted: {names}",
                 )
             return set(request.containers)
-        with_resource = {c.name for c in self.pod.containers if c.gpus}
+        with_resource = {
+            c.name for c in self.pod.containers if (asked := self.plugin_count(c)) and asked[1]
+        }
         if with_resource or not request.asks:
             return with_resource
         return {c.name for c in self.pod.app_containers}
+
+    def plugin_count(self, c: Container) -> tuple[str, int] | None:
+        """The GPU resource a container asks the device plugin for, and how many; the
+        cluster's per-model resources (`nvidia.com/l4`) count as well as `nvidia.com/gpu`."""
+        if c.gpus is not None:
+            return nvidia.RESOURCE, c.gpus
+        for name in self.fleet.resources:
+            if name != nvidia.RESOURCE and (n := c.count_of(name)) is not None:
+                return name, n
+        return None
+
+    def demand(self, request: GpuRequest, gpu: set[str]) -> Demand:
+        """What the GPU containers need of a node: a device plugin, all its GPUs, the limit
+        profiles their limits need enforced."""
+        plugin, whole, asks = 0, False, nvidia.RESOURCE
+        count = request.count if request.count is not None else self.policy.gpu_count
+        for c in self.pod.containers:
+            if c.name not in gpu:
+                continue
+            asked = self.plugin_count(c)
+            if asked and asked[1]:
+                plugin += asked[1]
+                asks = asked[0]
+            elif not request.uuids and count == "all":
+                whole = True
+            elif not request.uuids and isinstance(count, int):
+                plugin += count
+        if not request.wants_limits:
+            return Demand(plugin, asks, whole)
+        names = request.profiles or self.policy.limit_profiles
+        source = (
+            f"{keys.LIMIT_PROFILE}: {request.given[keys.LIMIT_PROFILE]!r}"
+            if request.profiles
+            else f"the policy's default limitProfile: {', '.join(names)}"
+        )
+        for name in names:
+            if not limits.PROFILES[name].enforced:
+                self.warnings.append(
+                    f"profile {name!r} is advisory: the framework reads it, nothing enforces it"
+                )
+        enforced = tuple(n for n in names if limits.PROFILES[n].enforced)
+        return Demand(plugin, asks, whole, enforced, source)
 
     # --- one container
 
@@ -181,10 +229,10 @@ class _Mutation:
 
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
-        resource = c.gpus
-        if resource:  # nvidia.com/gpu: 0 asks the plugin for nothing
-            self.check_plugin(c, request, resource)
-            return _Devices(grant.PLUGIN_DEVICES, resource)
+        asked = self.plugin_count(c)
+        if asked and asked[1]:  # nvidia.com/gpu: 0 asks the plugin for nothing
+            self.check_plugin(c, request, *asked)
+            return _Devices(grant.PLUGIN_DEVICES, asked[1], self.rename(c, asked, placement))
         if request.uuids:
             return _Devices(",".join(placement.devices or request.uuids), len(request.uuids))
         count = request.count if request.count is not None else self.policy.gpu_count
@@ -200,25 +248,46 @@ class _Mutation:
                 "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
                 f"accepted here: all, none, or explicit GPUs in {keys.UUID}",
             )
-        op = set_path(c.raw, c.path, ("resources", "limits", nvidia.RESOURCE), str(count))
+        resource = placement.resource or nvidia.RESOURCE
+        op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
         return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
 
-    def check_plugin(self, c: Container, request: GpuRequest, resource: int) -> None:
+    def rename(self, c: Container, asked: tuple[str, int], placement: Placement) -> list[Op]:
+        """`nvidia.com/gpu` → the resource that lists the model asked for, where the plugin
+        would otherwise hand any GPU of the node."""
+        wanted = placement.resource
+        if wanted is None or asked[0] != nvidia.RESOURCE:
+            return []
+        ops: list[Op] = []
+        for section in ("limits", "requests"):
+            held = (c.raw.get("resources") or {}).get(section) or {}
+            if nvidia.RESOURCE in held:
+                base = pointer(c.path, "resources", section)
+                ops.append({"op": "remove", "path": pointer(base, nvidia.RESOURCE)})
+                ops.append(
+                    {"op": "add", "path": pointer(base, wanted), "value": held[nvidia.RESOURCE]}
+                )
+        self.warnings.append(
+            f"container {c.name!r}: {nvidia.RESOURCE}: {asked[1]} asks for {wanted}: {asked[1]}, "
+            "the resource holding only the GPUs asked for"
+        )
+        return ops
+
+    def check_plugin(self, c: Container, request: GpuRequest, resource: str, count: int) -> None:
         """A container the device plugin serves cannot also name its GPUs or take all."""
         if request.uuids:
             key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
             raise Denied(
                 400,
                 f"{key}: {value!r} names GPUs, but container {c.name!r} gets its GPUs from the "
-                f"device plugin ({nvidia.RESOURCE}: {resource}), which chooses them; "
-                f"accepted: explicit GPUs on a container without {nvidia.RESOURCE}",
+                f"device plugin ({resource}: {count}), which chooses them; "
+                f"accepted: explicit GPUs on a container without {resource}",
             )
-        if request.count is not None and request.count != resource:
+        if request.count is not None and request.count != count:
             raise Denied(
                 400,
                 f"{keys.COUNT}: {request.given[keys.COUNT]!r} disagrees with container "
-                f"{c.name!r}'s {nvidia.RESOURCE}: {resource}; accepted: {resource}, or no "
-                f"{keys.COUNT}",
+                f"{c.name!r}'s {resource}: {count}; accepted: {count}, or no {keys.COUNT}",
             )
 
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
@@ -258,7 +327,7 @@ class _Mutation:
         share = request.memory_limit or MemoryLimit()
         mib, fraction = share.resolve(memory_mib)
         wanted = limits.Limits(mib, fraction, request.cores_limit, devices=count)
-        if share.percent and len({n.gpu_memory_mib for n in placement.nodes}) > 1:
+        if share.percent and len(placement.memories) > 1:
             self.warnings.append(
                 f"{keys.MEMORY_LIMIT}={request.given[keys.MEMORY_LIMIT]} taken against the "
                 f"smallest candidate GPU ({memory_mib} MiB)"

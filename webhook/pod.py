@@ -92,6 +92,11 @@ class Container(NamedTuple):
         """Literal env values in effect, by name (valueFrom entries left out), read on use."""
         return _Values(self)
 
+    def count_of(self, resource: str) -> int | None:
+        """How many of an extended resource it asks for (limits, else requests), if any."""
+        where = f"spec.{self.field}[{self.position}]"
+        return _count(_mapping(self.raw.get("resources"), where, ".resources"), resource, where)
+
 
 class _Values(Mapping[str, str]):
     def __init__(self, container: Container) -> None:
@@ -127,15 +132,14 @@ def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[
     return entries, named
 
 
-def _gpus(resources: dict[str, Any], where: str) -> int | None:
+def _count(resources: dict[str, Any], resource: str, where: str) -> int | None:
     for section, field in (("limits", ".resources.limits"), ("requests", ".resources.requests")):
         quantity = _mapping(resources.get(section), where, field)
-        if nvidia.RESOURCE in quantity:
-            text = str(quantity[nvidia.RESOURCE]).strip()
+        if resource in quantity:
+            text = str(quantity[resource]).strip()
             if not (text.isascii() and text.isdigit()):
                 raise MalformedPod(
-                    f"{where}.resources.{section}[{nvidia.RESOURCE}] is {text!r}, "
-                    "not a whole number"
+                    f"{where}.resources.{section}[{resource}] is {text!r}, not a whole number"
                 )
             return int(text)
     return None
@@ -146,7 +150,7 @@ def _container(raw: object, field: str, index: int) -> Container:
     body = _mapping(raw, where)
     env, named = _env(body.get("env"), where)
     name = _str(body.get("name"), where, ".name")
-    gpus = _gpus(_mapping(body.get("resources"), where, ".resources"), where)
+    gpus = _count(_mapping(body.get("resources"), where, ".resources"), nvidia.RESOURCE, where)
     return Container(field, index, name, env, named, gpus, body)  # positional: a third cheaper
 
 
