@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck unit system-deps venv clean protos
+.PHONY: test check demo lint typecheck system-deps venv clean protos
+
+# Every shell program in the repository: a tracked file whose first line runs sh or bash.
+SHELL_PROGRAMS = $(shell git ls-files -z | xargs -0 awk 'FNR == 1 && /^\#!.*[\/ ](ba|da)?sh( |$$)/ { print FILENAME } { nextfile }')
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,21 +20,33 @@ venv: $(STAMP)
 system-deps:
 	scripts/install-system-deps
 
+# ruff, the layers (scripts/layers.py), shellcheck. Without shellcheck (make system-deps as
+# root installs it) the shell programs go unchecked, which fails CI (GPUWIRE_NO_SKIP).
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m scripts.layers
+	@if command -v shellcheck >/dev/null; then shellcheck $(SHELL_PROGRAMS); \
+	else echo "shellcheck not installed: $(SHELL_PROGRAMS) not checked" >&2; \
+	test -z "$$GPUWIRE_NO_SKIP"; fi
 
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+# The fast loop: lint, types, and every test but the system ones (tests/system: real
+# containers and daemons), in about a minute.
+check: lint typecheck
+	$(BIN)/pytest -q -m "not system"
+
+# Everything, as CI runs it.
+test: system-deps lint typecheck
 	$(BIN)/pytest
 
-test: system-deps lint typecheck unit
-
-# Stubs of deviceplugin/api/*.proto, with the grpcio-tools pinned in constraints.txt.
+# Stubs of deviceplugin/api/*.proto and testbed/cri/*.proto, with the grpcio-tools pinned
+# in constraints.txt.
 protos: venv
 	$(BIN)/python -m deviceplugin.api.generate
+	$(BIN)/python -m testbed.cri.generate
 
 demo: system-deps venv
 	$(BIN)/python -m scripts.demo

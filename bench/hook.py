@@ -40,9 +40,12 @@ containerd's runc shim, `ctr run` with runc as the baseline (the grant env prese
 reading it) and with the launcher of gpuwire-runtime as `--runc-binary` (containerd's
 `BinaryName`), asking for no GPU and for one granted GPU (Python, and served by the
 resident), and with the shim's floor (Python exec'ing runc) as `--runc-binary`. `start`
-times `ctr run --detach` (create and start: what a kubelet waits for); `run` times
-`ctr run --rm` of `true` (also the exit and the two deletes: every runtime call containerd
-makes for a container).
+times `ctr run --detach` (create and start); `run` times `ctr run --rm` of `true` (also the
+exit and the two deletes: every runtime call containerd makes for a container). Then the
+same variants over CRI, as the kubelet starts a pod's container (testbed/kuberuntime.py):
+each variant a runtime handler written by `gpuwire containerd configure` (runc: the
+default), its pod's sandbox run once, and `start` timing CreateContainer + StartContainer in
+it (what a kubelet waits for; the container's exit and its removal untimed).
 Goal: at most 25 ms added median start through containerd.
 """
 
@@ -58,14 +61,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from bench.common import Summary, report, summarise
 from gpuwire.elfstub import shared_object
 from runtime_hook.setup import launcher
 from runtime_hook.start import resident
-from testbed.containerd import Container, Containerd
+from testbed.containerd import CRI_NAMESPACE, Container, Containerd
 from testbed.image import NAME, layout_files, write_tar
-from testbed.lab import Lab, cri_annotations, grant_for
+from testbed.kuberuntime import KubeRuntime, Sandbox
+from testbed.lab import CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
 from testbed.resident import Resident
 from testbed.rootfs import Bundle, busybox_rootfs
 
@@ -287,6 +292,72 @@ def containerd_half(runs: int, python: str) -> None:
         print()
 
 
+def cri_half(runs: int, python: str) -> None:
+    """The containerd variants over CRI: a handler each, configured as an admin does."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lab = Lab(Path(tmp) / "lab")
+        launcher.install(f"{tmp}/libexec", python, socket=None)
+        launcher.install(f"{tmp}/served", python, socket=f"{tmp}/resident.sock")
+        floor = write_floor(Path(tmp) / "libexec/python-execs-runc", python)
+        granted = {"NVIDIA_VISIBLE_DEVICES": "1", "GPUWIRE_GRANT": grant_for(lab.keys, "1")}
+        handlers = {"gpuwire": f"{tmp}/libexec/gpuwire-runtime",
+                    "gpuwire-served": f"{tmp}/served/gpuwire-runtime", "floor": floor}  # fmt: skip
+        variants = {  # name → (handler, env)
+            "runc": ("", granted),
+            "gpuwire-runtime, no GPU": ("gpuwire", {}),
+            "gpuwire-runtime, 1 GPU": ("gpuwire", granted),
+            "resident: gpuwire-runtime, 1 GPU": ("gpuwire-served", granted),
+            "floor: python execs runc": ("floor", {}),
+        }
+        with Containerd.create(cri=True) as containerd, Resident(f"{tmp}/resident.sock", python):
+            for name, path in handlers.items():
+                configure = ["containerd", "configure", "--config", str(containerd.config)]
+                subprocess.run([str(CONSOLE_SCRIPTS / "gpuwire"), *configure,
+                                "--runtime-name", name, "--runtime-path", path],
+                               check=True, capture_output=True)  # fmt: skip
+            containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
+            containerd.import_image(write_image(lab.root / "image.tar"), CRI_NAMESPACE)
+            with containerd.kuberuntime() as kubelet:
+                pods = {name: bench_pod(env) for name, (_, env) in variants.items()}
+                sandboxes = {n: kubelet.run_sandbox(pods[n], h) for n, (h, _) in variants.items()}
+                samples: dict[str, list[float]] = {}
+                order = random.Random(0)
+                for n in range(runs + 1):  # round 0 warms caches and is not counted
+                    for name in order.sample(list(variants), len(variants)) if n else variants:
+                        elapsed = _cri_start(kubelet, sandboxes[name], pods[name])
+                        if n:
+                            samples.setdefault(name, []).append(elapsed)
+        given = sum(": GPUs 1 (" in line for line in lab.log_lines())
+        if given != 2 * (runs + 1):  # each start of the two granted variants
+            raise SystemExit(f"over CRI, {given} GPU starts for {2 * (runs + 1)} granted ones")
+    base, *others = (summarise(name, samples[name]) for name in variants)
+    what = "start (CreateContainer + StartContainer)"
+    print(report(f"containerd over CRI, {what}, {runs} runs each", base, others))
+    print()
+    print(added(base, others))
+    print()
+
+
+def bench_pod(env: dict[str, str]) -> dict[str, Any]:
+    """A pod whose one container (in the lab's namespace, under the lab's container name,
+    which the grant names) runs `true`."""
+    container = {"name": CONTAINER, "image": NAME, "command": ["true"],
+                 "env": [{"name": k, "value": v} for k, v in env.items()]}  # fmt: skip
+    meta = {"name": f"bench-{uuid.uuid4().hex[:8]}", "namespace": NAMESPACE,
+            "uid": str(uuid.uuid4())}  # fmt: skip
+    return {"metadata": meta, "spec": {"containers": [container]}}
+
+
+def _cri_start(kubelet: KubeRuntime, sandbox: Sandbox, pod: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    cid = kubelet.create(sandbox, pod, pod["spec"]["containers"][0])
+    kubelet.start(cid)
+    elapsed = time.perf_counter() - start
+    kubelet.exited(cid)  # `true`: stopping it would race its own exit
+    kubelet.remove(cid)
+    return elapsed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -304,6 +375,7 @@ def main() -> int:
         print()
     if args.only != "runc":
         containerd_half(args.runs, args.python)
+        cri_half(args.runs, args.python)
     return 0
 
 

@@ -6,7 +6,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import os
 import re
 import signal
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 import urllib3
 from kubernetes import client, config
 
+import kubeclient
 from certs import files, grantkey, pki, reconcile, rotation
 from certs.cluster import Cluster
 from certs.reconcile import Target
@@ -112,11 +112,7 @@ def ensure(argv: list[str]) -> int:
     parser.add_argument(
         "--webhook-config", required=True, help="MutatingWebhookConfiguration whose caBundle to set"
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="default: in-cluster when run in a pod, else $KUBECONFIG or ~/.kube/config",
-    )
+    kubeclient.add_kubeconfig_flag(parser)
     parser.add_argument("--cluster-domain", default=pki.CLUSTER_DOMAIN)
     parser.add_argument(
         "--out",
@@ -143,7 +139,7 @@ def ensure(argv: list[str]) -> int:
     except pki.PKIError as exc:
         parser.exit(2, f"gpuwire certs ensure: {exc}\n")
     try:
-        cluster = Cluster(_api_client(args.kubeconfig))
+        cluster = Cluster(kubeclient.api_client(args.kubeconfig))
     except config.ConfigException as exc:
         source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the default sources"
         parser.exit(2, f"gpuwire certs ensure: no cluster credentials from {source}: {exc}\n")
@@ -185,17 +181,6 @@ def _run_once(
         log.error("cannot reach the kube-apiserver: %s", exc)
         return False
     return True
-
-
-def _api_client(kubeconfig: str | None) -> client.ApiClient:
-    configuration = client.Configuration()
-    if kubeconfig is None and config.incluster_config.SERVICE_HOST_ENV_NAME in os.environ:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=kubeconfig, client_configuration=configuration
-        )
-    return client.ApiClient(configuration)
 
 
 def _message(exc: client.ApiException) -> str:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.resources import resource_name_error
 from gpuwire import records
@@ -67,11 +68,7 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="Node object to write (default $NODE_NAME, else the hostname)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="default: in-cluster service account, else ~/.kube/config",
-    )
+    kubeclient.add_kubeconfig_flag(parser)
 
 
 def _add_holder_flags(parser: argparse.ArgumentParser) -> None:
@@ -297,7 +294,7 @@ def label(argv: list[str]) -> int:
     )
     _logging("INFO" if args.watch else "WARNING")
     from deviceplugin import agent, labeler
-    from deviceplugin.discovery import open_discovery
+    from deviceplugin.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
     discovery = open_discovery(config.sim)

@@ -55,14 +55,3 @@ class Discovery(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def open_discovery(sim_root: str | None) -> Discovery:
-    """The simulated node under `sim_root`, else the real GPUs through NVML."""
-    if sim_root is not None:
-        from deviceplugin.simulated import SimDiscovery
-
-        return SimDiscovery(sim_root)
-    from deviceplugin.nvml import NvmlDiscovery
-
-    return NvmlDiscovery()

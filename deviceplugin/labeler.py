@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
+import kubeclient
 from deviceplugin import labels
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
@@ -25,16 +26,9 @@ JSON_PATCH = "application/json-patch+json"
 
 
 def core_api(kubeconfig: str | None) -> Any:
-    """CoreV1Api from `kubeconfig`, else the in-cluster service account, else ~/.kube/config."""
+    """CoreV1Api with the client `kubeclient` builds."""
     client: Any = importlib.import_module("kubernetes.client")
-    config: Any = importlib.import_module("kubernetes.config")
-    if kubeconfig:
-        return client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.CoreV1Api()
+    return client.CoreV1Api(kubeclient.api_client(kubeconfig))
 
 
 def node_name(given: str | None) -> str:

@@ -11,8 +11,9 @@ import threading
 
 from deviceplugin import agent, state, sweep
 from deviceplugin.allocate import Strategies
+from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, open_discovery
+from deviceplugin.discovery import Discovery
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.resources import assign

@@ -3,7 +3,8 @@ the kubelet gave which container, and which device IDs it can give at all.
 
 The kubelet serves it on `/var/lib/kubelet/pod-resources/kubelet.sock` for monitoring agents.
 A DaemonSet mounts the directory, not the socket: a restarting kubelet makes a new socket,
-and a mount of the old one would go stale (reference kubelet-device-plugin.md 1.4).
+and a mount of the old one would go stale (kubernetes.io, "Device Plugins", section
+"Monitoring device plugin resources").
 `GetAllocatableResources` is GA since Kubernetes 1.28; an older kubelet without it answers
 UNIMPLEMENTED, and what it can give is then only known from what it gave.
 """

@@ -2,7 +2,8 @@
 
 The grammar is the user-facing contract (docs/annotations.md). Every value is checked here,
 once, and every error names the annotation, the value and what is accepted. HAMi's four
-selection annotations (reference ecosystem.md 1.4) are read as aliases, so pods written for
+selection annotations (Project-HAMi/HAMi v2.10.0, `nvidia.com/use-gputype` and its kin,
+matched by `device.CheckType` and `device.CheckUUID`) are read as aliases, so pods written for
 HAMi keep working. What a request means for a given pod, cluster and policy is decided in
 `webhook/`; this module only knows the words.
 """

@@ -16,7 +16,9 @@ the engine has injected the devices, and no NVIDIA-style runtime further down ma
 again from an image's `NVIDIA_VISIBLE_DEVICES=all`.
 
 `cdiVersion` is the lowest the fields used allow (CDI `specs-go/version.go`), so older
-engines accept the spec: podman 4.3 reads up to 0.5.0. Facts: nvidia-runtime.md 3, 5.
+engines accept the spec: podman 4.3 reads up to 0.5.0. Facts: the CDI specification
+(cncf-tags/container-device-interface `SPEC.md` v1.1.0, `pkg/parser/parser.go`) and NVIDIA's
+CDI mode (NVIDIA/nvidia-container-toolkit `pkg/nvcdi`).
 """
 
 from __future__ import annotations

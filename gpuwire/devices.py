@@ -1,9 +1,11 @@
 """The device model and NVIDIA_VISIBLE_DEVICES semantics, shared by every component.
 
-A request string selects devices the way libnvidia-container does (reference
-nvidia-runtime.md 1.1): `void`/empty/unset is not a GPU container, `none` is a GPU
-container with no GPU, `all` is every GPU, otherwise a list of indices, UUIDs or PCI bus ids.
-The types are `gpuwire.value` values: this module is on the container-start path.
+A request string selects devices the way libnvidia-container does (NVIDIA's container
+toolkit docs, "Specialized Configurations with Docker", `NVIDIA_VISIBLE_DEVICES`;
+NVIDIA/nvidia-container-toolkit `cmd/nvidia-container-runtime/README.md`):
+`void`/empty/unset is not a GPU container, `none` is a GPU container with no GPU, `all` is
+every GPU, otherwise a list of indices, UUIDs or PCI bus ids. The types are `gpuwire.value`
+values: this module is on the container-start path.
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from gpuwire.devices import Device
 from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
-from gpuwire.value import Value
 
 ANNOTATION = "gpuwire.io/holders"
 VERSION = 1
@@ -38,35 +38,17 @@ class HoldersError(ValueError):
     """An annotation value that is not a holders list; the message says what is wrong."""
 
 
-class Holder(Value):
+@dataclass(frozen=True)
+class Holder:
     """One container and the GPUs it holds. A container outside any pod has namespace and
     pod "" and its runtime ID as `container`."""
 
-    __slots__ = _fields = ("namespace", "pod", "container", "path", "gpus", "whole_node")
     namespace: str
     pod: str
     container: str
     path: str  # PLUGIN or PLUGIN_LESS
     gpus: tuple[str, ...]  # UUIDs, sorted
-    whole_node: bool  # asked for `all`
-
-    def __init__(
-        self,
-        namespace: str,
-        pod: str,
-        container: str,
-        path: str,
-        gpus: tuple[str, ...],
-        whole_node: bool = False,
-    ) -> None:
-        self._set(
-            namespace=namespace,
-            pod=pod,
-            container=container,
-            path=path,
-            gpus=gpus,
-            whole_node=whole_node,
-        )
+    whole_node: bool = False  # asked for `all`
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -78,52 +60,35 @@ class Holder(Value):
         return f"{self.namespace}/{self.pod}" if self.pod else f"container {self.container[:12]}"
 
 
-class Assignment(Value):
+@dataclass(frozen=True)
+class Assignment:
     """Devices of one resource the kubelet gave a container (pod-resources `List`)."""
 
-    __slots__ = _fields = ("namespace", "pod", "container", "resource", "device_ids")
     namespace: str
     pod: str
     container: str
     resource: str
     device_ids: tuple[str, ...]
 
-    def __init__(
-        self, namespace: str, pod: str, container: str, resource: str, device_ids: tuple[str, ...]
-    ) -> None:
-        self._set(
-            namespace=namespace,
-            pod=pod,
-            container=container,
-            resource=resource,
-            device_ids=device_ids,
-        )
 
-
-class NodeHolders(Value):
+@dataclass(frozen=True)
+class NodeHolders:
     """A node's holders, its GPUs shared by time-slicing, and whether a device plugin
     allocates GPUs there: everything conflict detection needs."""
 
-    __slots__ = _fields = ("holders", "shared", "plugin")
     holders: tuple[Holder, ...]
     shared: tuple[str, ...]  # UUIDs
     plugin: bool
-
-    def __init__(self, holders: tuple[Holder, ...], shared: tuple[str, ...], plugin: bool) -> None:
-        self._set(holders=holders, shared=shared, plugin=plugin)
 
     def of_gpu(self, uuid: str) -> list[Holder]:
         return [h for h in self.holders if uuid in h.gpus]
 
 
-class Conflict(Value):
-    __slots__ = _fields = ("kind", "gpus", "holders")
+@dataclass(frozen=True)
+class Conflict:
     kind: str  # SHARED_GPU or ALL_BESIDE_PLUGIN
     gpus: tuple[str, ...]  # UUIDs
     holders: tuple[str, ...]  # Holder.name of each container involved
-
-    def __init__(self, kind: str, gpus: tuple[str, ...], holders: tuple[str, ...]) -> None:
-        self._set(kind=kind, gpus=gpus, holders=holders)
 
     def explain(self, gpu_names: Mapping[str, str] | None = None) -> str:
         """One sentence; `gpu_names` (UUID → `GPU 3`, in the order to list them) makes it

@@ -2,9 +2,12 @@
 
 Whatever enforces a limit inside the container reads its own variables: HAMi-core
 (`libvgpu.so`), the MPS client, or an ML framework's allocator. A profile is one row of a
-table saying which variables it reads and in what syntax (reference ecosystem.md 1.5, 3.1,
-3.2). `enforced` profiles cap the process; the framework ones are informational: the
-framework honours them, but a process that ignores them is not stopped.
+table saying which variables it reads and in what syntax (HAMi's device plugin,
+Project-HAMi/HAMi `pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`; NVIDIA's MPS
+docs, "Appendix: Environment Variables"; the frameworks' own docs for
+`TF_FORCE_GPU_ALLOW_GROWTH`, `PYTORCH_CUDA_ALLOC_CONF`, `XLA_PYTHON_CLIENT_MEM_FRACTION`).
+`enforced` profiles cap the process; the framework ones are informational: the framework
+honours them, but a process that ignores them is not stopped.
 """
 
 from __future__ import annotations

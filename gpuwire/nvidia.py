@@ -1,8 +1,10 @@
 """Everything NVIDIA-specific that more than one component must agree on.
 
 Env names and grammar, device nodes, the driver's files per capability, resource and label
-names. Facts and sources: ../shared/reference/nvidia-runtime.md (sections 1, 2) and
-kubelet-device-plugin.md (2.8). A second vendor is a sibling module, not an edit here.
+names. Sources: NVIDIA/libnvidia-container `src/nvc_info.c` (files per capability) and
+`src/nvc_internal.h`, the container toolkit docs ("Specialized Configurations with Docker":
+the env), NVIDIA/k8s-device-plugin `docs/gpu-feature-discovery/README.md` (the labels). A
+second vendor is a sibling module, not an edit here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Immutable value types for the contract, without `dataclasses` or `enum`.
+"""Immutable value types for the modules a container start imports, without `dataclasses`.
 
-The contract modules are imported by `gpuwire-hook` and `gpuwire-runtime` on every
-container start. `dataclasses` pulls in `inspect`, `re` and `enum`, and `enum` alone costs
-more than the rest of a hook's imports (`python -X importtime`), so the contract's types
-are written out: a `Value` subclass lists its fields in constructor order as
+`gpuwire-hook` and `gpuwire-runtime` import those modules (`runtime_hook.start.MODULES`) on
+every container start. `dataclasses` pulls in `inspect`, `re` and `enum`, and `enum` alone
+costs more than the rest of a hook's imports (`python -X importtime`), so their types are
+written out: a `Value` subclass lists its fields in constructor order as
 `__slots__ = _fields = (...)`, sets them in a typed `__init__` through `_set`, and gets what
 the contract used from dataclasses: equality, hashing, a repr, immutability, `as_dict`
-(for `dataclasses.asdict`), copying and pickling.
+(for `dataclasses.asdict`), copying and pickling. Everywhere else a value type is a
+`@dataclass(frozen=True)`: one idiom on each side, which scripts/layers.py checks.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
+import kubeclient
 from inventory import table, view
 
 OUTPUTS = ("table", "wide", "json")
@@ -40,17 +41,9 @@ def report(
 
 
 def core_api(kubeconfig: str | None, context: str | None) -> Any:
-    """CoreV1Api: the kubeconfig (`--kubeconfig`, `$KUBECONFIG`, ~/.kube/config), else the
-    in-cluster service account."""
+    """CoreV1Api with the client `kubeclient` builds."""
     client: Any = importlib.import_module("kubernetes.client")
-    config: Any = importlib.import_module("kubernetes.config")
-    try:
-        return client.CoreV1Api(config.new_client_from_config(kubeconfig, context))
-    except config.ConfigException:
-        if kubeconfig or context:
-            raise
-        config.load_incluster_config()
-        return client.CoreV1Api()
+    return client.CoreV1Api(kubeclient.api_client(kubeconfig, context))
 
 
 def fetch(api: Any, namespace: str | None) -> tuple[list[Any], list[Any]]:
@@ -109,7 +102,7 @@ def parser(prog: str = "gpuwire inventory") -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="with --watch: how often to look (default 2)",
     )
-    p.add_argument("--kubeconfig", metavar="FILE", help="default $KUBECONFIG or ~/.kube/config")
+    kubeclient.add_kubeconfig_flag(p)
     p.add_argument("--context", help="the kubeconfig context to use")
     return p
 

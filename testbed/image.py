@@ -1,4 +1,4 @@
-"""An OCI image-layout tar of the busybox rootfs, since the lab has no registry to pull from.
+"""An OCI image-layout tar of the busybox rootfs: the testbed has no registry to pull from.
 
 containerd (`ctr images import`) and podman (`podman load`) both read this format. The tar is
 deterministic (sorted entries, zero mtimes, root ownership), so the same rootfs always gives
@@ -18,7 +18,11 @@ from typing import Any
 
 from testbed.rootfs import busybox_rootfs
 
-NAME = "docker.io/gpuwire/lab:busybox"
+NAME = "docker.io/gpuwire/testbed:busybox"
+# The pause image every pod sandbox runs (CRI's sandbox image): busybox waiting, as the
+# Kubernetes pause container does, until SIGTERM or SIGINT ends it.
+PAUSE = "docker.io/gpuwire/pause:busybox"
+PAUSE_COMMAND = ("sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done")
 _LAYER = "application/vnd.oci.image.layer.v1.tar"
 _CONFIG = "application/vnd.oci.image.config.v1+json"
 _MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -99,6 +103,10 @@ def write_layout_tar(
             script.chmod(0o755)
         files = layout_files(rootfs, name, env, cmd)
     return write_tar(dest, files)
+
+
+def write_pause_tar(dest: Path) -> Path:
+    return write_layout_tar(dest, PAUSE, cmd=PAUSE_COMMAND)
 
 
 def write_tar(dest: Path, files: Mapping[str, bytes]) -> Path:

@@ -1,6 +1,7 @@
 """A kubelet stand-in for device plugin tests, over real unix sockets.
 
-It does what the kubelet's device manager does (reference kubelet-device-plugin.md 1.4, 1.5):
+It does what the kubelet's device manager does (kubernetes/kubernetes
+`pkg/kubelet/cm/devicemanager/manager.go`, `endpoint.go`; kubernetes.io "Device Plugins"):
 serves `v1beta1.Registration` on `kubelet.sock`; on Register checks the version and the
 resource name, answers, then dials the plugin back on `<dir>/<endpoint>` in the background,
 asks `GetDevicePluginOptions` and keeps a `ListAndWatch` stream open, taking every message as

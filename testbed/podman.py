@@ -6,7 +6,7 @@ real spec, see each other's `nvidia.com/gpu` devices (a conflict drops the devic
 `podman run` goes into a private mount namespace in which this instance's spec directory is
 bound over both CDI directories: the host's contents never change; the only trace is an
 empty `/var/run/cdi` made as a mount point where the host has none. The settings are those
-a sandboxed CI machine accepts (design.md): vfs storage, runc (crun refuses hybrid cgroups),
+a sandboxed CI machine accepts: vfs storage, runc (crun refuses hybrid cgroups),
 cgroupfs, no network, rlimits podman need not raise.
 """
 

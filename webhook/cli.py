@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from typing import Any
 
 import jsonpatch
 import yaml
 
+import kubeclient
 from gpuwire import grant
 from webhook import review
 from webhook.fleet import FleetFileError
@@ -20,17 +20,12 @@ from webhook.sources import FleetFile, FleetSource, Sources
 
 
 def _cluster_fleet(kubeconfig: str | None) -> FleetSource:
-    """A Node watch through the in-cluster service account, else a kubeconfig."""
-    from kubernetes import client, config
+    """A Node watch, with the client `kubeclient` builds."""
+    from kubernetes import client
 
     from webhook.watch import NodeWatch
 
-    loader: Any = config  # the client's loaders are untyped
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        loader.load_incluster_config()
-    else:
-        loader.load_kube_config(config_file=kubeconfig)
-    return NodeWatch(client.CoreV1Api())
+    return NodeWatch(client.CoreV1Api(kubeclient.api_client(kubeconfig)))
 
 
 def serve(argv: list[str]) -> int:
@@ -45,7 +40,7 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--policy", help="policy YAML (a mounted ConfigMap); reloaded")
     parser.add_argument("--grant-key-dir", default=grant.DEFAULT_KEY_DIR, help="reloaded")
     parser.add_argument("--nodes", help="static Node list instead of watching the cluster")
-    parser.add_argument("--kubeconfig", help="outside a cluster: the kubeconfig to watch with")
+    kubeclient.add_kubeconfig_flag(parser)
     parser.add_argument("--reload-seconds", type=float, default=1.0, help="file check interval")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)

@@ -19,15 +19,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import yaml
 
 from gpuwire import limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
-
-if TYPE_CHECKING:
-    from webhook.placement import Demand, Placement
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +37,8 @@ GPUS_ANNOTATION = nodegpus.ANNOTATION
 Gpu = nodegpus.NodeGpu
 
 
-class Group(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Group:
     """A node's GPUs of one model under one resource."""
 
     product: str  # as the nvidia.com/gpu.product label spells it
@@ -50,7 +48,8 @@ class Group(NamedTuple):
     devices: int  # of that resource they make (count × time-slicing or MPS replicas)
 
 
-class Shape(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Shape:
     """What placement reads of a node, its name aside: a cluster has few, however large."""
 
     groups: tuple[Group, ...]
@@ -167,10 +166,14 @@ class Fleet:
     @functools.cached_property
     def shapes(self) -> dict[Shape, tuple[Node, ...]]:
         """The nodes by shape, each in name order: what placement passes over."""
+        alike: dict[tuple[int, str | None, int | None, int | None, int], list[Node]] = {}
+        for n in self.nodes:  # by identity first: nodes alike share groups and profiles
+            key = (id(n.groups), n.product, n.memory_mib, n.count, id(n.enforces))
+            alike.setdefault(key, []).append(n)
         found: dict[Shape, list[Node]] = {}
-        for n in self.nodes:
-            found.setdefault(n.shape, []).append(n)
-        return {shape: tuple(nodes) for shape, nodes in found.items()}
+        for nodes in alike.values():
+            found.setdefault(nodes[0].shape, []).extend(nodes)
+        return {shape: tuple(sorted(nodes, key=lambda n: n.name)) for shape, nodes in found.items()}
 
     @functools.cached_property
     def kinds(self) -> frozenset[tuple[Group, ...]]:
@@ -202,9 +205,10 @@ class Fleet:
         return {p: normalise_model(p) for p in self.products}
 
     @functools.cached_property
-    def placements(self) -> dict[tuple[GpuRequest, bool, Demand], Placement]:
-        """Requests already resolved against this snapshot (`placement.place` fills it); a new
-        snapshot starts with none."""
+    def placements(self) -> dict[tuple[GpuRequest, bool, object], object]:
+        """Requests already resolved against this snapshot: `placement.place` keeps its
+        `Placement`s here, by request, policy and demand (as objects: this module does not
+        import placement). A new snapshot starts with none."""
         return {}
 
     def holder(self, uuid: str) -> tuple[Node, Gpu] | None:

@@ -509,7 +509,7 @@ def place(
     placed = fleet.placements
     key = (request, allow_unknown, demand)
     found = placed.get(key)
-    if found is None:
+    if not isinstance(found, Placement):  # none yet (the fleet keeps them, not knowing the type)
         if len(placed) >= KEPT:  # distinct requests beyond that: start over, memory stays bounded
             placed.clear()
         found = placed[key] = _Placer(request, fleet, allow_unknown, demand).place()

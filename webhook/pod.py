@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpuwire import nvidia
 
@@ -47,10 +47,10 @@ def _str(value: object, where: str, field: str = "") -> str:
     return value
 
 
-class Container(NamedTuple):
+@dataclass(frozen=True)
+class Container:
     """One container. Env entries are indexed by name up front; a value is checked when read,
-    as the webhook reads only its own few variables (the API server validates the rest).
-    A named tuple: built for every container of every admitted pod."""
+    as the webhook reads only its own few variables (the API server validates the rest)."""
 
     field: str  # "containers" or "initContainers"
     position: int  # in that list
@@ -151,7 +151,7 @@ def _container(raw: object, field: str, index: int) -> Container:
     env, named = _env(body.get("env"), where)
     name = _str(body.get("name"), where, ".name")
     gpus = _count(_mapping(body.get("resources"), where, ".resources"), nvidia.RESOURCE, where)
-    return Container(field, index, name, env, named, gpus, body)  # positional: a third cheaper
+    return Container(field, index, name, env, named, gpus, body)
 
 
 @dataclass(frozen=True)

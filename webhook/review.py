@@ -1,4 +1,5 @@
-"""AdmissionReview in and out (reference ecosystem.md 4.1), without a socket.
+"""AdmissionReview in and out (kubernetes/api `admission/v1/types.go`; kubernetes.io "Dynamic
+Admission Control"), without a socket.
 
 The server hands the request body to `answer` and sends back what it returns; `gpuwire
 mutate` wraps a pod in a review and goes through the same function. v1 and v1beta1 have the

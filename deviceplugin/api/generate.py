@@ -1,4 +1,5 @@
-"""Regenerate the Python stubs of every `.proto` in this directory (`make protos`).
+"""Regenerate the Python stubs of every `.proto` in this directory (`make protos`), or in
+another one (`generate(out, directory)`: the testbed's CRI subset, testbed/cri/generate.py).
 
 Each proto is compiled with the repository root as the include path, so the generated gRPC
 module imports its messages as `deviceplugin.api.<name>_pb2` and the package stays importable
@@ -17,8 +18,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def protos() -> list[Path]:
-    return sorted(HERE.glob("*.proto"))
+def protos(directory: Path = HERE) -> list[Path]:
+    return sorted(directory.glob("*.proto"))
 
 
 def generated(proto: Path) -> list[str]:
@@ -26,10 +27,11 @@ def generated(proto: Path) -> list[str]:
     return [f"{proto.stem}_pb2.py", f"{proto.stem}_pb2.pyi", f"{proto.stem}_pb2_grpc.py"]
 
 
-def generate(out: Path) -> list[Path]:
-    """Compile every proto into `out` (laid out like the repository); returns what it wrote."""
+def generate(out: Path, directory: Path = HERE) -> list[Path]:
+    """Compile every proto of `directory` into `out` (laid out like the repository); returns
+    what it wrote."""
     written = []
-    for proto in protos():
+    for proto in protos(directory):
         relative = proto.relative_to(ROOT)
         args = [
             "grpc_tools.protoc",

@@ -9,7 +9,9 @@ and replaces the file by a rename in the root's `/etc`. No process, no namespace
 
 Where that cannot be exact (a cache in a format gpuwire does not write, a link the image
 occupies with a file of its own, a library of a machine gpuwire does not classify), the
-host's ldconfig builds the cache instead, confined (nvidia-runtime.md 2.4 and 6.1):
+host's ldconfig builds the cache instead, confined as libnvidia-container confines it
+(NVIDIA/libnvidia-container `src/nvc_ldcache.c`) and as the toolkit's CVEs teach
+(CVE-2024-0132, CVE-2025-23266):
 
 - it must be static (no PT_INTERP): a dynamic one would load the container's ld.so;
 - it is copied into a sealed memfd on the host and executed from that fd, so nothing in

@@ -9,7 +9,9 @@ entry: tomlkit round-trips it, comments and layout included.
 The core reads files through `Files` (the disk, or a dict in tests) and returns the changes
 to make; `containerd config dump`, `ctr oci spec` and argument handling are the shell's job
 (`runtime_hook.setup.cli`).
-Facts: ../shared/reference/nvidia-runtime.md 4.4, 4.5, 5.3.
+Facts: `nvidia-ctk runtime configure` (NVIDIA/nvidia-container-toolkit
+`pkg/config/engine/containerd`), containerd's CRI config docs (`docs/cri/config.md`, CDI from
+1.7: `enable_cdi`, `cdi_spec_dirs`), the RuntimeClass of the NVIDIA/k8s-device-plugin README.
 """
 
 from __future__ import annotations

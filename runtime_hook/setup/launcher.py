@@ -48,6 +48,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from gpuwire import atomicfile
 from runtime_hook.start import resident
@@ -66,14 +67,12 @@ CALL = "gpuwire-call"
 CALL_SOURCE = os.path.join(HERE, "call.c")
 
 
+@dataclass(frozen=True)
 class Call:
     """gpuwire-call and the socket of the resident gpuwire it asks (runtime_hook.start.resident)."""
 
-    __slots__ = ("call", "socket")
-
-    def __init__(self, call: str, socket: str) -> None:
-        self.call = call
-        self.socket = socket
+    call: str
+    socket: str
 
 
 def python_code(path: str, module: str) -> str:

@@ -1,16 +1,17 @@
 """`gpuwire-runtime`: an OCI runtime in front of runc, for containerd's `BinaryName`.
 
 On `create` (and `run`, create and start in one) it makes the links and the ld cache in the
-container root (`runtime_hook.injection.inject.prepare`, confined as the hook does it) and edits
-`<bundle>/config.json` (devices with cgroup allow rules, read-only mounts, the final env);
-then, as for every other subcommand, it execs the real runtime (`runtime` in the config, runc
-by default) with the arguments it was given, untouched. Parsing follows NVIDIA's runtime
-(nvidia-runtime.md 4.1): `create` (or `run`) anywhere in the arguments except as the value
-of `--bundle`/`-b`; the bundle from `--bundle`, `-bundle` or `-b`, with `=` or a space,
-else the current directory. A GPU container's record (`runtime_hook.start.recording`) is kept at
-create and forgotten at `delete`. The launcher (`runtime_hook.setup.launcher`) parses the
-arguments the same way, and starts Python only for a create that may ask for a GPU or the
-delete of a container that has a record.
+container root (`runtime_hook.injection.inject.prepare`, confined as the hook does it) and
+edits `<bundle>/config.json` (devices with cgroup allow rules, read-only mounts, the final
+env); then, as for every other subcommand, it execs the real runtime (`runtime` in the
+config, runc by default) with the arguments it was given, untouched. Parsing follows
+NVIDIA's runtime (NVIDIA/nvidia-container-toolkit `internal/oci/args.go`): `create` (or
+`run`) anywhere in the arguments except as the value of `--bundle`/`-b`; the bundle from
+`--bundle`, `-bundle` or `-b`, with `=` or a space, else the current directory. A GPU
+container's record (`runtime_hook.start.recording`) is kept at create and forgotten at
+`delete`. The launcher (`runtime_hook.setup.launcher`) parses the arguments the same way,
+and starts Python only for a create that may ask for a GPU or the delete of a container that
+has a record.
 
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that

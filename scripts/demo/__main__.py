@@ -12,7 +12,6 @@ import sys
 from collections.abc import Iterable
 
 from scripts.demo import cluster, holders, show
-from scripts.demo.cluster import Step
 from scripts.demo.scenarios import SCENARIOS, play
 
 
@@ -31,22 +30,17 @@ def main() -> int:
     try:
         with cluster.up() as running:
             say(show.node(running, style))
-            results, outcomes, more = [], [], []
+            results, outcomes = [], []
             for number, item in enumerate(SCENARIOS, 1):
                 outcome = play(running, item)
                 outcomes.append(outcome)
                 results.append((item.key, item.expected, item.judge(outcome, running.devices)))
                 say(show.scenario(number, item, outcome, running.devices, style))
-                if item.key == "two-gpus" and outcome.containers[0].argv:
-                    ran = outcome.containers[0]
-                    more.append(
-                        Step(f"the {ran.name} container, as the kubelet step ran it", ran.argv)
-                    )
             taken = holders.take(running, outcomes)
             results.append(("inventory", "each pod on its GPUs", holders.judge(taken)))
             say(show.inventory(len(SCENARIOS) + 1, taken, running, style))
             say(show.summary(results, running, style))
-            say(show.by_hand(running, [taken.step, *more], style))
+            say(show.by_hand(running, [taken.step], style))
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started is stopped and removed", file=sys.stderr)
         return 130

@@ -6,9 +6,12 @@ RuntimeClass; the device plugin (`gpuwire device-plugin serve --sim`) registered
 kubelet stand-in over real unix sockets, labelling the Node; the webhook (`gpuwire webhook
 serve`) over TLS with certificates from `gpuwire certs generate`, watching the Nodes; and, as
 root, a private containerd configured by `gpuwire containerd configure --set-default`, with
-the demo's images. The plugin also runs the node agent's holders job (who holds which GPU,
-from the shim's container records and the kubelet's pod-resources API), for the inventory.
-The stand-ins are the tests' own (testbed/apiserver.py, testbed/kubelet.py,
+the demo's images, and the kubelet's runtime manager on its CRI socket
+(testbed/kuberuntime.py): the system's containerd, or with GPUWIRE_DEMO_CONTAINERD=trixie|sid
+Debian's 1.7 or 2.x (testbed/containerds.py, fetched by `make demo`). The plugin also runs
+the node agent's holders job (who holds which GPU, from the shim's container records and the
+kubelet's pod-resources API), for the inventory.
+The stand-ins are the testbed's (testbed/apiserver.py, testbed/kubelet.py,
 testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
 
 `up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
@@ -42,11 +45,14 @@ from certs.grantkey import key_id
 from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import nvidia, sim
 from gpuwire.devices import Device
+from testbed import containerds
 from testbed.apiserver import ApiServer
-from testbed.containerd import CRI, Containerd
+from testbed.containerd import CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
+from testbed.containerds import Generation
 from testbed.host import LabError, stop
 from testbed.image import write_layout_tar
 from testbed.kubelet import Kubelet
+from testbed.kuberuntime import KubeRuntime
 from testbed.podresources import PodResourcesKubelet
 from testbed.resident import Resident, command
 from testbed.view import VIEW_SCRIPT
@@ -105,6 +111,7 @@ class Cluster:
     node_config: Path  # the node's gpuwire config (GPUWIRE_CONFIG of the shim)
     runtime_log: Path  # where the shim writes one line per decision
     containerd: Containerd | None = None
+    runtime: KubeRuntime | None = None  # the kubelet's runtime manager, over CRI
     handlers: dict[str, Handler] = field(default_factory=dict)
     default_handler: str = ""
     no_containers: str = ""  # why containers do not run, when they do not
@@ -124,19 +131,39 @@ def webhook_client(url: str, ca: Path) -> httpx.Client:
     return httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca))
 
 
-def run(steps: list[Step], what: str, argv: Sequence[str]) -> None:
+def run(
+    steps: list[Step], what: str, argv: Sequence[str], env: dict[str, str] | None = None
+) -> None:
     """Run a command to completion (LabError if it fails) and add it to `steps`."""
-    out = subprocess.run(list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env
+    )
     if out.returncode != 0:
         raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
     steps.append(Step(what, tuple(argv)))
 
 
-def containers_unavailable() -> str:
+def generation() -> Generation | str:
+    """The containerd the demo runs (GPUWIRE_DEMO_CONTAINERD names a Debian suite; the
+    system's by default), or why there is none."""
+    suite = os.environ.get("GPUWIRE_DEMO_CONTAINERD", "")
+    if not suite:
+        return containerds.system()
+    found = containerds.generations().get(suite)
+    if found is None:
+        accepted = ", ".join(containerds.SUITES)
+        return f"GPUWIRE_DEMO_CONTAINERD={suite}: no such containerd here (accepted: {accepted})"
+    return found
+
+
+def containers_unavailable(chosen: Generation | str) -> str:
     """Why this machine cannot run the demo's containers, or "" when it can."""
     if os.geteuid() != 0:
         return "not root: containerd runs containers only as root; `sudo make demo` runs them"
-    missing = [b for b in ("containerd", "ctr", "runc") if shutil.which(b) is None]
+    if isinstance(chosen, str):
+        return chosen
+    missing = [b for b in ("containerd", "ctr") if not (chosen.bin / b).exists()]
+    missing += ["runc"] if shutil.which("runc") is None else []
     if missing:
         return f"{', '.join(missing)} not installed (`make demo` installs them as root)"
     return ""
@@ -264,9 +291,9 @@ def start_webhook(
     return served.url, tls / pki.CA_FILE
 
 
-def handlers_of(dump: str) -> tuple[dict[str, Handler], str]:
+def handlers_of(dump: str, config_version: int) -> tuple[dict[str, Handler], str]:
     """The CRI plugin's runtime handlers and its default, from `containerd config dump`."""
-    section = tomllib.loads(dump)["plugins"][CRI]["containerd"]
+    section = tomllib.loads(dump)["plugins"][RUNTIME_PLUGIN[config_version]]["containerd"]
     handlers = {
         name: Handler(name, entry["runtime_type"], entry.get("options", {}).get("BinaryName"))
         for name, entry in section["runtimes"].items()
@@ -274,7 +301,7 @@ def handlers_of(dump: str) -> tuple[dict[str, Handler], str]:
     return handlers, section["default_runtime_name"]
 
 
-def start_containerd(cluster: Cluster, stack: ExitStack) -> None:
+def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation) -> None:
     """A private containerd with the gpuwire handler as its default runtime (as the nvidia
     runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim:
     the launcher, served by a resident gpuwire, as on a node the installer set up."""
@@ -283,19 +310,24 @@ def start_containerd(cluster: Cluster, stack: ExitStack) -> None:
     run(cluster.steps, "the launchers and gpuwire-call", [sys.executable, *install])
     stack.enter_context(Resident(socket))
     cluster.steps.append(Step("the resident gpuwire", tuple(command(sys.executable, socket))))
-    containerd = stack.enter_context(Containerd.create(cri=True))
+    containerd = stack.enter_context(Containerd.create(cri=True, generation=generation))
     configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
-    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime")]
-    run(cluster.steps, "the gpuwire handler in containerd", [*configure, *runtime, "--set-default"])
+    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime"), "--set-default"]
+    which = ["--containerd", containerd.binary("containerd")]
+    run(cluster.steps, "the gpuwire handler in containerd", [*configure, *runtime, *which],
+        env=generation.env())  # fmt: skip
     containerd.start(env={"GPUWIRE_CONFIG": str(cluster.node_config)})
-    started = ("containerd", "--config", str(containerd.config))
+    started = (containerd.binary("containerd"), "--config", str(containerd.config))
     cluster.steps.append(Step("containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started)))
-    cluster.handlers, cluster.default_handler = handlers_of(containerd.dump())
+    cluster.handlers, cluster.default_handler = handlers_of(
+        containerd.dump(), generation.config_version
+    )
     for name, env in ((IMAGE, None), (CUDA_IMAGE, CUDA_ENV)):
         tar = write_layout_tar(cluster.workdir / f"{name.rsplit(':', 1)[1]}.tar", name,
                                env=env, cmd=(JOB,), scripts=SCRIPTS)  # fmt: skip
-        containerd.import_image(tar)
+        containerd.import_image(tar, CRI_NAMESPACE)
     cluster.containerd = containerd
+    cluster.runtime = stack.enter_context(containerd.kuberuntime())
 
 
 @contextmanager
@@ -333,7 +365,9 @@ def up() -> Iterator[Cluster]:
             runtime_log,
             steps=steps,
         )
-        cluster.no_containers = containers_unavailable()
+        chosen = generation()
+        cluster.no_containers = containers_unavailable(chosen)
         if not cluster.no_containers:
-            start_containerd(cluster, stack)
+            assert not isinstance(chosen, str)
+            start_containerd(cluster, stack, chosen)
         yield cluster

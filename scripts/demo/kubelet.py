@@ -1,36 +1,45 @@
-"""The node's part: from a pod bound to the node to its containers, as kubelet and containerd
-do it, then `ctr run` with the runtime handler containerd resolves.
+"""The node's part: from a pod bound to the node to its running containers, as the kubelet
+does it, over CRI to containerd's own CRI plugin.
 
-The pod becomes active on the node (the pod-resources API lists it); for each container: the
-device plugin's resources through the kubelet stand-in (which asks GetPreferredAllocation,
-then Allocate); the env in the order the kubelet hands it to the CRI (the plugin's envs, then
-the pod's) over the image's; the plugin's mounts; the annotations containerd's CRI plugin puts
-on every container spec; and the runtime handler: the pod's RuntimeClass, else containerd's
-default, looked up in containerd's own config. The containers keep running, holding their
-GPUs, until the demo ends; what they printed (testbed.view) and what gpuwire-runtime
-logged about them come back as data.
+The pod becomes active on the node (the pod-resources API lists it); its sandbox runs with
+the runtime handler of its RuntimeClass ("" without one: containerd's default); for each
+container, the device plugin's resources through the kubelet stand-in (which asks
+GetPreferredAllocation, then Allocate), then CreateContainer with the Allocate answer as the
+kubelet hands it over and StartContainer (testbed/kuberuntime.py). containerd itself writes
+the `io.kubernetes.cri.*` annotations the shim trusts, from the pod's metadata. The
+containers keep running, holding their GPUs, until the demo ends; what they printed
+(testbed.view), the annotations containerd wrote and what gpuwire-runtime logged about
+them come back as data.
 
-Simplified: the pod sandbox is an id, not a pause container; init containers are not run
-(the demo's pods have none); `command`/`args` replace the image's command (the demo's
-images have no entrypoint); env values are literal.
+Simplified (see testbed/kuberuntime.py for the rest): every pod is on the host network;
+init containers are not run (the demo's pods have none); env values are literal.
 """
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from deviceplugin.api import api_pb2
 from scripts.demo.cluster import VIEWED, Cluster, Handler, until
-from testbed.containerd import RUNC_SHIM, Container, Mount
+from testbed.cri import api_pb2 as cri
 from testbed.kubelet import KubeletError
+from testbed.kuberuntime import CRIError, Sandbox
 from testbed.view import view
 
 Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A read-only bind mount an Allocate answer asks for."""
+
+    source: Path
+    destination: str
 
 
 @dataclass(frozen=True)
@@ -40,8 +49,17 @@ class Allocation:
     resource: str
     preferred: tuple[str, ...]  # GetPreferredAllocation's answer (empty: not asked)
     devices: tuple[str, ...]  # the device IDs the kubelet allocated
-    envs: Mapping[str, str]
-    mounts: tuple[Mount, ...]
+    answer: api_pb2.ContainerAllocateResponse = field(
+        default_factory=api_pb2.ContainerAllocateResponse
+    )
+
+    @property
+    def envs(self) -> dict[str, str]:
+        return dict(self.answer.envs)
+
+    @property
+    def mounts(self) -> tuple[Mount, ...]:
+        return tuple(Mount(Path(m.host_path), m.container_path) for m in self.answer.mounts)
 
 
 @dataclass(frozen=True)
@@ -49,55 +67,14 @@ class Started:
     """One container of a pod: how it was started and what it saw."""
 
     name: str
-    container: Container  # what containerd was asked to create
     allocations: tuple[Allocation, ...]
     handler: Handler | None  # None: containerd does not run here
-    argv: tuple[str, ...] = ()  # the `ctr` command
+    container_id: str = ""
     running: bool = False
     seen: Mapping[str, list[str]] | None = None  # what it printed (testbed.view)
+    annotations: Mapping[str, str] = field(default_factory=dict)  # containerd's, on its spec
     error: str = ""  # why it did not start or run
     runtime_log: tuple[str, ...] = ()  # what gpuwire-runtime said about it
-
-
-def cri_annotations(pod: Obj, container: str, image: str, sandbox: str) -> dict[str, str]:
-    """The annotations containerd's CRI plugin writes on a container's spec
-    (pkg/cri/annotations DefaultCRIAnnotations)."""
-    meta = pod["metadata"]
-    return {
-        "io.kubernetes.cri.sandbox-id": sandbox,
-        "io.kubernetes.cri.sandbox-namespace": meta["namespace"],
-        "io.kubernetes.cri.sandbox-uid": meta["uid"],
-        "io.kubernetes.cri.sandbox-name": meta["name"],
-        "io.kubernetes.cri.container-name": container,
-        "io.kubernetes.cri.image-name": image,
-        "io.kubernetes.cri.container-type": "container",
-    }
-
-
-def container_options(
-    pod: Obj,
-    spec: Obj,
-    allocations: Sequence[Allocation],
-    sandbox: str,
-    handler: Handler | None,
-) -> Container:
-    """What the kubelet passes to the CRI for container `spec`, and containerd then runs.
-
-    Env: the kubelet lists the device plugins' envs before the pod's (a later entry wins in
-    the process env, over the image's own)."""
-    env: dict[str, str] = {}
-    for allocation in allocations:
-        env |= allocation.envs
-    env |= {e["name"]: e["value"] for e in spec.get("env", [])}
-    return Container(
-        image=spec["image"],
-        args=(*spec.get("command", ()), *spec.get("args", ())),
-        runtime=handler.runtime_type if handler else RUNC_SHIM,
-        runc_binary=handler.binary if handler else None,
-        annotations=cri_annotations(pod, spec["name"], spec["image"], sandbox),
-        mounts=tuple(m for a in allocations for m in a.mounts),
-        env=env,
-    )
 
 
 def allocate(cluster: Cluster, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
@@ -109,15 +86,8 @@ def allocate(cluster: Cluster, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
         if resource not in cluster.kubelet.plugins:
             continue
         devices, answer = cluster.kubelet.admit(resource, int(count), uid, spec["name"])
-        out.append(
-            Allocation(
-                resource,
-                tuple(cluster.kubelet.hints.get((uid, spec["name"]), ())),
-                tuple(devices),
-                dict(answer.envs),
-                tuple(Mount(Path(m.host_path), m.container_path) for m in answer.mounts),
-            )
-        )
+        preferred = tuple(cluster.kubelet.hints.get((uid, spec["name"]), ()))
+        out.append(Allocation(resource, preferred, tuple(devices), answer))
     return tuple(out)
 
 
@@ -149,77 +119,87 @@ def _runtime_log(cluster: Cluster, offset: int, cid: str) -> tuple[str, ...]:
 
 def start(
     cluster: Cluster,
-    name: str,
-    container: Container,
+    sandbox: Sandbox,
+    pod: Obj,
+    spec: Obj,
     allocations: tuple[Allocation, ...],
     handler: Handler,
 ) -> Started:
-    """`ctr run --detach` through `handler`'s runtime; once the container has printed what it
-    sees (or has stopped), what it printed."""
-    containerd = cluster.containerd
-    assert containerd is not None
-    cid = f"gpuwire-demo-{secrets.token_hex(6)}"
-    log = cluster.workdir / "logs" / f"{cid}.log"
-    log.parent.mkdir(exist_ok=True)
+    """CreateContainer and StartContainer in the pod's sandbox; once the container has
+    printed what it sees (or has stopped), what it printed."""
+    runtime = cluster.runtime
+    assert runtime is not None
+    name = spec["name"]
     offset = cluster.runtime_log.stat().st_size if cluster.runtime_log.exists() else 0
-    out = containerd.run_detached(container, cid, log)
-    ctr = ("ctr", "--address", str(containerd.address), "--namespace", containerd.namespace)
-    argv = (*ctr, *containerd.run_argv(container, cid, detach=True, log=log))
+    try:
+        cid = runtime.create(sandbox, pod, spec, [a.answer for a in allocations])
+    except CRIError as exc:
+        return Started(name, allocations, handler, error=str(exc))
+    try:
+        runtime.start(cid)
+    except CRIError as exc:
+        log = _runtime_log(cluster, offset, cid)
+        return Started(name, allocations, handler, cid, error=str(exc), runtime_log=log)
 
-    def printed() -> str:
-        return log.read_text() if log.exists() else ""
+    def running() -> bool:
+        return runtime.status(cid).state == cri.CONTAINER_RUNNING
 
-    if out.returncode == 0:
-        until(
-            lambda: VIEWED in printed() or containerd.task_status(cid) != "RUNNING",
-            f"container {name} to print what it sees",
-        )
-    running = containerd.task_status(cid) == "RUNNING"
+    until(lambda: VIEWED in runtime.logs(cid) or not running(),
+          f"container {name} to print what it sees")  # fmt: skip
+    printed = runtime.logs(cid)
+    up = running()
     return Started(
         name,
-        container,
         allocations,
         handler,
-        argv=argv,
-        running=running,
-        seen=view(printed()) if VIEWED in printed() else None,
-        error="" if running else (out.stderr.strip() or printed().strip() or "it exited"),
+        cid,
+        running=up,
+        seen=view(printed) if VIEWED in printed else None,
+        annotations=runtime.spec(cid).get("annotations", {}),
+        error="" if up else (printed.strip() or "it exited"),
         runtime_log=_runtime_log(cluster, offset, cid),
     )
 
 
-def start_container(cluster: Cluster, pod: Obj, spec: Obj, sandbox: str) -> Started:
-    """One container: its devices, its runtime handler, then (where containerd runs) the
-    container itself. A refusal on the way fails the container with the kubelet's reason."""
-    name = spec["name"]
-    try:
-        allocations = allocate(cluster, pod, spec)
-    except (KubeletError, grpc.RpcError) as exc:
-        reason = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
-        refused = container_options(pod, spec, (), sandbox, None)
-        return Started(name, refused, (), None, error=f"UnexpectedAdmissionError: {reason}")
-    handler, error = None, "not run: containerd is not running here"
-    if cluster.containerd is not None:
-        try:
-            handler = handler_for(cluster, pod)
-        except KeyError as exc:
-            error = str(exc.args[0])
-    container = container_options(pod, spec, allocations, sandbox, handler)
-    if handler is None:
-        return Started(name, container, allocations, None, error=error)
-    return start(cluster, name, container, allocations, handler)
-
-
 def run_pod(cluster: Cluster, pod: Obj) -> tuple[Started, ...]:
-    """Start the containers of a pod bound to the node, in order; they keep running. The
-    pod's phase goes to the API server."""
+    """Run a pod bound to the node: its sandbox, then its containers in order; they keep
+    running. A refusal on the way fails the container with the kubelet's reason; the pod's
+    phase goes to the API server."""
     meta, spec = pod["metadata"], pod["spec"]
     names = [c["name"] for c in spec["containers"]]
     cluster.pod_resources.add_pod(meta["namespace"], meta["name"], meta["uid"], names)
-    sandbox = secrets.token_hex(32)  # containerd's sandbox ids are 64 hex digits
-    started = tuple(start_container(cluster, pod, c, sandbox) for c in spec["containers"])
-    if cluster.containerd is not None:
+    started = []
+    sandbox: Sandbox | str | None = None  # str: why there is none
+    for container in spec["containers"]:
+        name = container["name"]
+        try:
+            allocations = allocate(cluster, pod, container)
+        except (KubeletError, grpc.RpcError) as exc:
+            reason = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+            started.append(Started(name, (), None, error=f"UnexpectedAdmissionError: {reason}"))
+            continue
+        if cluster.runtime is None:
+            error = "not run: containerd is not running here"
+            started.append(Started(name, allocations, None, error=error))
+            continue
+        try:
+            handler = handler_for(cluster, pod)
+        except KeyError as exc:
+            started.append(Started(name, allocations, None, error=str(exc.args[0])))
+            continue
+        if sandbox is None:
+            try:
+                # the kubelet names a handler only for a pod with a RuntimeClass
+                named = handler.name if spec.get("runtimeClassName") else ""
+                sandbox = cluster.runtime.run_sandbox(pod, named)
+            except CRIError as exc:
+                sandbox = f"RunPodSandbox: {exc}"
+        if isinstance(sandbox, str):
+            started.append(Started(name, allocations, handler, error=sandbox))
+            continue
+        started.append(start(cluster, sandbox, pod, container, allocations, handler))
+    if cluster.runtime is not None:
         phase = "Running" if all(s.running for s in started) else "Failed"
         pod["status"] = {**pod.get("status", {}), "phase": phase}
         cluster.api.put(pod)
-    return started
+    return tuple(started)

@@ -122,7 +122,9 @@ def node(cluster: Cluster, style: Style) -> list[str]:
         lines += rows(
             "containerd",
             [
-                "private, configured by `gpuwire containerd configure --set-default`:",
+                f"{cluster.containerd.generation.describe()}, private; the kubelet",
+                "stand-in runs pods through its CRI plugin (RunPodSandbox, CreateContainer)",
+                "configured by `gpuwire containerd configure --set-default`:",
                 f"handler {handler.name!r} runs {handler.binary}",
                 "and is the default runtime, as nvidia's often is on GPU nodes",
             ],
@@ -264,6 +266,9 @@ def summary(
     tail = [f"{good} of {len(results)} as expected"]
     if unchecked:
         tail += [f"{unchecked} not checked: no containers ran ({cluster.no_containers})"]
+    if cluster.containerd is not None:
+        ran = cluster.containerd.generation.describe()
+        tail += [f"pods ran on {ran}, through its CRI plugin"]
     return [*lines, "", *tail]
 
 

@@ -391,26 +391,6 @@ def wait_for(condition: Any) -> None:
     raise AssertionError("condition not reached in 30 s")
 
 
-def test_in_cluster_config_is_used_in_a_pod(
-    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Without --kubeconfig, inside a pod: the service account's token and the service host."""
-    from kubernetes.config import incluster_config
-
-    (tmp_path / "token").write_text("t0ken")
-    (tmp_path / "ca.crt").write_bytes(pki.new_ca(NOW).cert_pem())
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
-    host, port = api.url.removeprefix("http://").split(":")
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
-    from certs import cli as certs_cli
-
-    client = certs_cli._api_client(None)
-    assert client.configuration.host == f"https://{host}:{port}"
-    assert client.configuration.api_key == {"BearerToken": "bearer t0ken"}
-
-
 def test_no_cluster_to_talk_to_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

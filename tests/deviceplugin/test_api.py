@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.api import api_pb2, generate
+from testbed.cri import generate as cri_generate
 
-# (message, field, number) from kubelet-device-plugin.md 1.2
+# (message, field, number) of kubernetes/kubelet pkg/apis/deviceplugin/v1beta1/api.proto
 FIELDS = [
     ("DevicePluginOptions", "pre_start_required", 1),
     ("DevicePluginOptions", "get_preferred_allocation_available", 2),
@@ -97,9 +98,13 @@ def test_wire_format_is_the_kubelets() -> None:
     assert device.SerializeToString() == b"\n\x05GPU-1\x12\x07Healthy\x1a\x04\n\x02\x08\x01"
 
 
-@pytest.mark.parametrize("proto", generate.protos(), ids=lambda p: p.name)
+# `make protos`: the device plugin's protos, and the testbed's CRI subset
+PROTOS = [*generate.protos(), *generate.protos(cri_generate.HERE)]
+
+
+@pytest.mark.parametrize("proto", PROTOS, ids=lambda p: str(p.relative_to(generate.ROOT)))
 def test_committed_stubs_are_what_make_protos_generates(proto: Path, tmp_path: Path) -> None:
-    written = generate.generate(tmp_path)
+    written = generate.generate(tmp_path, proto.parent)
     for name in generate.generated(proto):
         fresh = next(p for p in written if p.name == name)
         committed = proto.parent / name

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from deviceplugin import cli, labeler, plugin
+from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import open_discovery
 from gpuwire import sim
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet

@@ -7,7 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from deviceplugin.discovery import HealthEvent, open_discovery
+from deviceplugin.backend import open_discovery
+from deviceplugin.discovery import HealthEvent
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, sim
 

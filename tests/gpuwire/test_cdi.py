@@ -1,6 +1,7 @@
 """`gpuwire cdi generate`: a CDI spec engines accept, from the same edits the shim applies.
 
-Fields are checked against the CDI spec (nvidia-runtime.md 5.1, 5.2); podman reads the spec
+Fields are checked against the CDI spec (cncf-tags/container-device-interface `SPEC.md`
+v1.1.0, `specs-go/config.go`, `specs-go/version.go`); podman reads the spec
 for real in tests/system/test_podman.py.
 """
 

@@ -19,8 +19,8 @@ import pytest
 from kubernetes import client as k8s
 
 from deviceplugin import agent, labeler
+from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import open_discovery
 from gpuwire import cli, holders, records, sim
 from gpuwire.devices import Device
 from gpuwire.holders import NodeHolders

@@ -1,14 +1,21 @@
-"""containerd itself reads what `gpuwire containerd configure` writes, and runs the shim.
+"""containerd itself reads what `gpuwire containerd configure` writes, and runs GPU pods
+through the shim with its own CRI plugin, on each containerd generation a node may run: 1.6
+(Debian 12), 1.7 (Debian 13) and 2.x (sid), those other than the system's fetched by
+`scripts/install-system-deps` (testbed/containerds.py).
 
 A private containerd (testbed/containerd.py) starts from a main config an admin might
 have, after `gpuwire containerd configure` added its drop-in: `config dump` must show the
-handler, and the CRI plugin, which validates its runtimes when it loads, must load.
-containerd 1.6 reads config version 2; version 3 needs containerd 2.x, which Debian 12 does
-not ship, so version 3 is checked as TOML structure in test_containerd_config.py.
+handler, and the CRI plugin, which validates its runtimes when it loads, must load. Each
+generation gets the drop-in in its own config version (2 before containerd 2.0, 3 from it).
 
-Then containers: `ctr run --runc-binary gpuwire-runtime`, with the CRI annotations and env a
-kubelet and the webhook would give, shows the same GPU view as the runc tests
-(tests/system/test_runc.py).
+Then pods, over CRI: the kubelet stand-in (testbed/kuberuntime.py) sends the pod's metadata
+and the env the webhook wrote, never an `io.kubernetes.cri.*` annotation, so what the shim's
+trust decision reads is what containerd wrote. They show the same GPU view as the runc tests
+(tests/system/test_runc.py); the device plugin's Allocate answer reaches the container as
+the kubelet hands it over; the `cdi` overlay's path (no runtime class: the plugin names CDI
+devices, containerd applies gpuwire's spec) gives exactly those GPUs from 1.7 on, and none on
+1.6, which drops CRI's CDI devices. `ctr` remains only where these tests read containerd
+itself (`ctr plugins ls`: did the CRI plugin load).
 """
 
 from __future__ import annotations
@@ -26,14 +33,18 @@ from typing import Any
 import pytest
 import tomlkit
 
+from deviceplugin.allocate import Strategies, response
+from deviceplugin.api import api_pb2
 from gpuwire import allocation
 from runtime_hook.setup import launcher
-from testbed.containerd import CRI, Container, Containerd, Mount
-from testbed.image import NAME, write_layout_tar
-from testbed.lab import Lab, cri_annotations, grant_for, served_launchers
-from testbed.rootfs import busybox_rootfs
+from testbed import containerds
+from testbed.containerd import CRI, CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
+from testbed.containerds import Generation
+from testbed.cri import api_pb2 as cri
+from testbed.image import NAME, PAUSE, write_layout_tar
+from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
+from testbed.lab import Lab, grant_for, served_launchers
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
-from testbed.waiting import until
 from tests.conftest import requires_binary, requires_root
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
@@ -41,10 +52,13 @@ pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 BIN = Path(sys.executable).parent
 SHIM = str(BIN / "gpuwire-runtime")
 HOOK = str(BIN / "gpuwire-hook")
+GPUWIRE = str(BIN / "gpuwire")
+HANDLER = "gpuwire"  # deploy/base/runtimeclass.yaml: RuntimeClass gpuwire → handler gpuwire
+SERVED = "gpuwire-served"
 
 
 def gpuwire(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / "gpuwire"), *args], capture_output=True, text=True)
+    return subprocess.run([GPUWIRE, *args], capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -55,8 +69,7 @@ def containerd() -> Iterator[Containerd]:
         instance.config.write_text(
             "# the admin's comment\n"
             + text.replace(
-                'stream_server_port = "0"',
-                'stream_server_port = "0"\n  sandbox_image = "registry.example/pause:9"',
+                f'sandbox_image = "{PAUSE}"', 'sandbox_image = "registry.example/pause:9"'
             )
         )
         yield instance
@@ -72,7 +85,12 @@ def cri_status(containerd: Containerd) -> str:
 
 
 def configure(containerd: Containerd, *args: str) -> None:
-    out = gpuwire("containerd", "configure", "--config", str(containerd.config), *args)
+    """`gpuwire containerd configure` as an admin runs it beside that containerd."""
+    out = subprocess.run(
+        [GPUWIRE, "containerd", "configure", "--config", str(containerd.config),
+         "--containerd", containerd.binary("containerd"), *args],
+        capture_output=True, text=True, env=containerd.generation.env(),
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
 
 
@@ -143,7 +161,15 @@ def test_config_dump_as_the_source(containerd: Containerd) -> None:
     assert cri_status(containerd) == "ok"
 
 
-# Containers through the shim, as containerd's runc shim runs it (`BinaryName`).
+# Pods through containerd's CRI plugin, on every generation.
+
+
+@pytest.fixture(scope="module", params=containerds.SUITES)
+def generation(request: pytest.FixtureRequest) -> Generation:
+    found = containerds.generations().get(request.param)
+    if found is None:
+        pytest.skip(f"no containerd of Debian {request.param}: install-system-deps fetches it")
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -151,92 +177,209 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     return Lab(tmp_path_factory.mktemp("containerd") / "lab")
 
 
+def node_containerd(generation: Generation, lab: Lab, *configured: list[str]) -> Containerd:
+    """The generation's containerd configured by `configured` runs of configure, started
+    with the lab's config for the shim, the busybox image among its pods' images, and in its
+    CDI spec dir the spec `gpuwire cdi generate` writes for the lab's node."""
+    containerd = Containerd.create(cri=True, generation=generation)
+    try:
+        for args in configured:
+            configure(containerd, *args)
+        spec = str(containerd.home / "cdi/gpuwire.yaml")
+        out = subprocess.run([GPUWIRE, "cdi", "generate", "--output", spec], capture_output=True,
+                             text=True, env={"GPUWIRE_CONFIG": str(lab.config)})  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
+        containerd.import_image(write_layout_tar(containerd.home / "busybox.tar"), CRI_NAMESPACE)
+    except BaseException:
+        containerd.close()
+        raise
+    return containerd
+
+
 @pytest.fixture(scope="module")
-def node_containerd(lab: Lab) -> Iterator[Containerd]:
-    """A private containerd whose shims (and so gpuwire-runtime) read the lab's config."""
-    with Containerd.create() as instance:
-        instance.start(env={"GPUWIRE_CONFIG": str(lab.config)})
-        instance.import_image(write_layout_tar(lab.root / "busybox.tar"))
-        yield instance
+def node(generation: Generation, lab: Lab) -> Iterator[Containerd]:
+    """Handlers `gpuwire` (gpuwire-runtime) and `gpuwire-served` (its launcher, served by a
+    resident gpuwire); CDI on where there is CDI."""
+    cdi = ["--cdi"] if generation.cdi else []
+    served = [
+        "--runtime-name",
+        SERVED,
+        "--runtime-path",
+        str(served_launchers() / launcher.RUNTIME),
+    ]
+    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi], served) as containerd:
+        yield containerd
+
+
+@pytest.fixture
+def kubelet(node: Containerd) -> Iterator[KubeRuntime]:
+    with node.kuberuntime() as runtime:
+        yield runtime
+
+
+def pod(namespace: str = "team-a", command: str = VIEW_SCRIPT, **env: str) -> dict[str, Any]:
+    """A pod as the API server stores it once the webhook has mutated it: `env` is what the
+    webhook wrote (grant, visible devices)."""
+    name = f"p-{uuid.uuid4().hex[:6]}"
+    container = {"name": "trainer", "image": NAME, "command": ["sh", "-c", command],
+                 "env": [{"name": k, "value": v} for k, v in env.items()]}  # fmt: skip
+    meta = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
+    return {"metadata": meta, "spec": {"containers": [container]}}
 
 
 def run_view(
-    containerd: Containerd,
-    env: dict[str, str],
-    *,
-    runc_binary: str | None = SHIM,
-    annotations: dict[str, str] | None = None,
-    mounts: tuple[Mount, ...] = (),
-) -> dict[str, list[str]]:
-    container = Container(
-        NAME,
-        ("sh", "-c", VIEW_SCRIPT),
-        runc_binary=runc_binary,
-        annotations=cri_annotations() if annotations is None else annotations,
-        env=env,
-        mounts=mounts,
-    )
-    out = containerd.run(container)
-    assert out.returncode == 0, out.stderr
-    return view(out.stdout)
+    kubelet: KubeRuntime,
+    obj: dict[str, Any],
+    handler: str = HANDLER,
+    answer: api_pb2.ContainerAllocateResponse | None = None,
+) -> tuple[dict[str, list[str]], dict[str, Any]]:
+    """Run the pod to its end; what its container printed, and the OCI spec containerd made."""
+    answers = {obj["spec"]["containers"][0]["name"]: [answer]} if answer else None
+    _, (cid,) = run_pod(kubelet, obj, handler, answers)
+    status = kubelet.exited(cid)
+    assert status.exit_code == 0, kubelet.logs(cid)
+    return view(kubelet.logs(cid)), kubelet.spec(cid)
 
 
 def granted(lab: Lab, visible: str) -> dict[str, str]:
     return {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible)}
 
 
-@pytest.mark.parametrize("served", [False, True], ids=["python", "resident"])
-def test_ctr_run_through_the_shim_gives_the_granted_gpus(
-    lab: Lab, node_containerd: Containerd, served: bool
+def shims(containerd: Containerd) -> set[str]:
+    """The executables of the shims serving this containerd (their command line names its
+    socket)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            if b"containerd-shim" in cmdline and str(containerd.address).encode() in cmdline:
+                found.add(os.readlink(proc / "exe"))
+        except OSError:
+            continue
+    return found
+
+
+def test_each_generation_loads_what_configure_writes(
+    generation: Generation, node: Containerd, kubelet: KubeRuntime
 ) -> None:
-    shim = str(served_launchers() / launcher.RUNTIME) if served else SHIM
-    seen = run_view(node_containerd, granted(lab, "1,3"), runc_binary=shim)
+    """In its own config version, loaded by that very containerd (its CRI Version, its own
+    shim): `config dump` has the handlers, the CRI plugin (which validates its runtimes as
+    it loads) is ready."""
+    drop_in = tomlkit.parse((node.home / "conf.d/99-gpuwire.toml").read_text()).unwrap()
+    assert drop_in["version"] == generation.config_version
+    section = tomlkit.parse(node.dump()).unwrap()["plugins"][
+        RUNTIME_PLUGIN[generation.config_version]
+    ]
+    runtimes = section["containerd"]["runtimes"]
+    assert runtimes[HANDLER]["runtime_type"] == "io.containerd.runc.v2"
+    assert runtimes[HANDLER]["options"]["BinaryName"] == SHIM
+    assert runtimes[SERVED]["options"]["BinaryName"] == str(served_launchers() / launcher.RUNTIME)
+    if generation.cdi:
+        assert section["enable_cdi"] is True
+        assert section["cdi_spec_dirs"] == [f"{node.home}/cdi"]  # the testbed's, kept
+    version = kubelet.version()
+    assert version.runtime_name == "containerd"
+    assert generation.version.startswith(version.runtime_version.split("+")[0].split("~")[0])
+    status = kubelet.call(kubelet.runtime.Status, cri.StatusRequest()).status
+    ready = {c.type: c.status for c in status.conditions}
+    assert ready["RuntimeReady"] is True  # NetworkReady is not: no CNI, host-network pods
+    kubelet.run_sandbox(pod())
+    assert shims(node) == {str(generation.bin / "containerd-shim-runc-v2")}
+
+
+@pytest.mark.parametrize("handler", [HANDLER, SERVED], ids=["python", "resident"])
+def test_a_gpu_pod_through_the_shim_gets_the_granted_gpus(
+    lab: Lab, kubelet: KubeRuntime, handler: str
+) -> None:
+    obj = pod(**granted(lab, "1,3"))
+    seen, spec = run_view(kubelet, obj, handler)
     expected = granted_view(lab.machine.devices, (1, 3))
     assert shown(seen, expected) == expected
     assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
     assert any("team-a/trainer: GPUs 1 (" in line for line in lab.log_lines())
+    # what the shim trusted, written by containerd from the pod's metadata
+    annotations, meta = spec["annotations"], obj["metadata"]
+    assert annotations["io.kubernetes.cri.sandbox-namespace"] == "team-a"
+    assert annotations["io.kubernetes.cri.sandbox-name"] == meta["name"]
+    assert annotations["io.kubernetes.cri.sandbox-uid"] == meta["uid"]
+    assert annotations["io.kubernetes.cri.container-name"] == "trainer"
 
 
-def test_no_grant_no_gpu(lab: Lab, node_containerd: Containerd) -> None:
-    seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "all"})
+def test_no_grant_no_gpu(lab: Lab, kubelet: KubeRuntime) -> None:
+    seen, _ = run_view(kubelet, pod(NVIDIA_VISIBLE_DEVICES="all"))
     assert seen["devices"] == ["nvidia*"]  # the glob matched nothing
     assert "libcuda" not in seen
     assert seen["env"] == ["void"]
     assert "team-a/trainer: no GPU: NVIDIA_VISIBLE_DEVICES=all" in lab.log_lines()[-1]
 
 
-def test_a_grant_for_another_namespace_gives_no_gpu(lab: Lab, node_containerd: Containerd) -> None:
-    seen = run_view(
-        node_containerd, granted(lab, "0"), annotations=cri_annotations(namespace="team-b")
-    )
+def test_a_grant_for_another_namespace_gives_no_gpu(lab: Lab, kubelet: KubeRuntime) -> None:
+    """The grant is signed for team-a; containerd says the pod is in team-b."""
+    seen, _ = run_view(kubelet, pod("team-b", **granted(lab, "0")))
     assert seen["devices"] == ["nvidia*"]
 
 
-def test_without_the_shim_nothing_is_injected(lab: Lab, node_containerd: Containerd) -> None:
-    seen = run_view(node_containerd, granted(lab, "0"), runc_binary=None)
+def test_without_the_shim_nothing_is_injected(lab: Lab, kubelet: KubeRuntime) -> None:
+    """No runtimeClassName: containerd's default handler, runc, reads no grant."""
+    seen, _ = run_view(kubelet, pod(**granted(lab, "0")), handler="")
     assert seen["devices"] == ["nvidia*"]
     assert seen["env"] == ["0"]  # as the image asked: nobody read it
 
 
-def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, node_containerd: Containerd) -> None:
-    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(2)], lab.keys).token
-    mount = Mount(lab.allocations / token, allocation.container_path(token))
-    seen = run_view(node_containerd, {"NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts=(mount,))
+def test_the_pods_env_comes_after_the_plugins_and_wins(kubelet: KubeRuntime) -> None:
+    """containerd keeps both entries in the spec, in the kubelet's order; runc lets the last
+    one win."""
+    answer = api_pb2.ContainerAllocateResponse(envs={"A": "plugin", "B": "plugin"})
+    obj = pod(command="env | grep -E '^(A|B)='", A="pod")
+    _, (cid,) = run_pod(kubelet, obj, "", {"trainer": [answer]})
+    kubelet.exited(cid)
+    assert sorted(kubelet.logs(cid).splitlines()) == ["A=pod", "B=plugin"]
+    env = [e for e in kubelet.spec(cid)["process"]["env"] if e[:2] in ("A=", "B=")]
+    assert set(env[:2]) == {"A=plugin", "B=plugin"}  # the answer's map, in no order
+    assert env[2:] == ["A=pod"]
+
+
+def allocated(lab: Lab, index: int, strategies: Strategies) -> api_pb2.ContainerAllocateResponse:
+    """The device plugin's Allocate answer for GPU `index` (deviceplugin/allocate.py), its
+    token file written as the plugin writes it."""
+    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(index)], lab.keys).token
+    return response([lab.machine.devices[index]], token, str(lab.allocations), strategies)
+
+
+def test_device_plugin_allocation_arrives_as_a_mount(lab: Lab, kubelet: KubeRuntime) -> None:
+    """Envs and the token mount of Allocate as the kubelet passes them, the webhook's
+    `plugin` grant; the token binds to the pod UID containerd writes."""
+    answer = allocated(lab, 2, Strategies())
+    seen, spec = run_view(kubelet, pod(**granted(lab, "plugin")), answer=answer)
     expected = granted_view(lab.machine.devices, (2,))
+    assert shown(seen, expected) == expected
+    token = Path(answer.mounts[0].container_path).name
+    assert any(m["destination"] == allocation.container_path(token) for m in spec["mounts"])
+
+
+def test_unknown_device_fails_the_start(lab: Lab, kubelet: KubeRuntime) -> None:
+    obj = pod(command="true", **granted(lab, "9"))
+    with pytest.raises(CRIError, match="unknown device '9'"):
+        run_pod(kubelet, obj, HANDLER)
+
+
+def test_cdi_devices_through_cri(generation: Generation, lab: Lab, kubelet: KubeRuntime) -> None:
+    """The `cdi` overlay: no runtime class, the plugin names GPU 1 as a CDI device (field 17
+    of ContainerConfig), containerd applies gpuwire's spec. 1.6 drops the field."""
+    answer = allocated(lab, 1, Strategies(cdi="uuid"))
+    assert [d.name for d in answer.cdi_devices] == [f"nvidia.com/gpu={lab.uuid(1)}"]
+    seen, _ = run_view(kubelet, pod(), handler="", answer=answer)
+    if not generation.cdi:
+        assert seen["devices"] == ["nvidia*"]
+        return
+    control = "nvidia-modeset nvidia-uvm nvidia-uvm-tools"  # the spec's, with display
+    expected = granted_view(lab.machine.devices, (1,), control=control)
     assert shown(seen, expected) == expected
 
 
-def test_unknown_device_fails_the_start(lab: Lab, node_containerd: Containerd) -> None:
-    container = Container(
-        NAME, ("true",), runc_binary=SHIM, annotations=cri_annotations(), env=granted(lab, "9")
-    )
-    out = node_containerd.run(container)
-    assert out.returncode != 0
-    assert "unknown device '9'" in out.stderr
-
-
 def test_a_gpu_container_is_deleted_after_upgrades_removed_its_version(
-    lab: Lab, node_containerd: Containerd, tmp_path: Path
+    generation: Generation, lab: Lab, tmp_path: Path
 ) -> None:
     """containerd keeps the runtime path a container started with (its task's options.json)
     and the runc shim calls it again to kill and delete: through `current`, as the installer
@@ -251,48 +394,41 @@ def test_a_gpu_container_is_deleted_after_upgrades_removed_its_version(
 
     switch("0.1.0")
     binary = str(opt / "current/libexec/gpuwire-runtime")
-    cid = f"gpuwire-{uuid.uuid4().hex[:12]}"
-    container = Container(
-        NAME, ("sleep", "600"), runc_binary=binary, annotations=cri_annotations(),
-        env=granted(lab, "0"),
-    )  # fmt: skip
+    containerd = node_containerd(generation, lab, ["--runtime-path", binary])
     try:
-        started = node_containerd.run_detached(container, cid, tmp_path / "log")
-        assert started.returncode == 0, started.stderr
-        assert (lab.records / cid).exists()  # gpuwire holds GPU 0 for it
-        switch("0.2.0")
-        shutil.rmtree(opt / "0.1.0")  # two upgrades later the installer has removed it
-        node_containerd.ctr("tasks", "kill", "--signal", "SIGKILL", cid)
-        until(lambda: node_containerd.task_status(cid) == "STOPPED")
-        deleted = node_containerd.ctr("tasks", "delete", cid, check=False)
-        assert deleted.returncode == 0, deleted.stderr
-        assert not (lab.records / cid).exists()  # the delete went through gpuwire
+        with containerd.kuberuntime() as kubelet:
+            _, (cid,) = run_pod(kubelet, pod(command="sleep 600", **granted(lab, "0")), HANDLER)
+            assert (lab.records / cid).exists()  # gpuwire holds GPU 0 for it
+            switch("0.2.0")
+            shutil.rmtree(opt / "0.1.0")  # two upgrades later the installer has removed it
+            kubelet.stop(cid)
+            kubelet.remove(cid)
+            assert not (lab.records / cid).exists()  # the delete went through gpuwire
     finally:  # whatever failed, runc itself behind that path lets the container go
         (opt / "runc/libexec").mkdir(parents=True)
         (opt / "runc/libexec/gpuwire-runtime").symlink_to(str(shutil.which("runc")))
         switch("runc")
-        node_containerd.remove(cid)
+        containerd.close()
 
 
 @pytest.mark.parametrize("served", [False, True], ids=["python", "resident"])
-def test_prestart_hook_from_the_base_spec_injects(lab: Lab, tmp_path: Path, served: bool) -> None:
-    """containerd starts a container from the base spec `configure --prestart-hook` wrote
-    (with the process a pod would add), and the hook in it gives the granted GPU."""
+def test_prestart_hook_from_the_base_spec_injects(
+    generation: Generation, lab: Lab, served: bool
+) -> None:
+    """The CRI plugin starts the pod's container from the base spec `configure
+    --prestart-hook` wrote, and the hook in it gives the granted GPU."""
     hook = str(served_launchers() / launcher.HOOK) if served else HOOK
-    with Containerd.create(cri=True) as containerd:
+    containerd = Containerd.create(cri=True, generation=generation)
+    with containerd:
         base = containerd.home / "base-spec.json"
         configure(containerd, "--prestart-hook", "--hook-path", hook, "--base-spec", str(base))
-        containerd.start()
         spec = json.loads(base.read_text())
-        spec["root"] = {"path": str(busybox_rootfs(tmp_path / "rootfs"))}
-        spec["process"]["args"] = ["sh", "-c", VIEW_SCRIPT]
-        env = {"PATH": "/usr/bin:/bin", **granted(lab, "2")}
-        spec["process"]["env"] = [f"{k}={v}" for k, v in env.items()]
-        spec["annotations"] = cri_annotations()
         # the lab's config is not at the default path the hook reads
         spec["hooks"]["prestart"][-1]["env"].append(f"GPUWIRE_CONFIG={lab.config}")
-        (tmp_path / "spec.json").write_text(json.dumps(spec))
-        out = containerd.run(Container(spec=tmp_path / "spec.json"))
-    assert out.returncode == 0, out.stderr
+        base.write_text(json.dumps(spec))
+        containerd.start()
+        containerd.import_image(write_layout_tar(containerd.home / "busybox.tar"), CRI_NAMESPACE)
+        with containerd.kuberuntime() as kubelet:
+            seen, _ = run_view(kubelet, pod(**granted(lab, "2")))
     expected = granted_view(lab.machine.devices, (2,))
-    assert shown(view(out.stdout), expected) == expected
+    assert shown(seen, expected) == expected

@@ -17,13 +17,15 @@ from typing import Any, TypeVar
 
 import pytest
 
+from deviceplugin.api import api_pb2
 from gpuwire import grant
 from scripts.demo import holders
 from scripts.demo.cluster import NODE, RESOURCE, ROOT, Cluster, up
 from scripts.demo.controlplane import unfit
-from scripts.demo.kubelet import Allocation, container_options
+from scripts.demo.kubelet import Allocation
 from scripts.demo.scenarios import SCENARIOS, Outcome, capabilities, gpus, play, variables
 from scripts.demo.show import command
+from testbed.kuberuntime import container_config
 from testbed.view import granted_view, shown
 from tests.conftest import requires_binary, requires_root
 
@@ -190,6 +192,18 @@ def test_a_baked_in_all_gets_no_gpu_either_way(outcomes: dict[str, Outcome]) -> 
 
 
 @needs_containers
+def test_containerd_wrote_the_annotations_the_shim_trusted(outcomes: dict[str, Outcome]) -> None:
+    """From the pod's metadata, sent over CRI: the demo's kubelet step writes none."""
+    pod = outcomes["two-gpus"].pod
+    assert pod is not None
+    annotations = outcomes["two-gpus"].containers[0].annotations
+    assert annotations["io.kubernetes.cri.sandbox-namespace"] == "ml-research"
+    assert annotations["io.kubernetes.cri.sandbox-name"] == "trainer"
+    assert annotations["io.kubernetes.cri.sandbox-uid"] == pod["metadata"]["uid"]
+    assert annotations["io.kubernetes.cri.container-name"] == "trainer"
+
+
+@needs_containers
 def test_the_mps_pod_gets_its_limits_and_one_gpu(outcomes: dict[str, Outcome]) -> None:
     view = seen(outcomes["mps"])
     assert len(gpus(view)) == 1
@@ -239,14 +253,20 @@ def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
 
 
 def test_the_pods_env_is_listed_after_the_plugins_and_wins() -> None:
-    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u-1"}}
+    """As the kubelet lists them to CRI: the plugin's envs, then the pod's, which containerd
+    and runc let win (tests/system/test_containerd.py shows it in a container)."""
     spec = {"name": "c", "image": "img", "env": [{"name": "A", "value": "pod"}]}
-    plugin = Allocation("nvidia.com/gpu", (), ("GPU-1",), {"A": "plugin", "B": "plugin"}, ())
-    options = container_options(pod, spec, [plugin], "5" * 64, None)
-    assert list(options.env.items()) == [("A", "pod"), ("B", "plugin")]
-    assert options.annotations["io.kubernetes.cri.sandbox-namespace"] == "ns"
-    assert options.annotations["io.kubernetes.cri.sandbox-uid"] == "u-1"
-    assert options.annotations["io.kubernetes.cri.container-name"] == "c"
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1"},
+        "spec": {"containers": [spec]},
+    }
+    answer = api_pb2.ContainerAllocateResponse(envs={"A": "plugin", "B": "plugin"})
+    plugin = Allocation("nvidia.com/gpu", (), ("GPU-1",), answer)
+    config = container_config(pod, spec, "sha256:1", [plugin.answer], "/termination-log")
+    listed = [(e.key, e.value) for e in config.envs]
+    assert set(listed[:2]) == {("A", "plugin"), ("B", "plugin")}  # a map: in no order
+    assert listed[2:] == [("A", "pod")]
+    assert dict(listed) == {"A": "pod", "B": "plugin"}
 
 
 def test_the_scheduler_step_keeps_a_pod_off_a_node_that_does_not_match() -> None:

@@ -1,6 +1,6 @@
 """Proof with real runc on the simulated node: the prestart hook and the shim.
 
-Each container prints its GPU view (tests/runtime_support.VIEW_SCRIPT). A granted device
+Each container prints its GPU view (testbed.view.VIEW_SCRIPT). A granted device
 node opens with ENXIO (the cgroup allows it, no driver answers); one the cgroup denies
 would give EPERM; one not injected does not exist.
 """

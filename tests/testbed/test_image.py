@@ -1,4 +1,4 @@
-"""The lab's busybox image: an OCI image layout whose digests depend only on the rootfs."""
+"""The testbed's busybox image: an OCI image layout whose digests depend only on the rootfs."""
 
 from __future__ import annotations
 
