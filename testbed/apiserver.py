@@ -289,6 +289,7 @@ class Request:
     path: str
     query: dict[str, str]
     content_type: str
+    accept: str = ""
 
 
 @dataclass
@@ -785,7 +786,8 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type", "")
         with self.api._lock:
             self.api._in_flight += 1
-            self.api.requests.append(Request(self.command, url.path, query, content_type))
+            accept = self.headers.get("Accept", "")
+            self.api.requests.append(Request(self.command, url.path, query, content_type, accept))
         try:
             self._answer(url.path, query, content_type)
         finally:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from gpuwire import limits, nodegpus, nvidia
@@ -35,6 +36,7 @@ REPLICAS_LABEL = nvidia.LABEL_PREFIX + "gpu.replicas"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPUS_ANNOTATION = nodegpus.ANNOTATION
 Gpu = nodegpus.NodeGpu
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the safe loader, in C if built
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +138,14 @@ def node_from_object(
     memory, count = _int(labels.get(MEMORY_LABEL)), _int(labels.get(COUNT_LABEL))
     groups = _groups(gpus, labels)
     enforces = frozenset(p for key, p in _ENFORCED.items() if labels.get(key) == "true")
+    hostname = labels.get(HOSTNAME_LABEL, name)
     if shared is not None:
         groups = shared.setdefault(groups, groups)
         enforces = shared.setdefault(enforces, enforces)
+        product = product and shared.setdefault(product, product)
     return Node(
         name=name,
-        hostname=labels.get(HOSTNAME_LABEL, name),
+        hostname=name if hostname == name else hostname,
         product=product,
         memory_mib=memory,
         count=count,
@@ -161,7 +165,11 @@ class Fleet:
     def of(cls, objects: Iterable[Mapping[str, Any]]) -> Fleet:
         shared: dict[object, Any] = {}
         found = (node_from_object(o, shared) for o in objects)
-        return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
+        return cls.of_nodes(n for n in found if n)
+
+    @classmethod
+    def of_nodes(cls, nodes: Iterable[Node]) -> Fleet:
+        return cls(tuple(sorted(nodes, key=lambda n: n.name)))
 
     @functools.cached_property
     def shapes(self) -> dict[Shape, tuple[Node, ...]]:
@@ -211,14 +219,29 @@ class Fleet:
         import placement). A new snapshot starts with none."""
         return {}
 
-    def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
-        """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""
-        wanted = uuid.lower()
+    @functools.cached_property
+    def gpu_nodes(self) -> dict[str, Node]:
+        """The node of every GPU, by `uuid_key` (made once per snapshot, when a pod first
+        names a GPU; the keys are the reported UUIDs themselves where already folded)."""
+        found: dict[str, Node] = {}
         for node in self.nodes:
             for gpu in node.gpus:
-                if gpu.uuid.lower() == wanted:
-                    return node, gpu
-        return None
+                key = uuid_key(gpu.uuid)
+                found.setdefault(gpu.uuid if key == gpu.uuid else key, node)
+        return found
+
+    def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
+        """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""
+        wanted = uuid_key(uuid)
+        node = self.gpu_nodes.get(wanted)
+        gpu = next((g for g in node.gpus if uuid_key(g.uuid) == wanted), None) if node else None
+        return (node, gpu) if node and gpu else None
+
+
+def uuid_key(uuid: str) -> str:
+    """A UUID folded so that UUIDs equal but for case are equal: NVIDIA's own spelling
+    (`GPU-` or `MIG-`, then lower-case hex) is its own key."""
+    return uuid[:4].upper() + uuid[4:].lower()
 
 
 class FleetFileError(ValueError):
@@ -227,10 +250,14 @@ class FleetFileError(ValueError):
 
 def load(path: str | Path) -> Fleet:
     """A `v1 List` (or `NodeList`) of Node objects in YAML or JSON, as `kubectl get nodes -o
-    yaml` prints it: a static fleet for local use, tests and the demo."""
+    yaml` (or `-o json`) prints it: a static fleet for local use, tests and the demo. JSON is
+    read by orjson, YAML by libyaml where PyYAML has it: a large cluster's list is hundreds of
+    MB, which PyYAML's pure-Python parser reads at about 1 MB/s."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = Path(path).read_bytes()
+        json_text = text.lstrip()[:1] in (b"{", b"[")
+        doc = orjson.loads(text) if json_text else yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 - a safe loader
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise FleetFileError(f"{path}: {exc}") from exc
     if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
         raise FleetFileError(f"{path}: expected a v1 List of Node objects (with items:)")
