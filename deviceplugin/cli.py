@@ -293,7 +293,7 @@ def label(argv: list[str]) -> int:
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import agent, labeler
+    from deviceplugin import agent, labeler, mps
     from deviceplugin.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
@@ -318,7 +318,11 @@ def label(argv: list[str]) -> int:
                     holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-                jobs[0].start()
+            daemons = mps.job(config, discovery, unreachable)
+            if daemons is not None:
+                jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
+            for thread in jobs:
+                thread.start()
             try:
                 labeler.run(config, discovery, stop, unreachable)
             finally:

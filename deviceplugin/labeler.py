@@ -14,10 +14,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin import labels
+from deviceplugin import labels, mps
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
-from deviceplugin.resources import Resource, assign
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +35,20 @@ def node_name(given: str | None) -> str:
     return given or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _resources(config: Config, node: NodeGpus) -> list[Resource]:
-    return assign(node.devices, config.rules, config.default_resource, config.replicas)
+def enforced(config: Config) -> tuple[str, ...]:
+    """The limit profiles this node enforces: MPS where the agent runs its control daemons
+    (and the driver has the program), HAMi-core where its library is there."""
+    found = []
+    if config.mps_root is not None and mps.control_binary(config.sim or "/") is not None:
+        found.append("mps")
+    if config.hami_library is not None and os.path.isfile(config.hami_library):
+        found.append("hami")
+    return tuple(found)
 
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    return labels.labels(node, _resources(config, node), renamed=config.rename_by_default)
+    resources = config.resources(node.devices)
+    return labels.labels(node, resources, config.rename_by_default, enforced(config))
 
 
 def node_annotations(
@@ -50,7 +57,7 @@ def node_annotations(
     """`gpuwire.io/gpus` (none for a node without GPUs)."""
     if not node.gpus:
         return {}
-    value = labels.gpus_annotation(node, _resources(config, node), unhealthy)
+    value = labels.gpus_annotation(node, config.resources(node.devices), unhealthy)
     return {labels.GPUS_ANNOTATION: value}
 
 
@@ -61,9 +68,7 @@ def apply(
     (None: nothing to change)."""
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
-    label_changes = labels.changes(
-        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.OWN_PREFIX)
-    )
+    label_changes = labels.changes(meta.labels or {}, new_labels, labels.OWNED)
     annotation_changes = labels.changes(
         meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
     )

@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.resources import Resource
-from gpuwire import nodegpus, nvidia
+from gpuwire import limits, nodegpus, nvidia
 
 NV = nvidia.LABEL_PREFIX
 GW = "gpuwire.io/"
@@ -46,6 +46,7 @@ GFD_KEYS = tuple(
     )
 )
 OWN_PREFIX = GW + "gpu."  # every key under it is ours
+OWNED = (*GFD_KEYS, OWN_PREFIX, limits.LABEL_PREFIX)  # the label keys the labeler manages
 
 _BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
 
@@ -81,8 +82,14 @@ def _version(prefix: str, version: str, parts: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False) -> dict[str, str]:
-    """The labels a node with these GPUs and resources carries (empty: no GPUs)."""
+def labels(
+    node: NodeGpus,
+    resources: Sequence[Resource],
+    renamed: bool = False,
+    enforced: Collection[str] = (),
+) -> dict[str, str]:
+    """The labels a node with these GPUs and resources carries (empty: no GPUs), and the
+    limit profiles this node enforces (`gpuwire.io/limits.<profile>`)."""
     if not node.gpus:
         return {}
     top = primary(node.gpus)
@@ -97,7 +104,7 @@ def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False)
         NV + "gpu.compute.major": str(major),
         NV + "gpu.compute.minor": str(minor),
         NV + "gpu.replicas": str(shared.replicas if shared else 1),
-        NV + "gpu.sharing-strategy": "time-slicing" if shared else "none",
+        NV + "gpu.sharing-strategy": _strategy(shared),
         **_version(NV + "cuda.driver-version", node.driver_version, ("major", "minor", "revision")),
         **_version(NV + "cuda.runtime-version", node.cuda_version, ("major", "minor")),
     }
@@ -113,7 +120,15 @@ def labels(node: NodeGpus, resources: Sequence[Resource], renamed: bool = False)
         )
         out[f"{GW}gpu.model.{model}"] = str(count)
         out[f"{GW}gpu.model.{model}.memory"] = str(memory)
+    for profile in sorted(enforced):
+        out[limits.enforcement_label(profile)] = "true"
     return out
+
+
+def _strategy(shared: Resource | None) -> str:
+    if shared is None:
+        return "none"
+    return "mps" if shared.sharing.limits == "mps" else "time-slicing"
 
 
 def gpus_annotation(

@@ -9,14 +9,13 @@ import logging
 import os
 import threading
 
-from deviceplugin import agent, state, sweep
+from deviceplugin import agent, mps, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
-from deviceplugin.resources import assign
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
 from gpuwire import nvidia
@@ -31,13 +30,7 @@ CONTROL_NODES = tuple(
 
 def build(config: Config, discovery: Discovery) -> tuple[list[Endpoint], state.HealthState]:
     node = discovery.discover()
-    resources = assign(
-        node.devices,
-        config.rules,
-        config.default_resource,
-        config.replicas,
-        config.fail_requests_greater_than_one,
-    )
+    resources = config.resources(node.devices)
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
     uuids = frozenset(d.uuid for d in node.devices)
     health = state.HealthState(HealthBook(policy, uuids), discovery.alive)
@@ -71,7 +64,8 @@ def run(
     holders: agent.Settings | None = None,
 ) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
-    also keep the node's GPU holders (annotation, metrics) up to date."""
+    also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
+    MPS control daemon per healthy GPU."""
     discovery = discovery or open_discovery(config.sim)
     endpoints, health = build(config, discovery)
     jobs = [
@@ -100,6 +94,9 @@ def run(
         inside = dataclasses.replace(holders, plugin=bool(endpoints))
         watch = agent.job(inside, config.node_name, config.kubeconfig, discovery, health.unhealthy)
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
+    daemons = mps.job(config, discovery, health.unhealthy)
+    if daemons is not None:
+        jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
     for job in jobs:
         job.daemon = True
         job.start()

@@ -2,8 +2,10 @@
 
 A node advertises one resource (`nvidia.com/gpu`) or, for a mixed node, one per GPU model
 (the first `pattern → name` rule that matches the product name wins; unmatched GPUs keep the
-default name). With time-slicing each GPU appears `replicas` times as `<uuid>::<n>`
-(NVIDIA's ID format), so the scheduler can place that many containers on it.
+default name). With time-slicing or MPS each GPU appears `replicas` times as `<uuid>::<n>`
+(NVIDIA's ID format), so the scheduler can place that many containers on it; where a
+mechanism holds them (`Sharing.limits`: HAMi-core, MPS), each replica gets its `Share` of
+the GPU: memory/replicas and 100/replicas % of the SMs unless configured.
 """
 
 from __future__ import annotations
@@ -51,15 +53,54 @@ class Rule:
 
 
 @dataclass(frozen=True)
+class Share:
+    """What one replica of a shared GPU may use, and the mechanism that holds it to that."""
+
+    mechanism: str  # hami, mps
+    memory_mib: int
+    cores: int  # percent of the SMs (MPS: of the active threads)
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How replicas share a GPU: the mechanism that holds each to its share (none: nothing,
+    as NVIDIA's time-slicing), and the share where it is not 1/replicas."""
+
+    limits: str = "none"  # none, hami, mps
+    memory_mib: int | None = None  # per replica
+    memory_percent: int | None = None  # per replica, of the GPU's memory
+    cores: int | None = None  # per replica, percent
+
+    def share(self, gpu: Device, replicas: int) -> Share | None:
+        if self.limits == "none" or replicas <= 1:
+            return None
+        if self.memory_mib is not None:
+            memory = min(self.memory_mib, gpu.memory_mib)
+        elif self.memory_percent is not None:
+            memory = gpu.memory_mib * self.memory_percent // 100
+        else:
+            memory = gpu.memory_mib // replicas
+        return Share(self.limits, memory, self.cores or max(1, 100 // replicas))
+
+
+NOT_HELD = Sharing()
+
+
+@dataclass(frozen=True)
 class Resource:
     name: str
     gpus: tuple[Device, ...]
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    sharing: Sharing = NOT_HELD
 
     @property
     def shared(self) -> bool:
         return self.replicas > 1
+
+    def share_of(self, gpu: Device) -> Share | None:
+        """What each replica of `gpu` may use, where a mechanism holds it to that."""
+        return self.sharing.share(gpu, self.replicas)
 
     def ids_of(self, gpu: Device) -> list[str]:
         if not self.shared:
@@ -90,6 +131,7 @@ def assign(
     default_name: str,
     replicas: int = 1,
     fail_requests_greater_than_one: bool = False,
+    sharing: Sharing = NOT_HELD,
 ) -> list[Resource]:
     """Resources in the order their first GPU appears; a resource without GPUs is left out."""
     rules = list(rules)
@@ -103,6 +145,6 @@ def assign(
             name, replicas if rule is None or rule.replicas is None else rule.replicas
         )
     return [
-        Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one)
+        Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one, sharing)
         for name, gpus in groups.items()
     ]

@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwire import hamicore, mps
+
 DEFAULT_PROFILE = "hami"
 
 
@@ -72,28 +74,31 @@ def _hami(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
     """
     env: dict[str, str] = {}
     if limits.memory:
-        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{_need_mib(limits, 'hami')}m"
+        env[hamicore.MEMORY_ENV] = f"{_need_mib(limits, 'hami')}m"
     if limits.cores_percent is not None:
-        env["CUDA_DEVICE_SM_LIMIT"] = str(limits.cores_percent)
-        env["GPU_CORE_UTILIZATION_POLICY"] = "force"
+        env[hamicore.CORES_ENV] = str(limits.cores_percent)
+        env[hamicore.POLICY_ENV] = "force"
     return env
 
 
 def _mps(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
-    """MPS client: `<ordinal>=<MiB>M` per visible device, active thread percentage."""
+    """MPS client of its GPU's control daemon: `0=<MiB>M` (its one device), thread percentage.
+
+    gpuwire runs one daemon per GPU and a client process names one pipe directory, so an MPS
+    client has exactly one GPU.
+    """
+    if limits.devices != 1:
+        seen = "an unknown number of" if limits.devices is None else str(limits.devices)
+        raise LimitError(
+            f"profile 'mps' joins a container to one GPU's MPS control daemon, and this "
+            f"container sees {seen} GPUs; give it one GPU (gpuwire.io/gpu-count: 1, or "
+            "nvidia.com/gpu: 1)"
+        )
     env: dict[str, str] = {}
     if limits.memory:
-        mib = _need_mib(limits, "mps")
-        if not limits.devices:
-            raise LimitError(
-                "profile 'mps' sets a memory limit per device, and how many GPUs the container "
-                "gets is not known here; give gpuwire.io/gpu-count or pin the node"
-            )
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{ordinal}={mib}M" for ordinal in range(limits.devices)
-        )
+        env[mps.MEMORY_ENV] = f"0={_need_mib(limits, 'mps')}M"
     if limits.cores_percent is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(limits.cores_percent)
+        env[mps.THREADS_ENV] = str(limits.cores_percent)
     return env
 
 

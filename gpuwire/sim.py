@@ -25,6 +25,7 @@ from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
 MACHINE = "var/lib/gpuwire-sim/machine.json"
+HAMI_LIBRARY = "usr/local/vgpu/libvgpu.so"
 EVENTS = "var/lib/gpuwire-sim/events.jsonl"
 UVM_MAJOR = 510  # dynamic on a real node: readers must take it from /proc/devices
 
@@ -179,12 +180,17 @@ def _information(d: Device) -> str:
     )
 
 
+HAMI_MARK = "gpuwire simulated HAMi-core"
+
+
 def _nvidia_smi(machine: Machine) -> str:
-    table = "\n".join(f"{d.minor} {d.uuid} {d.product}" for d in machine.devices)
+    table = "\n".join(f"{d.minor} {d.uuid} {d.memory_mib} {d.product}" for d in machine.devices)
     return f"""#!/bin/sh
 # gpuwire simulated nvidia-smi (driver {machine.driver_version}): lists the GPUs whose device
-# node this container can open. With no driver loaded, an allowed open fails with ENXIO and a
-# denied one with EPERM, so the error text tells which.
+# node this container can open (-L, the default), or their memory (--query-gpu=memory.total).
+# With no driver loaded, an allowed open fails with ENXIO and a denied one with EPERM, so the
+# error text tells which. Where the container preloads HAMi-core (the simulated library, named
+# in /etc/ld.so.preload), memory is what HAMi-core's NVML hook reports: its limit.
 allowed() {{
   [ -e "$1" ] || return 1
   case "$(cat "$1" 2>&1 >/dev/null)" in
@@ -192,14 +198,36 @@ allowed() {{
   esac
   return 1
 }}
+hami=""
+if [ -r /etc/ld.so.preload ]; then
+  while read -r lib; do
+    grep -q "{HAMI_MARK}" "$lib" 2>/dev/null && hami=yes
+  done < /etc/ld.so.preload
+fi
+mib() {{  # HAMi-core's limit syntax: g, m, k or bytes
+  case "$1" in
+    *[gG]) echo $(( ${{1%?}} * 1024 )) ;;
+    *[mM]) echo "${{1%?}}" ;;
+    *[kK]) echo $(( ${{1%?}} / 1024 )) ;;
+    *) echo $(( $1 / 1048576 )) ;;
+  esac
+}}
 if ! allowed /dev/nvidiactl; then
   echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
   exit 9
 fi
 n=0
-while read -r minor uuid product; do
+while read -r minor uuid memory product; do
   allowed "/dev/nvidia$minor" || continue
-  echo "GPU $n: $product (UUID: $uuid)"
+  if [ "$1" = "--query-gpu=memory.total" ]; then
+    eval "limit=\\${{CUDA_DEVICE_MEMORY_LIMIT_$n:-$CUDA_DEVICE_MEMORY_LIMIT}}"
+    if [ -n "$hami" ] && [ -n "$limit" ] && [ "$(mib "$limit")" -lt "$memory" ]; then
+      memory=$(mib "$limit")
+    fi
+    echo "$memory MiB"
+  else
+    echo "GPU $n: $product (UUID: $uuid)"
+  fi
   n=$((n + 1))
 done <<'EOF'
 {table}
@@ -259,6 +287,8 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
                 bindir / name, f"#!/bin/sh\necho '{name}: gpuwire simulated driver {ver}'\n", 0o755
             )
     _write(bindir / "nvidia-smi", _nvidia_smi(machine), 0o755)
+    # HAMi-core, where HAMi's device plugin installs it (a node config's hami-library)
+    _write(root / HAMI_LIBRARY, shared_object("libvgpu.so", HAMI_MARK))
     # firmware, machine, an empty fault stream
     for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(root / nvidia.FIRMWARE_DIR / ver / fw, b"gpuwire simulated GSP firmware\n")

@@ -9,7 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuwire import sim
 from gpuwire.grant import KeyRing, Subject
+from testbed import mps_control
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
 POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
@@ -63,15 +65,15 @@ def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = N
 
 
 class Lab:
-    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+    """A simulated GPU node (with the stand-in MPS control program and HAMi-core library,
+    named in the config), grant keys and a gpuwire config file under one directory."""
 
     def __init__(self, root: Path, gpus: int = 4) -> None:
-        from gpuwire import sim
-
         self.root = root
         self.node = root / "node"
         self.machine = sim.make_machine(gpus=gpus)
         sim.write_node(self.node, self.machine)
+        mps_control.install(self.node)  # the driver's MPS control program: the stand-in
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
@@ -86,6 +88,8 @@ class Lab:
             "allocation-dir": str(self.allocations),
             "log": str(self.log),
             "records-dir": str(self.records),
+            "hami-library": str(self.node / sim.HAMI_LIBRARY),
+            "hami-dir": str(self.root / "hami"),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))

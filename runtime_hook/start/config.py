@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, atomicfile, grant, records
+from gpuwire import allocation, atomicfile, grant, hamicore, records
 from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
@@ -41,6 +41,9 @@ KEYS = {
     "hook": ABSOLUTE + " to gpuwire-hook",
     "log": "'stderr' or " + ABSOLUTE,
     "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
+    "mps-root": ABSOLUTE + " (the node agent's MPS control daemons, one per GPU)",
+    "hami-library": ABSOLUTE + " to HAMi-core's libvgpu.so (containers with its limits load it)",
+    "hami-dir": ABSOLUTE + " (the preload list HAMi-core's containers get)",
 }
 
 
@@ -61,9 +64,12 @@ class Config:
     __slots__ = (
         "allocation_dir",
         "grant_key_dir",
+        "hami_dir",
+        "hami_library",
         "hook",
         "ldconfig",
         "log",
+        "mps_root",
         "records_dir",
         "roots",
         "runtime",
@@ -83,6 +89,9 @@ class Config:
         hook: str | None = None,
         log: str = DEFAULT_LOG,
         records_dir: str = records.DEFAULT_DIR,
+        mps_root: str | None = None,
+        hami_library: str | None = None,
+        hami_dir: str = hamicore.DEFAULT_DIR,
         source: str = "defaults",
     ) -> None:
         self.roots = roots or Roots("/")
@@ -94,6 +103,9 @@ class Config:
         self.hook = hook or default_hook()
         self.log = log
         self.records_dir = records_dir
+        self.mps_root = mps_root  # None: this node runs no MPS control daemons
+        self.hami_library = hami_library  # None: this node has no HAMi-core
+        self.hami_dir = hami_dir
         self.source = source
 
 
@@ -123,6 +135,9 @@ def from_table(table: dict[str, object], source: str) -> Config:
         hook=values.get("hook"),
         log=values.get("log", DEFAULT_LOG),
         records_dir=values.get("records-dir", records.DEFAULT_DIR),
+        mps_root=values.get("mps-root"),
+        hami_library=values.get("hami-library"),
+        hami_dir=values.get("hami-dir", hamicore.DEFAULT_DIR),
         source=source,
     )
 

@@ -234,6 +234,9 @@ VALID = {
     "hook": ["/usr/libexec/gpuwire-hook"],
     "log": ["stderr", "/var/log/gpuwire.log"],
     "records-dir": ["/run/gpuwire/containers"],
+    "mps-root": ["/run/gpuwire/mps"],
+    "hami-library": ["/usr/local/vgpu/libvgpu.so"],
+    "hami-dir": ["/run/gpuwire/hami"],
 }
 assert set(VALID) == set(config.KEYS)
 PLAIN = [f'{k} = "{v}"' for k, values in VALID.items() for v in values] + ["# comment", ""]
