@@ -74,10 +74,10 @@ class Config:
         return self.mps_replicas or self.replicas
 
     def resources(self, devices: Iterable[Device]) -> list[Resource]:
-        """The resources these GPUs are advertised as. A request for more than one replica
-        of an MPS-shared GPU is refused, as NVIDIA's plugin forces it: a client joins one
-        GPU's daemon."""
-        refuse_many = self.fail_requests_greater_than_one or bool(self.mps_replicas)
+        """The resources these GPUs are advertised as. Where a mechanism holds each replica to
+        its share, a request for more than one replica is refused (NVIDIA's plugin forces it
+        for MPS): a share is one replica's of one GPU, and an MPS client joins one daemon."""
+        refuse_many = self.fail_requests_greater_than_one or self.sharing.limits != "none"
         return assign(
             devices,
             self.rules,

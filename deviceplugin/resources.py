@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpuwire.allocation import Share
 from gpuwire.devices import Device
 
 REPLICA_SEPARATOR = "::"
@@ -50,15 +51,6 @@ class Rule:
 
     def matches(self, product: str) -> bool:
         return fnmatch.fnmatchcase(product.lower(), self.pattern.lower())
-
-
-@dataclass(frozen=True)
-class Share:
-    """What one replica of a shared GPU may use, and the mechanism that holds it to that."""
-
-    mechanism: str  # hami, mps
-    memory_mib: int
-    cores: int  # percent of the SMs (MPS: of the active threads)
 
 
 @dataclass(frozen=True)

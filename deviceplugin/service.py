@@ -105,12 +105,15 @@ class DevicePluginService:
         try:
             for req in request.container_requests:
                 gpus = granted(self.resource, req.devices_ids, unhealthy)
+                share = self.resource.share_of(gpus[0]) if len(gpus) == 1 else None
                 token = allocation.write(
-                    self.allocation_dir, self.resource.name, [g.uuid for g in gpus], keys
+                    self.allocation_dir, self.resource.name, [g.uuid for g in gpus], keys, share
                 ).token
                 tokens.append(token)
                 answers.append(
-                    response(gpus, token, self.allocation_dir, self.strategies, self.control_nodes)
+                    response(
+                        gpus, token, self.allocation_dir, self.strategies, self.control_nodes, share
+                    )
                 )
                 log.info(
                     "allocated %s GPU %s (token %s)",

@@ -39,6 +39,29 @@ def asks(names: Iterable[str]) -> bool:
     return False
 
 
+def limit_env(memory_mib: int | None, cores: int | None) -> dict[str, str]:
+    """The variables that cap a container at `memory_mib` per GPU and `cores` percent of the
+    SMs. A cores limit also forces HAMi-core's throttling, whose default policy leaves a GPU
+    that one pod uses alone unthrottled (Project-HAMi/HAMi #737)."""
+    env: dict[str, str] = {}
+    if memory_mib is not None:
+        env[MEMORY_ENV] = f"{memory_mib}m"
+    if cores is not None:
+        env[CORES_ENV] = str(cores)
+        env[POLICY_ENV] = "force"
+    return env
+
+
+def mib(text: str) -> int | None:
+    """A memory limit in HAMi-core's syntax (`g`, `m`, `k` or bytes) in MiB, rounded down;
+    None where HAMi-core reads no limit (0, or not a number)."""
+    scale = {"g": 1 << 30, "m": 1 << 20, "k": 1 << 10}.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not (digits.isascii() and digits.isdigit()) or int(digits) == 0:
+        return None
+    return int(digits) * scale >> 20
+
+
 def preload_file(state: str) -> str:
     return f"{state}/ld.so.preload"
 

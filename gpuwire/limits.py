@@ -67,18 +67,10 @@ def _need_fraction(limits: Limits, profile: str) -> str:
 
 
 def _hami(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
-    """HAMi-core: `<MiB>m` for every device (no `_<n>` suffix), SM percent.
-
-    HAMi-core's default policy does not throttle a GPU that only one pod uses (HAMi #737),
-    so a cores limit also sets `GPU_CORE_UTILIZATION_POLICY=force`: the user asked for a cap.
-    """
-    env: dict[str, str] = {}
-    if limits.memory:
-        env[hamicore.MEMORY_ENV] = f"{_need_mib(limits, 'hami')}m"
-    if limits.cores_percent is not None:
-        env[hamicore.CORES_ENV] = str(limits.cores_percent)
-        env[hamicore.POLICY_ENV] = "force"
-    return env
+    """HAMi-core: `<MiB>m` for every device (no `_<n>` suffix), SM percent, throttling
+    forced (`gpuwire.hamicore.limit_env`)."""
+    memory = _need_mib(limits, "hami") if limits.memory else None
+    return hamicore.limit_env(memory, limits.cores_percent)
 
 
 def _mps(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
@@ -94,12 +86,8 @@ def _mps(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
             f"container sees {seen} GPUs; give it one GPU (gpuwire.io/gpu-count: 1, or "
             "nvidia.com/gpu: 1)"
         )
-    env: dict[str, str] = {}
-    if limits.memory:
-        env[mps.MEMORY_ENV] = f"0={_need_mib(limits, 'mps')}M"
-    if limits.cores_percent is not None:
-        env[mps.THREADS_ENV] = str(limits.cores_percent)
-    return env
+    memory = _need_mib(limits, "mps") if limits.memory else None
+    return mps.limit_env(memory, limits.cores_percent)
 
 
 def _jax(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:

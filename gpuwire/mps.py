@@ -60,6 +60,16 @@ def shm_dir(root: str) -> str:
     return f"{root}/shm"
 
 
+def limit_env(memory_mib: int | None, threads: int | None) -> dict[str, str]:
+    """The client variables for its one device (ordinal 0): memory in MiB, thread percent."""
+    env: dict[str, str] = {}
+    if memory_mib is not None:
+        env[MEMORY_ENV] = f"0={memory_mib}M"
+    if threads is not None:
+        env[THREADS_ENV] = str(threads)
+    return env
+
+
 def asks(names: Iterable[str]) -> bool:
     """Whether an environment (its variable names) asks for MPS limits."""
     return any(name in CLIENT_ENV for name in names)

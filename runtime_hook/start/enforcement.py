@@ -2,13 +2,18 @@
 
 A container asks through its environment, as the webhook writes it for the enforced limit
 profiles: MPS's client variables (`gpuwire.mps.CLIENT_ENV`) and HAMi-core's
-(`gpuwire.hamicore`). For each, this node must have the mechanism (`mps-root`,
-`hami-library` in the node config) and, for MPS, the GPU's control daemon must be up (its
-ready marker names a live process); then `join` gives the container what joins it to the
-mechanism: MPS's pipe directory of its GPU and the shared `/dev/shm`, or HAMi-core's
-library and the preload list naming it. Anything else fails the start with the reason: a
-limit nothing holds would run as an unlimited GPU (an MPS client that finds no daemon runs
-without MPS).
+(`gpuwire.hamicore`); a shared replica is held to the share its allocation token names
+(`gpuwire.allocation.Share`), whatever its environment says. For each, this node must have
+the mechanism (`mps-root`, `hami-library` in the node config) and, for MPS, the GPU's
+control daemon must be up (its ready marker names a live process); then `join` gives the
+container what joins it to the mechanism: MPS's pipe directory of its GPU and the shared
+`/dev/shm`, or HAMi-core's library and the preload list naming it, and a share's variables
+(the tighter of the share and the container's own). Anything else fails the start with the
+reason: a limit nothing holds would run as an unlimited GPU (an MPS client that finds no
+daemon runs without MPS). The prestart hook cannot change a created container's
+environment, so there a HAMi-core share must already be in it (the device plugin's
+Allocate answer puts it there); a looser value anywhere fails the start. An MPS share needs
+no variable: the daemon's defaults are the share, and a client can only lower them.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from gpuwire.edits import bind_mount, shared_mount
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
+    from gpuwire.allocation import Share
     from gpuwire.devices import Device
     from gpuwire.edits import Mount
     from runtime_hook.start.config import Config
@@ -42,10 +48,21 @@ class Joined:
         self.env: dict[str, str] = {}
 
 
-def join(env: Mapping[str, str], devices: tuple[Device, ...], config: Config) -> Joined | None:
-    """The mechanisms `env` asks for, joined for a container granted `devices`; None when it
-    asks for none. EnforcementError when this node cannot hold them."""
-    wants_mps, wants_hami = mps.asks(env), hamicore.asks(env)
+def join(
+    entries: Sequence[tuple[str, str]],
+    devices: tuple[Device, ...],
+    config: Config,
+    share: Share | None = None,
+    *,
+    sets_env: bool = True,
+) -> Joined | None:
+    """The mechanisms a container asks for (its env `entries`, in order) or its `share` is
+    held by, joined for a container granted `devices`; None when there are none.
+    EnforcementError when this node cannot hold them. `sets_env`: whether the caller can
+    still set the container's environment (the shim can, the prestart hook cannot)."""
+    env = dict(entries)
+    held = share.mechanism if share is not None else None
+    wants_mps, wants_hami = mps.asks(env) or held == "mps", hamicore.asks(env) or held == "hami"
     if not (wants_mps or wants_hami):
         return None
     joined = Joined()
@@ -53,7 +70,66 @@ def join(env: Mapping[str, str], devices: tuple[Device, ...], config: Config) ->
         _mps(joined, env, devices, config)
     if wants_hami:
         _hami(joined, config)
+    if share is not None:
+        _share(joined, entries, share, sets_env)
     return joined
+
+
+def _tightest(limit: int, values: Sequence[str], parse: Callable[[str], int | None]) -> int:
+    found = [n for v in values if (n := parse(v)) is not None]
+    return min([limit, *found])
+
+
+def _share(
+    joined: Joined, entries: Sequence[tuple[str, str]], share: Share, sets_env: bool
+) -> None:
+    """A replica's share as its mechanism's variables: the share, or the container's own
+    where tighter; set (the shim) or required to be in effect already (the prestart hook)."""
+    env = dict(entries)
+    if share.mechanism == "mps":
+        memory = _tightest(share.memory_mib, [env.get(mps.MEMORY_ENV, "")], _mps_mib)
+        threads = _tightest(share.cores, [env.get(mps.THREADS_ENV, "")], _percent)
+        if sets_env:  # else the daemon's defaults hold it all the same
+            joined.env.update(mps.limit_env(memory, threads))
+        return
+    memory_keys = (hamicore.MEMORY_ENV, hamicore.MEMORY_ENV + "_0")
+    cores_keys = (hamicore.CORES_ENV, hamicore.CORES_ENV + "_0")
+    memory = _tightest(share.memory_mib, [env[k] for k in memory_keys if k in env], hamicore.mib)
+    cores = _tightest(share.cores, [env[k] for k in cores_keys if k in env], _percent)
+    wanted = hamicore.limit_env(memory, cores)
+    wanted |= {memory_keys[1]: wanted[memory_keys[0]], cores_keys[1]: wanted[cores_keys[0]]}
+    if sets_env:
+        joined.env.update(wanted)
+        return
+    for key in (hamicore.MEMORY_ENV, hamicore.CORES_ENV, hamicore.POLICY_ENV):
+        values = [v for k, v in entries if k == key]
+        if not values or any(v != wanted[key] for v in values):
+            raise EnforcementError(
+                f"the container is a replica held to {share.memory_mib} MiB and {share.cores} % "
+                f"of its GPU by HAMi-core, and its environment has {key}="
+                f"{','.join(values) or '(unset)'} where {wanted[key]} is needed; the prestart "
+                "hook cannot change a created container's environment"
+            )
+    for key in (memory_keys[1], cores_keys[1]):
+        if any(v != wanted[key] for k, v in entries if k == key):
+            raise EnforcementError(
+                f"the container is a replica held to its share of its GPU by HAMi-core, and "
+                f"{key} in its environment would lift it; the prestart hook cannot change a "
+                "created container's environment"
+            )
+
+
+def _percent(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 100 else None
+
+
+def _mps_mib(text: str) -> int | None:
+    """Ordinal 0's limit in `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`0=20480M`, `0=20G`), MiB."""
+    for item in text.split(","):
+        ordinal, _, value = item.partition("=")
+        if ordinal.strip() == "0" and value[:-1].isdigit() and value[-1:] in ("M", "G"):
+            return int(value[:-1]) * (1024 if value[-1] == "G" else 1)
+    return None
 
 
 def _asked(env: Mapping[str, str], names: tuple[str, ...]) -> str:

@@ -48,8 +48,10 @@ def is_debian(rootfs: str) -> bool:
         os.close(root_fd)
 
 
-def make(spec: Spec, bundle: str, config: Config) -> Plan:
-    """Decide on `spec` and compute its edits; claims allocation tokens (a real start)."""
+def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> Plan:
+    """Decide on `spec` and compute its edits; claims allocation tokens (a real start).
+    `sets_env`: whether the edits' environment reaches the process (not from a prestart
+    hook: the process is made)."""
     outcome = trust.evaluate(spec, config, claim=True)
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
@@ -57,7 +59,9 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
     layout = Layout.of(debian=is_debian(rootfs))
     edits = container_edits(outcome.driver, outcome.devices, outcome.capabilities, layout)
     try:
-        joined = enforcement.join(ocispec.env(spec), outcome.devices, config)
+        entries = ocispec.env_entries(spec)
+        share = outcome.verdict.share
+        joined = enforcement.join(entries, outcome.devices, config, share, sets_env=sets_env)
         if joined is not None:
             enforcement.prepare(joined, config)
     except (enforcement.EnforcementError, OSError) as exc:

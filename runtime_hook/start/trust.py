@@ -166,7 +166,7 @@ def check_tokens(
 class Verdict:
     """The decision: status, the basis it rests on, why, and what to select if granted."""
 
-    __slots__ = ("basis", "capabilities", "reason", "request", "status")
+    __slots__ = ("basis", "capabilities", "reason", "request", "share", "status")
 
     def __init__(
         self,
@@ -175,12 +175,14 @@ class Verdict:
         basis: str = "",
         request: devices.Request | None = None,
         capabilities: str | None = None,
+        share: allocation.Share | None = None,
     ) -> None:
         self.status = status
         self.reason = reason
         self.basis = basis  # privileged, allocation, grant, trust=any
         self.request = request
         self.capabilities = capabilities
+        self.share = share  # a shared replica's, from its allocation token
 
 
 def grant_holds(request: ContainerRequest, keys: grant.KeyRing | None) -> tuple[bool, str]:
@@ -215,12 +217,14 @@ def authorise(
         if errors or len(tokens) != len(request.tokens):
             return Verdict(REFUSED, "; ".join(errors) or "allocation not checked")
         uuids = tuple(sorted({u for t in tokens if t.allocation for u in t.allocation.devices}))
+        shares = [t.allocation.share for t in tokens if t.allocation and t.allocation.share]
         return Verdict(
             GRANTED,
             f"device-plugin allocation {', '.join(request.tokens)}",
             "allocation",
             devices.Request(devices.Kind.LIST, uuids),
             caps,
+            shares[0] if shares else None,
         )
     holds, explanation = grant_check
     if holds and request.visible == grant.PLUGIN_DEVICES:

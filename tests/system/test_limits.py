@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from deviceplugin import mps as daemons
-from gpuwire import mps
+from deviceplugin.allocate import Strategies, response
+from gpuwire import allocation, mps
 from testbed.lab import Lab
 from testbed.view import view
 from tests.conftest import requires_binary, requires_root
@@ -143,3 +145,93 @@ def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: 
         f"the container asks for HAMi-core limits and {lab.root}/none.so (hami-library in "
         f"{lab.config}) is not there"
     ) in out.stderr
+
+
+# A shared replica is held to the share its allocation token names: the device plugin's
+# Allocate answer (deviceplugin/allocate.py), mounted and in the env as the kubelet hands it.
+
+
+def replica(
+    lab: Lab, index: int, share: allocation.Share
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(index)], lab.keys, share)
+    answer = response(
+        [lab.machine.devices[index]], token.token, str(lab.allocations), Strategies(), share=share
+    )
+    mounts = [
+        {
+            "destination": m.container_path,
+            "type": "bind",
+            "source": m.host_path,
+            "options": ["rbind", "ro"],
+        }
+        for m in answer.mounts
+    ]
+    return {**answer.envs, "NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts
+
+
+QUARTER = allocation.Share("hami", 20480, 25)
+
+
+@pytest.mark.parametrize("delivery", ["shim", "shim-resident"])
+def test_the_shim_holds_a_replica_to_its_share_whatever_its_env_says(
+    lab: Lab, delivery: str
+) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    env |= {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g", "GPU_CORE_UTILIZATION_POLICY": "disable"}
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+    assert seen["memory"] == ["20480 MiB"]
+    assert {
+        "CUDA_DEVICE_MEMORY_LIMIT=20480m",
+        "CUDA_DEVICE_MEMORY_LIMIT_0=20480m",
+        "CUDA_DEVICE_SM_LIMIT=25",
+        "GPU_CORE_UTILIZATION_POLICY=force",
+    } <= set(seen["var"])
+
+
+def test_a_tighter_limit_of_its_own_stays(lab: Lab) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    out = run(
+        make_bundle(lab, env | {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, delivery="shim", mounts=mounts),
+        "shim",
+    )
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["memory"] == ["4096 MiB"]
+
+
+@pytest.mark.parametrize("delivery", ["prestart", "prestart-resident"])
+def test_the_prestart_hook_starts_a_replica_only_with_its_share_in_effect(
+    lab: Lab, delivery: str
+) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["memory"] == ["20480 MiB"]
+    bundle = make_bundle(lab, env, delivery=delivery, mounts=mounts)
+    bundle.spec["process"]["env"].append("CUDA_DEVICE_MEMORY_LIMIT=80g")  # the pod's, after
+    bundle.save()
+    refused = run(bundle, delivery)
+    assert refused.returncode != 0
+    assert (
+        "its environment has CUDA_DEVICE_MEMORY_LIMIT=20480m,80g where 20480m is needed; the "
+        "prestart hook cannot change a created container's environment"
+    ) in refused.stderr
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_mps_replica_joins_its_gpus_daemon_whose_defaults_are_its_share(
+    lab: Lab, delivery: str
+) -> None:
+    share = allocation.Share("mps", lab.machine.devices[0].memory_mib // 4, 25)
+    env, mounts = replica(lab, 0, share)
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]
+    daemon = mps.ready(supervisor(lab).root, lab.uuid(0))
+    assert daemon is not None
+    assert daemon.defaults == mps.Defaults(share.cores, share.memory_mib)
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share.memory_mib}M" in seen["var"]
