@@ -61,6 +61,16 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_facts_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--driver-facts",
+        type=_typed(settings.as_absolute),
+        metavar="FILE",
+        help="write what NVML knows for the runtime's NVIDIA_REQUIRE_* checks here "
+        "(the node config's driver-facts)",
+    )
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
@@ -178,6 +188,7 @@ SERVE_FIELDS = (
     "label_interval",
     "node_name",
     "kubeconfig",
+    "driver_facts",
 )
 
 
@@ -187,6 +198,7 @@ def serve(argv: list[str]) -> int:
         description="Serve the kubelet device plugin API for this node's GPUs.",
     )
     _add_source_flags(parser)
+    _add_facts_flag(parser)
     parser.add_argument(
         "--kubelet-dir", help=f"device plugin directory (default {settings.KUBELET_DIR})"
     )
@@ -265,6 +277,7 @@ def label(argv: list[str]) -> int:
         prog="gpuwire node label", description="Write this node's GPU labels and GPU annotation."
     )
     _add_source_flags(parser)
+    _add_facts_flag(parser)
     _add_node_flags(parser)
     parser.add_argument("--watch", action="store_true", help="keep them up to date")
     parser.add_argument(
@@ -290,6 +303,7 @@ def label(argv: list[str]) -> int:
             "node_name",
             "kubeconfig",
             "label_interval",
+            "driver_facts",
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
@@ -305,6 +319,11 @@ def label(argv: list[str]) -> int:
 
     try:
         node = discovery.discover()
+        if config.driver_facts is not None and not args.dry_run:
+            from deviceplugin.labels import driver_facts
+            from gpuwire import requirements
+
+            requirements.write_facts(config.driver_facts, driver_facts(node))
         if args.dry_run:
             wanted = labeler.wanted(config, node) | labeler.node_annotations(config, node)
             print(json.dumps(wanted, indent=2, sort_keys=True))

@@ -61,6 +61,7 @@ class Config:
     replica_cores: int | None = None  # percent per replica
     mps_root: str | None = None  # the node agent runs an MPS control daemon per GPU there
     hami_library: str | None = None  # HAMi-core's libvgpu.so on this node
+    driver_facts: str | None = None  # where to write what NVML knows for NVIDIA_REQUIRE_*
 
     @property
     def sharing(self) -> Sharing:
@@ -208,6 +209,7 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sharing.perReplica.cores": ("replica_cores", as_percent),
     "mps.root": ("mps_root", as_absolute),
     "hami.library": ("hami_library", as_absolute),
+    "driverFacts": ("driver_facts", as_absolute),
     "allocate.deviceSpecs": ("device_specs", as_flag),
     "allocate.cdi": ("cdi", as_cdi),
     "allocate.cdiKind": ("cdi_kind", as_text),

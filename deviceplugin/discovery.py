@@ -17,6 +17,7 @@ from gpuwire.devices import Device
 class Gpu:
     device: Device
     compute_capability: tuple[int, int]
+    brand: str = "Unknown"  # as `gpuwire.nvidia.BRANDS` names NVML's brand types
 
 
 @dataclass(frozen=True)

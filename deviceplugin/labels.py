@@ -18,7 +18,7 @@ from collections.abc import Collection, Sequence
 
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.resources import Resource
-from gpuwire import limits, nodegpus, nvidia
+from gpuwire import limits, nodegpus, nvidia, requirements
 
 NV = nvidia.LABEL_PREFIX
 GW = "gpuwire.io/"
@@ -123,6 +123,18 @@ def labels(
     for profile in sorted(enforced):
         out[limits.enforcement_label(profile)] = "true"
     return out
+
+
+def driver_facts(node: NodeGpus) -> requirements.Facts:
+    """What the runtime checks `NVIDIA_REQUIRE_*` against, beyond what procfs says."""
+    return requirements.Facts(
+        node.driver_version,
+        node.cuda_version,
+        tuple(
+            (g.device.uuid, f"{g.compute_capability[0]}.{g.compute_capability[1]}", g.brand)
+            for g in node.gpus
+        ),
+    )
 
 
 def _strategy(shared: Resource | None) -> str:

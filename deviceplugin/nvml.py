@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
+from gpuwire import nvidia
 from gpuwire.devices import Device, normalise_bus_id
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class NvmlDiscovery:
                 numa_node=self._numa_node(h, buses[i]),
                 nvlinks=tuple(sorted(links.items())),
             )
-            gpus.append(Gpu(device, tuple(nv.nvmlDeviceGetCudaComputeCapability(h))))
+            compute = tuple(nv.nvmlDeviceGetCudaComputeCapability(h))
+            gpus.append(Gpu(device, compute, nvidia.brand_name(nv.nvmlDeviceGetBrand(h))))
         self._uuids = [g.device.uuid for g in gpus]
         return NodeGpus(nv.nvmlSystemGetDriverVersion(), self._cuda_version(), tuple(gpus))
 

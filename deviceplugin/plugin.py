@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 
-from deviceplugin import agent, mps, state, sweep
+from deviceplugin import agent, labels, mps, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
@@ -18,7 +18,7 @@ from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
-from gpuwire import nvidia
+from gpuwire import nvidia, requirements
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,8 @@ CONTROL_NODES = tuple(
 
 def build(config: Config, discovery: Discovery) -> tuple[list[Endpoint], state.HealthState]:
     node = discovery.discover()
+    if config.driver_facts is not None:
+        requirements.write_facts(config.driver_facts, labels.driver_facts(node))
     resources = config.resources(node.devices)
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
     uuids = frozenset(d.uuid for d in node.devices)

@@ -29,7 +29,9 @@ class SimDiscovery:
 
     def discover(self) -> NodeGpus:
         machine = sim.load_machine(self.root)
-        gpus = tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus)
+        gpus = tuple(
+            Gpu(g.device, g.compute_capability, sim.brand(g.device.product)) for g in machine.gpus
+        )
         return NodeGpus(machine.driver_version, machine.cuda_version, gpus)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:

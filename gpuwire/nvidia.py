@@ -16,6 +16,9 @@ CDI_KIND = "nvidia.com/gpu"
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+# MIG's control variables: for privileged containers only (the toolkit refuses them elsewhere)
+MIG_CONFIG_ENV = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR_ENV = "NVIDIA_MIG_MONITOR_DEVICES"
 
 # NVIDIA_DRIVER_CAPABILITIES
 CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
@@ -164,6 +167,33 @@ def with_implied(capabilities: tuple[str, ...]) -> tuple[str, ...]:
     for cap in capabilities:
         out.update(IMPLIES.get(cap, ()))
     return tuple(sorted(out))
+
+
+# NVML's brand types by number (nvmlBrandType_t), named as libnvidia-container names them for
+# `brand=` requirements (CUDA images: brand=tesla, brand=nvidiartx, ...; compared ignoring case).
+BRANDS = (
+    "Unknown",
+    "Quadro",
+    "Tesla",
+    "NVS",
+    "Grid",
+    "GeForce",
+    "Titan",
+    "VApps",
+    "VPC",
+    "VCS",
+    "VWS",
+    "CloudGaming",
+    "QuadroRTX",
+    "NvidiaRTX",
+    "Nvidia",
+    "GeForceRTX",
+    "TitanRTX",
+)
+
+
+def brand_name(brand_type: int) -> str:
+    return BRANDS[brand_type] if 0 <= brand_type < len(BRANDS) else BRANDS[0]
 
 
 def gfd_product(name: str) -> str:

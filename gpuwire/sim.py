@@ -95,6 +95,13 @@ def load_machine(root: str | os.PathLike[str]) -> Machine:
     return Machine.from_json(Path(root, MACHINE).read_text())
 
 
+def brand(product: str) -> str:
+    """The brand NVML reports for a product: its first word where that is a brand, else
+    NVIDIA's own (data-center GPUs since the A100)."""
+    first = product.split()[0] if product else ""
+    return first if first in ("Tesla", "Quadro", "GeForce", "Titan") else "Nvidia"
+
+
 def product_memory(product: str) -> tuple[int, tuple[int, int]]:
     """Memory and compute capability of a product: the table, else `<N>GB` in its name."""
     if product in PRODUCTS:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pynvml
 
+from gpuwire import nvidia, sim
+
 SWITCH = "switch"
 
 
@@ -113,6 +115,9 @@ class StandIn:
         if numa is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return numa
+
+    def nvmlDeviceGetBrand(self, handle: FakeGpu) -> int:
+        return nvidia.BRANDS.index(sim.brand(self._check(handle).name))
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeGpu) -> tuple[int, int]:
         return self._check(handle).compute

@@ -21,6 +21,7 @@ MODULES = (
     "gpuwire.mps",
     "gpuwire.nvidia",
     "gpuwire.records",
+    "gpuwire.requirements",
     "gpuwire.resolve",
     "gpuwire.value",
     "runtime_hook.injection.cgroup",

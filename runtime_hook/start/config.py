@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, atomicfile, grant, hamicore, records
+from gpuwire import allocation, atomicfile, grant, hamicore, records, requirements
 from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
@@ -44,6 +44,7 @@ KEYS = {
     "mps-root": ABSOLUTE + " (the node agent's MPS control daemons, one per GPU)",
     "hami-library": ABSOLUTE + " to HAMi-core's libvgpu.so (containers with its limits load it)",
     "hami-dir": ABSOLUTE + " (the preload list HAMi-core's containers get)",
+    "driver-facts": ABSOLUTE + " (what the node agent read of NVML, for NVIDIA_REQUIRE_*)",
 }
 
 
@@ -63,6 +64,7 @@ def default_hook() -> str:
 class Config:
     __slots__ = (
         "allocation_dir",
+        "driver_facts",
         "grant_key_dir",
         "hami_dir",
         "hami_library",
@@ -92,6 +94,7 @@ class Config:
         mps_root: str | None = None,
         hami_library: str | None = None,
         hami_dir: str = hamicore.DEFAULT_DIR,
+        driver_facts: str = requirements.DEFAULT_FACTS,
         source: str = "defaults",
     ) -> None:
         self.roots = roots or Roots("/")
@@ -106,6 +109,7 @@ class Config:
         self.mps_root = mps_root  # None: this node runs no MPS control daemons
         self.hami_library = hami_library  # None: this node has no HAMi-core
         self.hami_dir = hami_dir
+        self.driver_facts = driver_facts
         self.source = source
 
 
@@ -138,6 +142,7 @@ def from_table(table: dict[str, object], source: str) -> Config:
         mps_root=values.get("mps-root"),
         hami_library=values.get("hami-library"),
         hami_dir=values.get("hami-dir", hamicore.DEFAULT_DIR),
+        driver_facts=values.get("driver-facts", requirements.DEFAULT_FACTS),
         source=source,
     )
 

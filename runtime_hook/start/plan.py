@@ -88,4 +88,5 @@ def summary(plan: Plan) -> str | None:
     gpus = ", ".join(f"{d.index} ({d.uuid})" for d in outcome.devices) or "none"
     caps = ",".join(outcome.capabilities)
     held = f", limits held by {' and '.join(plan.joined.mechanisms)}" if plan.joined else ""
-    return f"{who}GPUs {gpus}, capabilities {caps}{held}: {verdict.basis}"
+    unchecked = f" (not checked here: {'; '.join(outcome.unchecked)})" if outcome.unchecked else ""
+    return f"{who}GPUs {gpus}, capabilities {caps}{held}: {verdict.basis}{unchecked}"

@@ -24,7 +24,7 @@ shell the shim, the prestart hook and `gpuwire grant verify` all call.
 
 from __future__ import annotations
 
-from gpuwire import allocation, devices, grant, nvidia
+from gpuwire import allocation, devices, grant, nvidia, requirements
 from gpuwire.devices import Device
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
@@ -49,6 +49,7 @@ class ContainerRequest:
     __slots__ = (
         "capabilities",
         "conflicts",
+        "env",
         "grant",
         "names",
         "owner",
@@ -69,6 +70,7 @@ class ContainerRequest:
         tokens: tuple[str, ...] = (),
         stray_tokens: tuple[str, ...] = (),
         conflicts: dict[str, list[str]] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.visible = visible  # NVIDIA_VISIBLE_DEVICES (last value)
         self.capabilities = capabilities  # NVIDIA_DRIVER_CAPABILITIES
@@ -79,10 +81,11 @@ class ContainerRequest:
         self.tokens = tokens  # allocation tokens mounted from the allocation dir
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
         self.conflicts = conflicts or {}  # request keys set more than once, differently
+        self.env = env if env is not None else {}  # the whole environment, last values
 
     @property
     def device_request(self) -> devices.Request:
-        return devices.parse_request(self.visible)
+        return ocispec.visible_request(self.env)
 
     def describe(self) -> str:
         return (
@@ -114,6 +117,7 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         tokens=tuple(dict.fromkeys(tokens)),
         stray_tokens=tuple(strays),
         conflicts=ocispec.conflicting_env(spec, REQUEST_ENV),
+        env=env,
     )
 
 
@@ -256,6 +260,7 @@ class Outcome:
         "grant_explanation",
         "request",
         "tokens",
+        "unchecked",
         "verdict",
     )
 
@@ -273,6 +278,7 @@ class Outcome:
         self.driver: Driver | None = None
         self.devices: tuple[Device, ...] = ()
         self.capabilities: tuple[str, ...] = ()
+        self.unchecked: list[str] = []  # NVIDIA_REQUIRE_* terms on facts this node lacks
         # A granted request this node cannot satisfy (unknown device, bad capability,
         # no driver): the container start must fail with this message.
         self.error: str | None = None
@@ -298,12 +304,29 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
+    env = request.env
+    for name in (nvidia.MIG_CONFIG_ENV, nvidia.MIG_MONITOR_ENV):
+        if env.get(name) and not request.privileged:  # the toolkit's rule and words
+            short = name.removeprefix("NVIDIA_")
+            outcome.error = f"cannot set {short} in non privileged container ({name}={env[name]})"
+            return outcome
+    caps = verdict.capabilities
+    if caps is None and requirements.is_legacy(env):
+        caps = "all"  # a legacy CUDA image naming none gets every capability, as the toolkit
     from gpuwire.driver import DiscoveryError, discover  # _ctypes, ELF: when granted
 
     try:
-        outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)
+        outcome.capabilities = nvidia.parse_capabilities(caps)
         outcome.driver = discover(config.roots, outcome.capabilities)
         outcome.devices = devices.select(verdict.request, outcome.driver.devices)
-    except (nvidia.CapabilityError, DiscoveryError, devices.UnknownDevice) as exc:
+        version = outcome.driver.version
+        facts = requirements.read_facts(config.driver_facts, version)
+        outcome.unchecked = requirements.check(env, version, facts, outcome.devices)
+    except (
+        nvidia.CapabilityError,
+        DiscoveryError,
+        devices.UnknownDevice,
+        requirements.RequirementError,
+    ) as exc:
         outcome.error = str(exc)
     return outcome
