@@ -15,7 +15,7 @@ from typing import Any
 import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.resources import resource_name_error
-from gpuwire import records
+from gpuwire import mig, records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,6 +58,17 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="advertise shared GPUs as <resource>.shared",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        type=_typed(settings.as_mig_strategy),
+        help="NVIDIA's MIG strategy: none (default), single or mixed",
+    )
+    parser.add_argument(
+        "--mig-map",
+        type=_typed(settings.as_text),
+        metavar="FILE",
+        help=f"where the node side learns the MIG devices' names (default {mig.DEFAULT_MAP})",
     )
 
 
@@ -170,6 +181,8 @@ SERVE_FIELDS = (
     "kubelet_dir",
     "sim",
     "resource",
+    "mig_strategy",
+    "mig_map",
     "replicas",
     "fail_requests_greater_than_one",
     "rename_by_default",
@@ -298,6 +311,8 @@ def label(argv: list[str]) -> int:
         (
             "sim",
             "resource",
+            "mig_strategy",
+            "mig_map",
             "replicas",
             "rename_by_default",
             "node_name",
@@ -354,7 +369,14 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            node_agent = agent.Agent(holder_settings, name, lambda: node.devices, unreachable, api)
+            node_agent = agent.Agent(
+                holder_settings,
+                name,
+                lambda: node.devices,
+                unreachable,
+                api,
+                mig=lambda: node.mig_devices,
+            )
             held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0

@@ -10,7 +10,7 @@ A bad key or value is refused with the key, the value and what is accepted; noth
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ from typing import Any
 import yaml
 
 from deviceplugin.allocate import CDI_NAMES
+from deviceplugin.discovery import NodeGpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
-from deviceplugin.resources import Resource, Rule, Sharing, assign, resource_name_error
-from gpuwire import allocation, grant, nvidia, quantity
-from gpuwire.devices import Device
+from deviceplugin.migstrategy import STRATEGIES, Advertised
+from deviceplugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
+from gpuwire import allocation, grant, mig, nvidia, quantity
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 MAX_REPLICAS = 1000  # keeps `<uuid>::<n>` within the kubelet's 63-character ID limit
@@ -40,6 +41,8 @@ class Config:
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
     rename_by_default: bool = False  # shared GPUs advertised as <resource>.shared
+    mig_strategy: str = "none"  # none, single, mixed (NVIDIA's)
+    mig_map: str = mig.DEFAULT_MAP  # where the node side learns the names of MIG devices
     device_specs: bool = False
     cdi: str = "none"
     cdi_kind: str = nvidia.CDI_KIND
@@ -74,13 +77,16 @@ class Config:
     def shared_replicas(self) -> int:
         return self.mps_replicas or self.replicas
 
-    def resources(self, devices: Iterable[Device]) -> list[Resource]:
-        """The resources these GPUs are advertised as. Where a mechanism holds each replica to
-        its share, a request for more than one replica is refused (NVIDIA's plugin forces it
-        for MPS): a share is one replica's of one GPU, and an MPS client joins one daemon."""
+    def resources(self, node: NodeGpus) -> tuple[list[Resource], Advertised]:
+        """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy
+        (`resources.of_node`), and what the strategy made of the node. Where a mechanism
+        holds each replica to its share, a request for more than one replica is refused
+        (NVIDIA's plugin forces it for MPS): a share is one replica's of one GPU, and an MPS
+        client joins one daemon."""
         refuse_many = self.fail_requests_greater_than_one or self.sharing.limits != "none"
-        return assign(
-            devices,
+        return of_node(
+            node,
+            self.mig_strategy,
             self.rules,
             self.default_resource,
             self.shared_replicas,
@@ -180,6 +186,12 @@ def as_cdi(value: Any) -> str:
     return str(value)
 
 
+def as_mig_strategy(value: Any) -> str:
+    if value not in STRATEGIES:
+        raise ValueError(f"expected one of {', '.join(STRATEGIES)}")
+    return str(value)
+
+
 def as_rules(value: Any) -> tuple[Rule, ...]:
     if not isinstance(value, list):
         raise ValueError("expected a list of {pattern, name[, replicas]}")
@@ -210,6 +222,8 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mps.root": ("mps_root", as_absolute),
     "hami.library": ("hami_library", as_absolute),
     "driverFacts": ("driver_facts", as_absolute),
+    "migStrategy": ("mig_strategy", as_mig_strategy),
+    "migMap": ("mig_map", as_text),
     "allocate.deviceSpecs": ("device_specs", as_flag),
     "allocate.cdi": ("cdi", as_cdi),
     "allocate.cdiKind": ("cdi_kind", as_text),

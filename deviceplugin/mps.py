@@ -228,10 +228,11 @@ def job(
     if control is None:
         log.error("mps.root is set, and the driver under %s has no %s: no MPS", root, mps.CONTROL)
         return None
-    devices = discovery.discover().devices
+    node = discovery.discover()
+    devices = node.devices
     shares = {
         g.uuid: share
-        for r in config.resources(devices)
+        for r in config.resources(node)[0]
         for g in r.gpus
         if (share := r.share_of(g)) is not None and share.mechanism == "mps"
     }

@@ -6,6 +6,11 @@ default name). With time-slicing or MPS each GPU appears `replicas` times as `<u
 (NVIDIA's ID format), so the scheduler can place that many containers on it; where a
 mechanism holds them (`Sharing.limits`: HAMi-core, MPS), each replica gets its `Share` of
 the GPU: memory/replicas and 100/replicas % of the SMs unless configured.
+
+A resource of MIG devices (`deviceplugin.migstrategy`) holds them as devices of their own
+(`as_device`): the MIG UUID as ID (NVIDIA's plugin advertises `MIG-…` too), the MIG device's
+memory, its parent's index, minor, bus and NUMA node, and no NVLinks (MIG devices do no
+peer-to-peer), so preferred allocation and Allocate treat them like GPUs.
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from deviceplugin import migstrategy
+from deviceplugin.discovery import NodeGpus
+from deviceplugin.migstrategy import Advertised
 from gpuwire.allocation import Share
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 
 REPLICA_SEPARATOR = "::"
 # Kubernetes IsExtendedResourceName: a domain-prefixed qualified name, not kubernetes.io.
@@ -53,6 +61,19 @@ class Rule:
         return fnmatch.fnmatchcase(product.lower(), self.pattern.lower())
 
 
+def as_device(mig: MigDevice, parent: Device) -> Device:
+    """A MIG device as a resource holds it."""
+    return Device(
+        index=parent.index,
+        minor=parent.minor,
+        uuid=mig.uuid,
+        pci_bus_id=parent.pci_bus_id,
+        product=f"{parent.product} MIG {mig.profile}",
+        memory_mib=mig.memory_mib,
+        numa_node=parent.numa_node,
+    )
+
+
 @dataclass(frozen=True)
 class Sharing:
     """How replicas share a GPU: the mechanism that holds each to its share (none: nothing,
@@ -85,6 +106,10 @@ class Resource:
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
     sharing: Sharing = NOT_HELD
+    mig: tuple[MigDevice, ...] = ()  # the MIG devices behind `gpus`, where they are MIG
+
+    def mig_of(self, uuid: str) -> MigDevice | None:
+        return next((m for m in self.mig if m.uuid == uuid), None)
 
     @property
     def shared(self) -> bool:
@@ -140,3 +165,26 @@ def assign(
         Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one, sharing)
         for name, gpus in groups.items()
     ]
+
+
+def of_node(
+    node: NodeGpus,
+    mig_strategy: str,
+    rules: Iterable[Rule],
+    default_name: str,
+    replicas: int = 1,
+    fail_requests_greater_than_one: bool = False,
+    sharing: Sharing = NOT_HELD,
+) -> tuple[list[Resource], Advertised]:
+    """A node's resources: whole GPUs by the rules (`assign`), MIG devices by the MIG
+    strategy; with what the strategy made of the node. `sharing` holds whole GPUs' replicas
+    to their share (MIG devices are not shared that way)."""
+    advertised = migstrategy.advertise(node, mig_strategy, default_name)
+    out = assign(
+        advertised.gpus, rules, default_name, replicas, fail_requests_greater_than_one, sharing
+    )
+    parents = {d.uuid: d for d in node.devices}
+    for name, devices in advertised.mig.items():
+        gpus = tuple(as_device(m, parents[m.parent_uuid]) for m in devices)
+        out.append(Resource(name, gpus, replicas, fail_requests_greater_than_one, mig=devices))
+    return out, advertised

@@ -18,9 +18,10 @@ from gpuwire.devices import Device
 # what /dev/shm holds.
 VIEW_SCRIPT = r"""
 echo "devices: $(cd /dev && echo nvidia*)"
-for d in /dev/nvidia[0-9]*; do
+for d in /dev/nvidia[0-9]* /dev/nvidia-caps/nvidia-cap*; do
   [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
 done
+[ -d /dev/nvidia-caps ] && echo "caps: $(cd /dev/nvidia-caps && echo *)"
 echo "env: $NVIDIA_VISIBLE_DEVICES"
 env | grep -E '^(NVIDIA|CUDA|GPU|PYTORCH|XLA|TF)_' | sort | sed 's/^/var: /'
 if command -v nvidia-smi >/dev/null; then

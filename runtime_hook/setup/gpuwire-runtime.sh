@@ -74,6 +74,7 @@ if [ -f "$config" ] && [ -r "$config" ]; then
 		hook) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		log) case $value in stderr | /*) : ;; *) odd=1 ;; esac ;;
 		records-dir) case $value in /*) records=$value ;; *) odd=1 ;; esac ;;
+		mig-map) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		mps-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		hami-library) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		hami-dir) case $value in /*) : ;; *) odd=1 ;; esac ;;

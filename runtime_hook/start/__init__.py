@@ -18,6 +18,7 @@ MODULES = (
     "gpuwire.hamicore",
     "gpuwire.ldsocache",
     "gpuwire.lightjson",
+    "gpuwire.mig",
     "gpuwire.mps",
     "gpuwire.nvidia",
     "gpuwire.records",

@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, atomicfile, grant, hamicore, records, requirements
+from gpuwire import allocation, atomicfile, grant, hamicore, mig, records, requirements
 from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
@@ -41,6 +41,7 @@ KEYS = {
     "hook": ABSOLUTE + " to gpuwire-hook",
     "log": "'stderr' or " + ABSOLUTE,
     "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
+    "mig-map": ABSOLUTE + " (the MIG map the node agent writes: names of MIG devices)",
     "mps-root": ABSOLUTE + " (the node agent's MPS control daemons, one per GPU)",
     "hami-library": ABSOLUTE + " to HAMi-core's libvgpu.so (containers with its limits load it)",
     "hami-dir": ABSOLUTE + " (the preload list HAMi-core's containers get)",
@@ -71,6 +72,7 @@ class Config:
         "hook",
         "ldconfig",
         "log",
+        "mig_map",
         "mps_root",
         "records_dir",
         "roots",
@@ -91,6 +93,7 @@ class Config:
         hook: str | None = None,
         log: str = DEFAULT_LOG,
         records_dir: str = records.DEFAULT_DIR,
+        mig_map: str = mig.DEFAULT_MAP,
         mps_root: str | None = None,
         hami_library: str | None = None,
         hami_dir: str = hamicore.DEFAULT_DIR,
@@ -106,6 +109,7 @@ class Config:
         self.hook = hook or default_hook()
         self.log = log
         self.records_dir = records_dir
+        self.mig_map = mig_map
         self.mps_root = mps_root  # None: this node runs no MPS control daemons
         self.hami_library = hami_library  # None: this node has no HAMi-core
         self.hami_dir = hami_dir
@@ -139,6 +143,7 @@ def from_table(table: dict[str, object], source: str) -> Config:
         hook=values.get("hook"),
         log=values.get("log", DEFAULT_LOG),
         records_dir=values.get("records-dir", records.DEFAULT_DIR),
+        mig_map=values.get("mig-map", mig.DEFAULT_MAP),
         mps_root=values.get("mps-root"),
         hami_library=values.get("hami-library"),
         hami_dir=values.get("hami-dir", hamicore.DEFAULT_DIR),

@@ -57,7 +57,14 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
     if not outcome.inject or outcome.driver is None:
         return Plan(outcome, rootfs, None)
     layout = Layout.of(debian=is_debian(rootfs))
-    edits = container_edits(outcome.driver, outcome.devices, outcome.capabilities, layout)
+    edits = container_edits(
+        outcome.driver,
+        outcome.devices,
+        outcome.capabilities,
+        layout,
+        outcome.mig,
+        outcome.mig_controls,
+    )
     try:
         entries = ocispec.env_entries(spec)
         share = outcome.verdict.share
@@ -86,7 +93,9 @@ def summary(plan: Plan) -> str | None:
     if verdict.status != trust.GRANTED:
         return None
     gpus = ", ".join(f"{d.index} ({d.uuid})" for d in outcome.devices) or "none"
+    mig = "".join(f", MIG {m.place} ({m.name})" for m in outcome.mig)
+    controls = "".join(f", MIG {c}" for c in outcome.mig_controls)
     caps = ",".join(outcome.capabilities)
     held = f", limits held by {' and '.join(plan.joined.mechanisms)}" if plan.joined else ""
     unchecked = f" (not checked here: {'; '.join(outcome.unchecked)})" if outcome.unchecked else ""
-    return f"{who}GPUs {gpus}, capabilities {caps}{held}: {verdict.basis}{unchecked}"
+    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}{held}: {verdict.basis}{unchecked}"

@@ -238,6 +238,7 @@ VALID = {
     "hook": ["/usr/libexec/gpuwire-hook"],
     "log": ["stderr", "/var/log/gpuwire.log"],
     "records-dir": ["/run/gpuwire/containers"],
+    "mig-map": ["/run/gpuwire/mig/devices"],
     "mps-root": ["/run/gpuwire/mps"],
     "hami-library": ["/usr/local/vgpu/libvgpu.so"],
     "hami-dir": ["/run/gpuwire/hami"],

@@ -1,6 +1,6 @@
 """Images built for NVIDIA's toolkit start (or do not) as they would under it, with real runc
 on the simulated node: `NVIDIA_REQUIRE_*` against the driver and the facts the node agent
-wrote, legacy CUDA images, MIG's control variables for privileged containers only."""
+wrote, legacy CUDA images. (MIG's control variables: tests/system/test_mig.py.)"""
 
 from __future__ import annotations
 
@@ -95,13 +95,3 @@ def test_an_unprivileged_legacy_image_without_a_grant_gets_no_gpu(lab: Lab) -> N
     assert out.returncode == 0, out.stderr
     assert view(out.stdout)["devices"] == ["nvidia*"]
     assert "no GPU: NVIDIA_VISIBLE_DEVICES= " in lab.log_lines()[-1]
-
-
-@pytest.mark.parametrize("variable", ["NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES"])
-def test_mig_control_variables_are_for_privileged_containers_only(lab: Lab, variable: str) -> None:
-    env = granted_env(lab, "0") | {variable: "all"}
-    out = run(make_bundle(lab, env, delivery="shim"), "shim")
-    assert out.returncode != 0
-    short = variable.removeprefix("NVIDIA_")
-    assert f"cannot set {short} in non privileged container ({variable}=all)" in out.stderr
-    assert privileged(lab, {"NVIDIA_VISIBLE_DEVICES": "0", variable: "all"}, "shim").returncode == 0
