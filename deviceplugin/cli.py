@@ -72,13 +72,27 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_facts_flag(parser: argparse.ArgumentParser) -> None:
+def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
+    """What this node's runtime shares with its agent (the node config says the same)."""
+    absolute = _typed(settings.as_absolute)
     parser.add_argument(
         "--driver-facts",
-        type=_typed(settings.as_absolute),
+        type=absolute,
         metavar="FILE",
         help="write what NVML knows for the runtime's NVIDIA_REQUIRE_* checks here "
         "(the node config's driver-facts)",
+    )
+    parser.add_argument(
+        "--mps-root",
+        type=absolute,
+        metavar="DIR",
+        help="run an MPS control daemon per GPU under DIR (the node config's mps-root)",
+    )
+    parser.add_argument(
+        "--hami-library",
+        type=absolute,
+        metavar="FILE",
+        help="HAMi-core's libvgpu.so on this node (the node config's hami-library)",
     )
 
 
@@ -202,6 +216,8 @@ SERVE_FIELDS = (
     "node_name",
     "kubeconfig",
     "driver_facts",
+    "mps_root",
+    "hami_library",
 )
 
 
@@ -211,7 +227,7 @@ def serve(argv: list[str]) -> int:
         description="Serve the kubelet device plugin API for this node's GPUs.",
     )
     _add_source_flags(parser)
-    _add_facts_flag(parser)
+    _add_node_side_flags(parser)
     parser.add_argument(
         "--kubelet-dir", help=f"device plugin directory (default {settings.KUBELET_DIR})"
     )
@@ -290,7 +306,7 @@ def label(argv: list[str]) -> int:
         prog="gpuwire node label", description="Write this node's GPU labels and GPU annotation."
     )
     _add_source_flags(parser)
-    _add_facts_flag(parser)
+    _add_node_side_flags(parser)
     _add_node_flags(parser)
     parser.add_argument("--watch", action="store_true", help="keep them up to date")
     parser.add_argument(
@@ -319,6 +335,8 @@ def label(argv: list[str]) -> int:
             "kubeconfig",
             "label_interval",
             "driver_facts",
+            "mps_root",
+            "hami_library",
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
