@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin import labeler, metrics, podresources
-from deviceplugin.discovery import Discovery
+from deviceplugin.discovery import Discovery, NodeGpus
 from deviceplugin.metrics import Metrics, Snapshot
 from gpuwire import holders, records
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ class Settings:
     plugin: bool = False  # the agent runs in the device plugin: a plugin allocates here
 
 
-def observe(settings: Settings, gpus: Sequence[Device], now: float) -> holders.NodeHolders:
+def observe(
+    settings: Settings, gpus: Sequence[Device], now: float, mig: Sequence[MigDevice] = ()
+) -> holders.NodeHolders:
     """The node's holders now; records of containers that are gone are removed on the way."""
     live, removed = records.sweep(settings.records_dir, settings.grace, now, settings.host_root)
     if removed:
@@ -50,7 +52,7 @@ def observe(settings: Settings, gpus: Sequence[Device], now: float) -> holders.N
     allocatable: podresources.Allocatable = []
     if os.path.exists(settings.pod_resources):
         assignments, allocatable = podresources.read(settings.pod_resources)
-    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin)
+    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin, mig)
 
 
 class Publisher:
@@ -88,20 +90,23 @@ class Agent:
         unhealthy: Callable[[], frozenset[str]],
         api: Any = None,
         metrics: Metrics | None = None,
+        mig: Callable[[], Sequence[MigDevice]] = tuple,
     ) -> None:
         self.settings = settings
         self.node = node
         self.gpus = gpus
+        self.mig = mig
         self.unhealthy = unhealthy
         self.publisher = Publisher(api, node) if settings.publish else None
         self.metrics = metrics
         self._conflicts: tuple[holders.Conflict, ...] = ()
 
     def step(self, now: float) -> Snapshot:
-        gpus = tuple(self.gpus())
-        held = observe(self.settings, gpus, now)
+        gpus, mig = tuple(self.gpus()), tuple(self.mig())
+        held = observe(self.settings, gpus, now, mig)
         found = tuple(holders.conflicts(held))
         names = {g.uuid: f"GPU {g.index}" for g in gpus}
+        names |= {m.uuid: f"MIG {m.profile} of GPU {m.parent_index}" for m in mig}
         for conflict in found:
             if conflict not in self._conflicts:  # once, when it starts; the metric stays
                 log.warning("conflict on node %s: %s", self.node, conflict.explain(names))
@@ -109,7 +114,7 @@ class Agent:
             if conflict not in found:
                 log.info("conflict on node %s is over: %s", self.node, conflict.explain(names))
         self._conflicts = found
-        snapshot = Snapshot(self.node, gpus, self.unhealthy(), held, found, now)
+        snapshot = Snapshot(self.node, gpus, self.unhealthy(), held, found, now, mig)
         if self.metrics is not None:
             self.metrics.update(snapshot)
         if self.publisher is not None:
@@ -137,8 +142,15 @@ def job(
     metrics endpoint (if a port is set) up until `stop`."""
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
+    found = _rediscovered(discovery)
     agent = Agent(
-        settings, labeler.node_name(node_name), _rediscovered(discovery), unhealthy, api, collector
+        settings,
+        labeler.node_name(node_name),
+        lambda: found().devices,
+        unhealthy,
+        api,
+        collector,
+        lambda: found().mig_devices,
     )
 
     def run(stop: threading.Event) -> None:
@@ -156,14 +168,16 @@ def job(
     return run
 
 
-def _rediscovered(discovery: Discovery) -> Callable[[], Sequence[Device]]:
-    """The node's GPUs, discovered again at most every REDISCOVER seconds."""
-    found: list[tuple[float, tuple[Device, ...]]] = []
+def _rediscovered(discovery: Discovery) -> Callable[[], NodeGpus]:
+    """The node's GPUs and MIG devices, discovered again at most every REDISCOVER seconds,
+    or when the MIG layout changed."""
+    found: list[tuple[float, object, NodeGpus]] = []
 
-    def gpus() -> tuple[Device, ...]:
+    def node() -> NodeGpus:
         now = time.monotonic()
-        if not found or now - found[0][0] >= REDISCOVER:
-            found[:] = [(now, discovery.discover().devices)]
-        return found[0][1]
+        if not found or now - found[0][0] >= REDISCOVER or discovery.layout() != found[0][1]:
+            gpus = discovery.discover()
+            found[:] = [(now, discovery.layout(), gpus)]
+        return found[0][2]
 
-    return gpus
+    return node

@@ -5,7 +5,9 @@ of the token file the plugin wrote, which the runtime side verifies and takes th
 from, plus `NVIDIA_VISIBLE_DEVICES` with the physical GPUs' UUIDs for tools that read it.
 Optional strategies add `DeviceSpec`s (the kubelet then creates the device nodes and cgroup
 rules itself, e.g. for the static CPU manager) and CDI device names (for runtimes that
-inject through CDI, named as `gpuwire cdi generate` names them: by UUID or by index).
+inject through CDI, named as `gpuwire cdi generate` names them: by UUID or by index). A MIG
+device's `DeviceSpec`s are its parent's node and its two capability nodes; its CDI name by
+index is `<gpu>:<gi>:<ci>`.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 
 from deviceplugin.api import api_pb2
 from deviceplugin.resources import REPLICA_SEPARATOR, Resource
-from gpuwire import allocation, nvidia
-from gpuwire.devices import Device
+from gpuwire import allocation, hamicore, mig, mps, nvidia
+from gpuwire.allocation import Share
+from gpuwire.devices import Device, MigDevice
 
 CDI_NAMES = ("none", "uuid", "index")
 
@@ -67,17 +70,33 @@ def granted(resource: Resource, ids: Sequence[str], unhealthy: Collection[str]) 
     return sorted(gpus.values(), key=lambda g: g.index)
 
 
+def share_env(share: Share | None) -> dict[str, str]:
+    """A replica's share as the variables of the mechanism that holds it (the runtime
+    applies the token's share; these say it to the container, and to the prestart hook,
+    which cannot change a created container's environment)."""
+    if share is None:
+        return {}
+    if share.mechanism == "mps":
+        return mps.limit_env(share.memory_mib, share.cores)
+    return hamicore.limit_env(share.memory_mib, share.cores)
+
+
 def response(
     gpus: Sequence[Device],
     token: str,
     allocation_dir: str,
     strategies: Strategies,
     control_nodes: Sequence[str] = (),
+    mig_devices: Sequence[MigDevice] = (),
+    share: Share | None = None,
 ) -> api_pb2.ContainerAllocateResponse:
     """The answer for one container. `control_nodes`: names under /dev that exist on the host
-    (nvidiactl, nvidia-uvm, ...), passed through as DeviceSpecs with the GPUs' own nodes."""
+    (nvidiactl, nvidia-uvm, ...), passed through as DeviceSpecs with the GPUs' own nodes.
+    `mig_devices`: those of `gpus` that are MIG devices; `share`: a shared replica's, where a
+    mechanism holds it."""
+    of = {m.uuid: m for m in mig_devices}
     answer = api_pb2.ContainerAllocateResponse(
-        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus)},
+        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus), **share_env(share)},
         mounts=[
             api_pb2.Mount(
                 container_path=allocation.container_path(token),
@@ -87,7 +106,9 @@ def response(
         ],
     )
     if strategies.device_specs:
-        for name in [*control_nodes, *(f"nvidia{g.minor}" for g in gpus)]:
+        own = [f"nvidia{g.minor}" for g in gpus]
+        own += [mig.cap_name(c) for g in gpus if g.uuid in of for c in _caps(of[g.uuid])]
+        for name in [*control_nodes, *dict.fromkeys(own)]:
             answer.devices.append(
                 api_pb2.DeviceSpec(
                     container_path=f"/dev/{name}",
@@ -98,5 +119,11 @@ def response(
     if strategies.cdi != "none":
         for g in gpus:
             name = g.uuid if strategies.cdi == "uuid" else str(g.index)
+            if g.uuid in of and strategies.cdi == "index":
+                name = of[g.uuid].place
             answer.cdi_devices.append(api_pb2.CDIDevice(name=f"{strategies.cdi_kind}={name}"))
     return answer
+
+
+def _caps(device: MigDevice) -> tuple[int, int]:
+    return device.gi_cap, device.ci_cap

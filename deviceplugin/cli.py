@@ -15,7 +15,7 @@ from typing import Any
 import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.resources import resource_name_error
-from gpuwire import records
+from gpuwire import mig, records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -58,6 +58,41 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="advertise shared GPUs as <resource>.shared",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        type=_typed(settings.as_mig_strategy),
+        help="NVIDIA's MIG strategy: none (default), single or mixed",
+    )
+    parser.add_argument(
+        "--mig-map",
+        type=_typed(settings.as_text),
+        metavar="FILE",
+        help=f"where the node side learns the MIG devices' names (default {mig.DEFAULT_MAP})",
+    )
+
+
+def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
+    """What this node's runtime shares with its agent (the node config says the same)."""
+    absolute = _typed(settings.as_absolute)
+    parser.add_argument(
+        "--driver-facts",
+        type=absolute,
+        metavar="FILE",
+        help="write what NVML knows for the runtime's NVIDIA_REQUIRE_* checks here "
+        "(the node config's driver-facts)",
+    )
+    parser.add_argument(
+        "--mps-root",
+        type=absolute,
+        metavar="DIR",
+        help="run an MPS control daemon per GPU under DIR (the node config's mps-root)",
+    )
+    parser.add_argument(
+        "--hami-library",
+        type=absolute,
+        metavar="FILE",
+        help="HAMi-core's libvgpu.so on this node (the node config's hami-library)",
     )
 
 
@@ -160,6 +195,8 @@ SERVE_FIELDS = (
     "kubelet_dir",
     "sim",
     "resource",
+    "mig_strategy",
+    "mig_map",
     "replicas",
     "fail_requests_greater_than_one",
     "rename_by_default",
@@ -178,6 +215,9 @@ SERVE_FIELDS = (
     "label_interval",
     "node_name",
     "kubeconfig",
+    "driver_facts",
+    "mps_root",
+    "hami_library",
 )
 
 
@@ -187,6 +227,7 @@ def serve(argv: list[str]) -> int:
         description="Serve the kubelet device plugin API for this node's GPUs.",
     )
     _add_source_flags(parser)
+    _add_node_side_flags(parser)
     parser.add_argument(
         "--kubelet-dir", help=f"device plugin directory (default {settings.KUBELET_DIR})"
     )
@@ -265,6 +306,7 @@ def label(argv: list[str]) -> int:
         prog="gpuwire node label", description="Write this node's GPU labels and GPU annotation."
     )
     _add_source_flags(parser)
+    _add_node_side_flags(parser)
     _add_node_flags(parser)
     parser.add_argument("--watch", action="store_true", help="keep them up to date")
     parser.add_argument(
@@ -285,15 +327,20 @@ def label(argv: list[str]) -> int:
         (
             "sim",
             "resource",
+            "mig_strategy",
+            "mig_map",
             "replicas",
             "rename_by_default",
             "node_name",
             "kubeconfig",
             "label_interval",
+            "driver_facts",
+            "mps_root",
+            "hami_library",
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import agent, labeler
+    from deviceplugin import agent, labeler, mps
     from deviceplugin.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
@@ -305,6 +352,11 @@ def label(argv: list[str]) -> int:
 
     try:
         node = discovery.discover()
+        if config.driver_facts is not None and not args.dry_run:
+            from deviceplugin.labels import driver_facts
+            from gpuwire import requirements
+
+            requirements.write_facts(config.driver_facts, driver_facts(node))
         if args.dry_run:
             wanted = labeler.wanted(config, node) | labeler.node_annotations(config, node)
             print(json.dumps(wanted, indent=2, sort_keys=True))
@@ -318,7 +370,11 @@ def label(argv: list[str]) -> int:
                     holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-                jobs[0].start()
+            daemons = mps.job(config, discovery, unreachable)
+            if daemons is not None:
+                jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
+            for thread in jobs:
+                thread.start()
             try:
                 labeler.run(config, discovery, stop, unreachable)
             finally:
@@ -331,7 +387,14 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            node_agent = agent.Agent(holder_settings, name, lambda: node.devices, unreachable, api)
+            node_agent = agent.Agent(
+                holder_settings,
+                name,
+                lambda: node.devices,
+                unreachable,
+                api,
+                mig=lambda: node.mig_devices,
+            )
             held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0

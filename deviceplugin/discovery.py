@@ -1,8 +1,10 @@
 """What the plugin learns about a node's GPUs, from NVML or from the simulated node.
 
-Both sources answer the same three questions through one small interface: which GPUs are
-there (as `gpuwire.devices.Device`, plus what labels need), which health events happened,
-and whether a device still answers. Everything above this module is source-agnostic.
+Both sources answer the same three questions through one small interface: which GPUs and
+MIG devices are there (as `gpuwire.devices.Device` and `MigDevice`, plus what labels need),
+which health events happened, and whether a device still answers. Everything above this
+module is source-agnostic. A MIG device's capability minors are procfs's in both
+(`gpuwire.mig.read_instances`, as NVIDIA's plugin reads them): NVML does not give them.
 """
 
 from __future__ import annotations
@@ -10,13 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 
 
 @dataclass(frozen=True)
 class Gpu:
     device: Device
     compute_capability: tuple[int, int]
+    mig_enabled: bool | None = None  # None: the GPU cannot do MIG; else its MIG mode
+    brand: str = "Unknown"  # as `gpuwire.nvidia.BRANDS` names NVML's brand types
+
+
+@dataclass(frozen=True)
+class Mig:
+    """A MIG device with what GPU Feature Discovery labels of it (NVML's device attributes)."""
+
+    device: MigDevice
+    multiprocessors: int = 0
+    ci_slices: int = 0  # the compute instance's slices (the C of `<C>c.<G>g.<GB>gb`)
+    engines: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # copy, decoder, encoder, jpeg, ofa
 
 
 @dataclass(frozen=True)
@@ -24,17 +38,27 @@ class NodeGpus:
     driver_version: str  # 550.54.15
     cuda_version: str  # 12.4: the newest CUDA the driver supports
     gpus: tuple[Gpu, ...]
+    mig: tuple[Mig, ...] = ()
 
     @property
     def devices(self) -> tuple[Device, ...]:
         return tuple(g.device for g in self.gpus)
+
+    @property
+    def mig_devices(self) -> tuple[MigDevice, ...]:
+        return tuple(m.device for m in self.mig)
+
+    def mig_of(self, uuid: str) -> tuple[Mig, ...]:
+        """The MIG devices of the GPU `uuid`."""
+        return tuple(m for m in self.mig if m.device.parent_uuid == uuid)
 
 
 @dataclass(frozen=True)
 class HealthEvent:
     """Something that may make a device unhealthy.
 
-    `uuid` None: the event names no device (NVML failed), so it concerns all of them.
+    `uuid` None: the event names no device (NVML failed), so it concerns all of them; a
+    GPU's UUID concerns its MIG devices too.
     `xid` None: not an XID but a failure that is always critical.
     """
 
@@ -45,6 +69,11 @@ class HealthEvent:
 
 class Discovery(Protocol):
     def discover(self) -> NodeGpus: ...
+
+    def layout(self) -> object:
+        """A cheap look at what `discover` would find (the MIG instances procfs lists for
+        the GPUs last discovered): when it changes, discover again."""
+        ...
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:
         """Health events that arrive within `timeout` seconds."""

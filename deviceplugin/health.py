@@ -3,12 +3,13 @@
 A critical event makes a device Unhealthy; a device that then stays quiet for the recovery
 period is Healthy again (NVIDIA's plugin never recovers without a restart), provided it
 still answers: the caller asks the driver before it lets a device recover (`due`), so a GPU
-that fell off the bus stays Unhealthy however quiet it is.
+that fell off the bus stays Unhealthy however quiet it is. An event on a GPU concerns its
+MIG devices too (`children`); one on a MIG device, that MIG device only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from deviceplugin.discovery import HealthEvent
@@ -36,6 +37,7 @@ class HealthBook:
     policy: HealthPolicy
     uuids: frozenset[str]
     last_bad: dict[str, float] = field(default_factory=dict)
+    children: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPU → MIG devices
 
     def record(self, events: Iterable[HealthEvent], now: float) -> set[str]:
         """Apply events; returns the devices they concern (empty if all were ignored)."""
@@ -43,7 +45,10 @@ class HealthBook:
         for event in events:
             if not self.policy.critical(event):
                 continue
-            targets = self.uuids if event.uuid is None else {event.uuid} & self.uuids
+            if event.uuid is None:
+                targets = set(self.uuids)
+            else:
+                targets = {event.uuid, *self.children.get(event.uuid, ())} & self.uuids
             for uuid in targets:
                 self.last_bad[uuid] = now
             hit |= targets
@@ -58,6 +63,12 @@ class HealthBook:
 
     def recover(self, uuid: str) -> None:
         self.last_bad.pop(uuid, None)
+
+    def track(self, uuids: frozenset[str], children: Mapping[str, frozenset[str]]) -> None:
+        """Watch these devices from now on (MIG devices come and go); a device that is gone
+        takes its health with it, and one that comes back starts healthy."""
+        self.uuids, self.children = uuids, children
+        self.last_bad = {u: t for u, t in self.last_bad.items() if u in uuids}
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.last_bad)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin import labels
+from deviceplugin import labels, mps
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
-from deviceplugin.resources import Resource, assign
+from gpuwire import mig
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,27 @@ def node_name(given: str | None) -> str:
     return given or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _resources(config: Config, node: NodeGpus) -> list[Resource]:
-    return assign(node.devices, config.rules, config.default_resource, config.replicas)
+def enforced(config: Config) -> tuple[str, ...]:
+    """The limit profiles this node enforces: MPS where the agent runs its control daemons
+    (and the driver has the program), HAMi-core where its library is there."""
+    found = []
+    if config.mps_root is not None and mps.control_binary(config.sim or "/") is not None:
+        found.append("mps")
+    if config.hami_library is not None and os.path.isfile(config.hami_library):
+        found.append("hami")
+    return tuple(found)
 
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    return labels.labels(node, _resources(config, node), renamed=config.rename_by_default)
+    resources, advertised = config.resources(node)
+    return labels.labels(
+        node,
+        resources,
+        config.rename_by_default,
+        config.mig_strategy,
+        advertised,
+        enforced(config),
+    )
 
 
 def node_annotations(
@@ -50,7 +65,7 @@ def node_annotations(
     """`gpuwire.io/gpus` (none for a node without GPUs)."""
     if not node.gpus:
         return {}
-    value = labels.gpus_annotation(node, _resources(config, node), unhealthy)
+    value = labels.gpus_annotation(node, config.resources(node)[0], unhealthy)
     return {labels.GPUS_ANNOTATION: value}
 
 
@@ -61,9 +76,7 @@ def apply(
     (None: nothing to change)."""
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
-    label_changes = labels.changes(
-        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.OWN_PREFIX)
-    )
+    label_changes = labels.changes(meta.labels or {}, new_labels, labels.OWNED)
     annotation_changes = labels.changes(
         meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
     )
@@ -93,25 +106,38 @@ def run(
     unhealthy: Callable[[], frozenset[str]] | None = None,
     api: Any = None,
 ) -> None:
-    """Label now, again within a second of a health change, and every `label_interval`
-    (which also puts back labels someone removed) until `stop` is set."""
+    """Label now, again within a second of a health change or a MIG change, and every
+    `label_interval` (which also puts back labels someone removed) until `stop` is set.
+    Where no device plugin runs, this is the node agent that keeps the MIG map."""
     api = api or core_api(config.kubeconfig)
     name = node_name(config.node_name)
     node: NodeGpus | None = None
     last: frozenset[str] | None = None
+    layout: object = None
     due = 0.0
     while not stop.is_set():
         bad = unhealthy() if unhealthy else frozenset()
-        if bad != last or time.monotonic() >= due:
-            try:
-                if node is None or time.monotonic() >= due:
+        try:
+            moved = node is not None and discovery.layout() != layout
+            if bad != last or moved or time.monotonic() >= due:
+                if node is None or moved or time.monotonic() >= due:
                     node = discovery.discover()
-                    due = time.monotonic() + config.label_interval
+                    layout, due = discovery.layout(), time.monotonic() + config.label_interval
+                    write_mig_map(config.mig_map, node)
                 label_once(api, name, config, node, bad)
                 last = bad
-            except Exception as exc:  # the API server may be away; try again later
-                log.warning("labeling node %s failed: %s", name, exc)
+        except Exception as exc:  # the API server may be away; try again later
+            log.warning("labeling node %s failed: %s", name, exc)
         stop.wait(1.0)
+
+
+def write_mig_map(path: str, node: NodeGpus) -> None:
+    """The node side's names of this node's MIG devices (`gpuwire.mig`)."""
+    try:
+        if mig.write_map(path, node.mig_devices):
+            log.info("MIG map %s: %d MIG device(s)", path, len(node.mig))
+    except OSError as exc:
+        log.warning("MIG map %s not written: %s", path, exc)
 
 
 def advertise(api: Any, name: str, resource: str, count: int) -> list[dict[str, Any]] | None:

@@ -1,4 +1,6 @@
-"""The node agent's Prometheus endpoint: each GPU, its health, who holds it, and conflicts.
+"""The node agent's Prometheus endpoint: each GPU and MIG device, its health, who holds it,
+and conflicts. MIG devices have series of their own, which name their parent GPU
+(`parent_uuid`, `index`): a MIG device's holders are under its GPU.
 
 Built from the latest `Snapshot` at scrape time, not from gauges set label by label, so a
 container that went away leaves no stale series behind. Every series carries `node`. The
@@ -19,14 +21,18 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 from gpuwire.holders import Conflict, NodeHolders
 
+HOLDER_LABELS = ("namespace", "pod", "container", "path")
 NAMES = (
     "gpuwire_gpu_info",
     "gpuwire_gpu_health",
     "gpuwire_gpu_allocation",
     "gpuwire_gpu_conflict",
+    "gpuwire_mig_device_info",
+    "gpuwire_mig_device_health",
+    "gpuwire_mig_device_allocation",
     "gpuwire_inventory_updated_timestamp_seconds",
 )
 
@@ -41,6 +47,7 @@ class Snapshot:
     holders: NodeHolders
     conflicts: tuple[Conflict, ...]
     taken: float = field(default_factory=time.time)
+    mig: tuple[MigDevice, ...] = ()
 
 
 class Metrics(Collector):
@@ -59,6 +66,8 @@ class Metrics(Collector):
             return
         node, gpus = snapshot.node, snapshot.gpus
         index = {g.uuid: str(g.index) for g in gpus}
+        index |= {m.uuid: str(m.parent_index) for m in snapshot.mig}
+        mig = {m.uuid: m for m in snapshot.mig}
         info = _family(
             "gpuwire_gpu_info",
             "A GPU of this node (value 1); memory in MiB.",
@@ -76,10 +85,36 @@ class Metrics(Collector):
             "plugin-less (granted by annotation).",
             ["node", "uuid", "index", "namespace", "pod", "container", "path"],
         )
+        mig_info = _family(
+            "gpuwire_mig_device_info",
+            "A MIG device of this node (value 1): its parent GPU, profile, GPU and compute "
+            "instance, memory in MiB.",
+            ["node", "uuid", "parent_uuid", "index", "profile", "gi", "ci", "memory"],
+        )
+        mig_health = _family(
+            "gpuwire_mig_device_health",
+            "1: the MIG device is healthy, 0: it is not.",
+            ["node", "uuid", "parent_uuid", "index"],
+        )
+        for m in snapshot.mig:
+            parent = [node, m.uuid, m.parent_uuid, str(m.parent_index)]
+            mig_info.add_metric([*parent, m.profile, str(m.gi), str(m.ci), str(m.memory_mib)], 1)
+            mig_health.add_metric(parent, m.uuid not in snapshot.unhealthy)
+        mig_allocation = _family(
+            "gpuwire_mig_device_allocation",
+            "A container holds the MIG device (value 1), under its parent GPU; path as for "
+            "gpuwire_gpu_allocation.",
+            [*("node", "uuid", "parent_uuid", "index", "profile"), *HOLDER_LABELS],
+        )
         for h in snapshot.holders.holders:
             for uuid in h.gpus:
                 labels = [h.namespace, h.pod, h.container, h.path]
-                allocation.add_metric([node, uuid, index.get(uuid, ""), *labels], 1)
+                if uuid in mig:
+                    held = mig[uuid]
+                    where = [node, uuid, held.parent_uuid, index[uuid], held.profile]
+                    mig_allocation.add_metric([*where, *labels], 1)
+                else:
+                    allocation.add_metric([node, uuid, index.get(uuid, ""), *labels], 1)
         conflict = _family(
             "gpuwire_gpu_conflict",
             "The GPU is oversubscribed (value 1): kind shared-gpu (held by several containers, "
@@ -96,7 +131,8 @@ class Metrics(Collector):
             ["node"],
         )
         updated.add_metric([node], snapshot.taken)
-        yield from (info, health, allocation, conflict, updated)
+        yield from (info, health, allocation, conflict, mig_info, mig_health, mig_allocation)
+        yield updated
 
 
 def _family(name: str, documentation: str, labels: list[str]) -> GaugeMetricFamily:

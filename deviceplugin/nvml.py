@@ -4,6 +4,15 @@ NVLink peers: each active link's far end is a GPU (counted per peer) or an NVSwi
 that reach switches are joined to each other with as many links as the weaker side has to
 the fabric, which is how an NVSwitch system (DGX A100/H100) behaves. Fields a driver does
 not support (NUMA node on old drivers, NVLink on PCIe boards) fall back or stay empty.
+
+MIG devices of a GPU in MIG mode: the handles of `nvmlDeviceGetMigDeviceHandleByIndex` up
+to `nvmlDeviceGetMaxMigDeviceCount` (empty slots answer NotFound), their GPU and compute
+instance ids, UUIDs and attributes; the profile is named as NVIDIA's go-nvlib names it
+(`gpuwire.mig.profile_name`), its `+me`-style suffix from the GPU instance's profile
+(`nvmlGpuInstanceGetInfo`'s `profileId` among `nvmlDeviceGetGpuInstanceProfileInfo`'s).
+An XID event that names a GPU and compute instance concerns that MIG device; one that names
+none (0xFFFFFFFF) the GPU and all its MIG devices, as in NVIDIA's plugin
+(`internal/rm/health.go`).
 """
 
 from __future__ import annotations
@@ -14,22 +23,28 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
-from gpuwire.devices import Device, normalise_bus_id
+from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus
+from gpuwire import mig, nvidia
+from gpuwire.devices import Device, MigDevice, normalise_bus_id
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+ANY_INSTANCE = 0xFFFFFFFF  # an event's GPU/compute instance id when it names none
 
 
 class NvmlDiscovery:
-    def __init__(self, nvml: Any = None, sysfs: str = "/sys") -> None:
+    def __init__(self, nvml: Any = None, sysfs: str = "/sys", proc: str = "/") -> None:
         self.nvml: Any = nvml or importlib.import_module("pynvml")
         self.sysfs = Path(sysfs)
+        self.proc = proc  # where procfs is (the MIG capability minors)
         self.nvml.nvmlInit()
         self._event_set: Any = None
         self._pending: list[HealthEvent] = []
         self._uuids: list[str] = []  # by index, as last discovered
+        self._devices: tuple[Device, ...] = ()
+        self._mig: dict[tuple[str, int, int], str] = {}  # (GPU, GI, CI) → MIG UUID
+        self.unmatched: list[tuple[int, int, int]] = []  # MIG (GPU, GI, CI) not in procfs
 
     def discover(self) -> NodeGpus:
         nv = self.nvml
@@ -54,9 +69,68 @@ class NvmlDiscovery:
                 numa_node=self._numa_node(h, buses[i]),
                 nvlinks=tuple(sorted(links.items())),
             )
-            gpus.append(Gpu(device, tuple(nv.nvmlDeviceGetCudaComputeCapability(h))))
+            capability = tuple(nv.nvmlDeviceGetCudaComputeCapability(h))
+            brand = nvidia.brand_name(nv.nvmlDeviceGetBrand(h))
+            gpus.append(Gpu(device, capability, self._mig_mode(h), brand))
+        caps = {
+            (m.parent_uuid, m.gi, m.ci): m
+            for m in mig.read_instances(self.proc, [g.device for g in gpus])
+        }
+        self.unmatched = []
+        found = [
+            m
+            for g, h in zip(gpus, handles, strict=True)
+            if g.mig_enabled
+            for m in self._mig_devices(h, g.device, caps)
+        ]
         self._uuids = [g.device.uuid for g in gpus]
-        return NodeGpus(nv.nvmlSystemGetDriverVersion(), self._cuda_version(), tuple(gpus))
+        self._devices = tuple(g.device for g in gpus)
+        self._mig = {(m.device.parent_uuid, m.device.gi, m.device.ci): m.device.uuid for m in found}
+        version = nv.nvmlSystemGetDriverVersion()
+        return NodeGpus(version, self._cuda_version(), tuple(gpus), tuple(found))
+
+    def layout(self) -> object:
+        return mig.layout(mig.read_instances(self.proc, self._devices))
+
+    def _mig_mode(self, handle: Any) -> bool | None:
+        nv = self.nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        except nv.NVMLError:  # NotSupported: no MIG on this GPU
+            return None
+        return bool(current == nv.NVML_DEVICE_MIG_ENABLE)
+
+    def _mig_devices(
+        self, handle: Any, parent: Device, caps: dict[tuple[str, int, int], MigDevice]
+    ) -> list[Mig]:
+        nv = self.nvml
+        suffixes = _Suffixes(nv, handle)
+        found = []
+        for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                h = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nv.NVMLError_NotFound:
+                continue
+            gi, ci = nv.nvmlDeviceGetGpuInstanceId(h), nv.nvmlDeviceGetComputeInstanceId(h)
+            procfs = caps.get((parent.uuid, gi, ci))
+            if procfs is None:  # created this instant: procfs shows it by the next look
+                log.warning("GPU %d: MIG GI %d CI %d is not in procfs yet", parent.index, gi, ci)
+                self.unmatched.append((parent.index, gi, ci))
+                continue
+            a = nv.nvmlDeviceGetAttributes(h)
+            gb = mig.memory_gb(parent.memory_mib, int(a.memorySizeMB))
+            g, c = int(a.gpuInstanceSliceCount), int(a.computeInstanceSliceCount)
+            name = mig.profile_name(g, c, gb, suffixes.of(gi))
+            device = procfs.identified(nv.nvmlDeviceGetUUID(h), name, int(a.memorySizeMB), g)
+            engines = (
+                int(a.sharedCopyEngineCount),
+                int(a.sharedDecoderCount),
+                int(a.sharedEncoderCount),
+                int(a.sharedJpegCount),
+                int(a.sharedOfaCount),
+            )
+            found.append(Mig(device, int(a.multiprocessorCount), c, engines))
+        return found
 
     def _cuda_version(self) -> str:
         version = int(self.nvml.nvmlSystemGetCudaDriverVersion())  # 12040 → 12.4
@@ -118,7 +192,12 @@ class NvmlDiscovery:
             uuid: str | None = nv.nvmlDeviceGetUUID(data.device)
         except nv.NVMLError:
             uuid = None
-        return [HealthEvent(uuid, int(data.eventData), f"XID {data.eventData}")]
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        detail = f"XID {data.eventData}"
+        if uuid is not None and ANY_INSTANCE not in (gi, ci):
+            uuid = self._mig.get((uuid, gi, ci), uuid)
+            detail += f" on MIG GI {gi} CI {ci}"
+        return [HealthEvent(uuid, int(data.eventData), detail)]
 
     def _register_events(self) -> Any:
         nv = self.nvml
@@ -138,7 +217,11 @@ class NvmlDiscovery:
     def alive(self, uuid: str) -> bool:
         nv = self.nvml
         try:
-            nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByUUID(uuid))
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)  # MIG UUIDs too
+            if uuid.startswith("MIG-"):
+                nv.nvmlDeviceGetGpuInstanceId(handle)
+            else:
+                nv.nvmlDeviceGetPciInfo(handle)
         except nv.NVMLError:
             return False
         return True
@@ -147,6 +230,37 @@ class NvmlDiscovery:
         if self._event_set is not None:
             self.nvml.nvmlEventSetFree(self._event_set)
         self.nvml.nvmlShutdown()
+
+
+class _Suffixes:
+    """A GPU's MIG profile suffixes (`+me`, ...) by GPU instance: the instance's profile ID
+    looked up among the GPU's profiles, which are read once."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self.nvml = nvml
+        self.handle = handle
+        self._by_id: dict[int, str] | None = None
+
+    def of(self, gi: int) -> str:
+        nv = self.nvml
+        try:
+            profile_id = int(
+                nv.nvmlGpuInstanceGetInfo(
+                    nv.nvmlDeviceGetGpuInstanceById(self.handle, gi)
+                ).profileId
+            )
+        except nv.NVMLError as exc:  # NoPermission: the plugin does not run as root
+            log.warning("MIG GI %d: profile unknown (%s); named without suffix", gi, exc)
+            return ""
+        if self._by_id is None:
+            self._by_id = {}
+            for enum in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
+                try:
+                    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, enum)
+                except nv.NVMLError:  # a profile this GPU does not have
+                    continue
+                self._by_id[int(info.id)] = mig.SUFFIXES.get(enum, "")
+        return self._by_id.get(profile_id, "")
 
 
 def _bus(value: str) -> str:

@@ -1,5 +1,12 @@
 """`gpuwire device-plugin serve` put together: discovery, resources, health, one endpoint per
-resource under the supervisor, and the background jobs (health events, token sweep, labels).
+resource under the supervisor, and the background jobs (health events, token sweep, labels,
+holders, and following MIG changes).
+
+MIG changes are followed while serving: every second the MIG instances procfs lists are
+compared with the last ones (`Discovery.layout`), and on a change (or every minute) the node
+is discovered again; resources then get their new devices (ListAndWatch sends them), a
+resource that appears gets an endpoint of its own, and one whose devices are all gone stays
+registered with none. The node side's MIG map is written from the same discovery.
 """
 
 from __future__ import annotations
@@ -8,18 +15,20 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 
-from deviceplugin import agent, state, sweep
+from deviceplugin import agent, labels, mps, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery
+from deviceplugin.discovery import Discovery, NodeGpus
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
-from deviceplugin.resources import assign
+from deviceplugin.labeler import write_mig_map
+from deviceplugin.resources import Resource
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
-from gpuwire import nvidia
+from gpuwire import nvidia, requirements
 
 log = logging.getLogger(__name__)
 
@@ -27,41 +36,110 @@ log = logging.getLogger(__name__)
 CONTROL_NODES = tuple(
     name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
 )
+LOOK = 1.0  # seconds between looks at the MIG layout
+REDISCOVER = 60.0  # seconds after which the node is discovered again anyway
 
 
-def build(config: Config, discovery: Discovery) -> tuple[list[Endpoint], state.HealthState]:
-    node = discovery.discover()
-    resources = assign(
-        node.devices,
-        config.rules,
-        config.default_resource,
-        config.replicas,
-        config.fail_requests_greater_than_one,
-    )
-    policy = HealthPolicy(config.ignored_xids, config.recover_after)
-    uuids = frozenset(d.uuid for d in node.devices)
-    health = state.HealthState(HealthBook(policy, uuids), discovery.alive)
-    dev_root = config.dev_root or config.sim or "/"
-    strategies = Strategies(config.device_specs, config.cdi, config.cdi_kind, dev_root)
-    control = [n for n in CONTROL_NODES if os.path.exists(os.path.join(dev_root, "dev", n))]
-    endpoints = []
-    for resource in resources:
+def resources(config: Config, node: NodeGpus) -> list[Resource]:
+    """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy."""
+    found, advertised = config.resources(node)
+    for problem in advertised.problems:
+        log.warning("MIG (strategy %s): %s", config.mig_strategy, problem)
+    return found
+
+
+def watched(node: NodeGpus) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """The devices whose health is kept (GPUs and MIG devices), and each GPU's MIG devices."""
+    children = {g.uuid: frozenset(m.device.uuid for m in node.mig_of(g.uuid)) for g in node.devices}
+    uuids = {d.uuid for d in node.devices} | {m.uuid for m in node.mig_devices}
+    return frozenset(uuids), children
+
+
+class Endpoints:
+    """One endpoint per resource name ever advertised, kept to the latest resources."""
+
+    def __init__(self, config: Config, health: state.HealthState) -> None:
+        self.config = config
+        self.health = health
+        dev_root = config.dev_root or config.sim or "/"
+        self.strategies = Strategies(config.device_specs, config.cdi, config.cdi_kind, dev_root)
+        self.control = [n for n in CONTROL_NODES if os.path.exists(f"{dev_root}/dev/{n}")]
+        self.by_name: dict[str, Endpoint] = {}
+
+    def update(self, wanted: list[Resource]) -> list[Endpoint]:
+        """Give each endpoint its resource's devices now; returns the endpoints that are new."""
+        new: list[Endpoint] = []
+        names = {r.name for r in wanted}
+        for name, endpoint in self.by_name.items():
+            if name not in names:
+                old = endpoint.service.resource
+                endpoint.service.resource = dataclasses.replace(old, gpus=(), mig=())
+        for resource in wanted:
+            if resource.name not in self.by_name:
+                self.by_name[resource.name] = self._endpoint(resource)
+                new.append(self.by_name[resource.name])
+            elif self.by_name[resource.name].service.resource == resource:
+                continue
+            self.by_name[resource.name].service.resource = resource
+            log.info(
+                "%s: %d device(s) × %d replica(s)",
+                resource.name,
+                len(resource.gpus),
+                resource.replicas,
+            )
+        return new
+
+    def _endpoint(self, resource: Resource) -> Endpoint:
         service = DevicePluginService(
             resource,
-            health,
-            allocation_dir=config.allocation_dir,
-            grant_key_dir=config.grant_key_dir,
-            strategies=strategies,
-            control_nodes=control,
-            pre_start_check=config.pre_start_check,
+            self.health,
+            allocation_dir=self.config.allocation_dir,
+            grant_key_dir=self.config.grant_key_dir,
+            strategies=self.strategies,
+            control_nodes=self.control,
+            pre_start_check=self.config.pre_start_check,
         )
-        endpoints.append(Endpoint(service, config.kubelet_dir))
-        log.info(
-            "%s: %d GPU(s) × %d replica(s)", resource.name, len(resource.gpus), resource.replicas
-        )
-    if not endpoints:
+        return Endpoint(service, self.config.kubelet_dir)
+
+
+def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.HealthState, NodeGpus]:
+    node = discovery.discover()
+    if config.driver_facts is not None:
+        requirements.write_facts(config.driver_facts, labels.driver_facts(node))
+    policy = HealthPolicy(config.ignored_xids, config.recover_after)
+    uuids, children = watched(node)
+    health = state.HealthState(HealthBook(policy, uuids, children=children), discovery.alive)
+    write_mig_map(config.mig_map, node)
+    endpoints = Endpoints(config, health)
+    endpoints.update(resources(config, node))
+    if not endpoints.by_name:
         log.warning("no GPUs on this node: nothing to advertise")
-    return endpoints, health
+    return endpoints, health, node
+
+
+def follow(
+    config: Config,
+    discovery: Discovery,
+    endpoints: Endpoints,
+    supervisor: Supervisor,
+    stop: threading.Event,
+) -> None:
+    """Keep resources, health and the MIG map to what the node has, until `stop`."""
+    layout = discovery.layout()
+    due = time.monotonic() + REDISCOVER
+    while not stop.wait(LOOK):
+        try:
+            now = discovery.layout()
+            if now == layout and time.monotonic() < due:
+                continue
+            node = discovery.discover()
+            layout, due = discovery.layout(), time.monotonic() + REDISCOVER
+            write_mig_map(config.mig_map, node)  # first: the node side must know what is allocated
+            for endpoint in endpoints.update(resources(config, node)):
+                supervisor.add(endpoint)
+            endpoints.health.changed(*watched(node))
+        except Exception:
+            log.exception("rediscovery failed; trying again")
 
 
 def run(
@@ -71,9 +149,11 @@ def run(
     holders: agent.Settings | None = None,
 ) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
-    also keep the node's GPU holders (annotation, metrics) up to date."""
+    also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
+    MPS control daemon per healthy GPU."""
     discovery = discovery or open_discovery(config.sim)
-    endpoints, health = build(config, discovery)
+    endpoints, health, _ = build(config, discovery)
+    supervisor = Supervisor(list(endpoints.by_name.values()), config.kubelet_dir)
     jobs = [
         threading.Thread(target=state.monitor, args=(discovery, health, stop), name="health"),
         threading.Thread(
@@ -87,6 +167,9 @@ def run(
             ),
             name="sweep",
         ),
+        threading.Thread(
+            target=follow, args=(config, discovery, endpoints, supervisor, stop), name="mig"
+        ),
     ]
     if config.labels:
         from deviceplugin import labeler
@@ -97,14 +180,17 @@ def run(
             )
         )
     if holders is not None:
-        inside = dataclasses.replace(holders, plugin=bool(endpoints))
+        inside = dataclasses.replace(holders, plugin=bool(endpoints.by_name))
         watch = agent.job(inside, config.node_name, config.kubeconfig, discovery, health.unhealthy)
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
+    daemons = mps.job(config, discovery, health.unhealthy)
+    if daemons is not None:
+        jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
     for job in jobs:
         job.daemon = True
         job.start()
     try:
-        Supervisor(endpoints, config.kubelet_dir).run(stop)
+        supervisor.run(stop)
     finally:
         stop.set()
         for job in jobs:

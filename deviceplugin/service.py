@@ -54,15 +54,16 @@ class DevicePluginService:
 
     def snapshot(self, unhealthy: frozenset[str]) -> api_pb2.ListAndWatchResponse:
         """The complete device list, as the kubelet expects on every ListAndWatch message."""
+        resource = self.resource
         devices = []
-        for gpu in self.resource.gpus:
+        for gpu in resource.gpus:
             health = UNHEALTHY if gpu.uuid in unhealthy else HEALTHY
             topology = (
                 api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=gpu.numa_node)])
                 if gpu.numa_node >= 0
                 else None
             )
-            for device_id in self.resource.ids_of(gpu):
+            for device_id in resource.ids_of(gpu):
                 devices.append(api_pb2.Device(ID=device_id, health=health, topology=topology))
         return api_pb2.ListAndWatchResponse(devices=devices)
 
@@ -81,40 +82,51 @@ class DevicePluginService:
     def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
+        resource = self.resource  # one answer from one resource, however MIG changes meanwhile
         answers = []
         for req in request.container_requests:
             try:
                 ids = preference.preferred(
-                    self.resource,
+                    resource,
                     req.available_deviceIDs,
                     req.must_include_deviceIDs,
                     req.allocation_size,
                 )
             except preference.PreferenceError as exc:
-                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{self.resource.name}: {exc}")
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{resource.name}: {exc}")
             answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=answers)
 
     def Allocate(self, request: api_pb2.AllocateRequest, context: Any) -> api_pb2.AllocateResponse:
         """One answer per container; if any container's request is refused, the whole call
         fails and the tokens already written for the others are removed."""
+        resource = self.resource
         unhealthy = self.health.unhealthy()
         keys = KeyRing.load(self.grant_key_dir)
         answers = []
         tokens: list[str] = []
         try:
             for req in request.container_requests:
-                gpus = granted(self.resource, req.devices_ids, unhealthy)
+                gpus = granted(resource, req.devices_ids, unhealthy)
+                share = resource.share_of(gpus[0]) if len(gpus) == 1 else None
                 token = allocation.write(
-                    self.allocation_dir, self.resource.name, [g.uuid for g in gpus], keys
+                    self.allocation_dir, resource.name, [g.uuid for g in gpus], keys, share
                 ).token
                 tokens.append(token)
                 answers.append(
-                    response(gpus, token, self.allocation_dir, self.strategies, self.control_nodes)
+                    response(
+                        gpus,
+                        token,
+                        self.allocation_dir,
+                        self.strategies,
+                        self.control_nodes,
+                        resource.mig,
+                        share,
+                    )
                 )
                 log.info(
                     "allocated %s GPU %s (token %s)",
-                    self.resource.name,
+                    resource.name,
                     ",".join(str(g.index) for g in gpus),
                     token,
                 )
@@ -126,7 +138,7 @@ class DevicePluginService:
                 if isinstance(exc, AllocateError)
                 else grpc.StatusCode.FAILED_PRECONDITION
             )
-            _abort(context, code, f"{self.resource.name}: {exc}")
+            _abort(context, code, f"{resource.name}: {exc}")
         return api_pb2.AllocateResponse(container_responses=answers)
 
     def PreStartContainer(

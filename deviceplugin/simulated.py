@@ -1,6 +1,10 @@
 """Discovery on the simulated node (`gpuwire sim node DIR`): its machine, and the XID events
 `gpuwire sim fault` appends to its event file, delivered the way NVML delivers them.
 
+MIG devices are the instances procfs lists, named from the machine (what NVML would say of
+them: UUID, and the profile's facts from `gpuwire.migprofiles`); an instance that one of
+the two does not show yet (a MIG change being written) is left for the next look.
+
 Like NVML, only events that happen after the plugin starts count: the file's earlier lines
 are history. The event file's directory is watched with inotify, so an appended fault
 reaches the plugin within milliseconds.
@@ -14,8 +18,9 @@ import os
 from pathlib import Path
 
 from deviceplugin import inotify
-from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
-from gpuwire import sim
+from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus
+from gpuwire import mig, migprofiles, sim
+from gpuwire.devices import Device
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +31,38 @@ class SimDiscovery:
         self.events = self.root / sim.EVENTS
         self._offset = self.events.stat().st_size if self.events.exists() else 0
         self._watch: inotify.Watch | None = None
+        self._devices: tuple[Device, ...] = ()
 
     def discover(self) -> NodeGpus:
         machine = sim.load_machine(self.root)
-        gpus = tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus)
-        return NodeGpus(machine.driver_version, machine.cuda_version, gpus)
+        self._devices = machine.devices
+        gpus = tuple(
+            Gpu(
+                g.device,
+                g.compute_capability,
+                (g.mig is not None) if g.mig_capable else None,
+                sim.brand(g.device.product),
+            )
+            for g in machine.gpus
+        )
+        return NodeGpus(machine.driver_version, machine.cuda_version, gpus, self._mig(machine))
+
+    def layout(self) -> object:
+        return mig.layout(mig.read_instances(str(self.root), self._devices))
+
+    def _mig(self, machine: sim.Machine) -> tuple[Mig, ...]:
+        named = {(g.device.uuid, m.gi, m.ci): (g, m) for g in machine.gpus for m in g.mig or ()}
+        found = []
+        for device in mig.read_instances(str(self.root), machine.devices):
+            known = named.get((device.parent_uuid, device.gi, device.ci))
+            if known is None:
+                continue
+            gpu, instance = known
+            p = migprofiles.profile(gpu.device.product, instance.profile)
+            engines = (p.copy, p.decoder, p.encoder, p.jpeg, p.ofa)
+            named_device = device.identified(instance.uuid, p.name, p.memory_mib, p.slices)
+            found.append(Mig(named_device, p.multiprocessors, p.slices, engines))
+        return tuple(found)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:
         events = self._read_new()
@@ -53,21 +85,36 @@ class SimDiscovery:
         complete = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
         self._offset += len(complete)
         events = []
-        for line in complete.decode(errors="replace").splitlines():
-            if not line.strip():
-                continue
+        lines = [line for line in complete.decode(errors="replace").splitlines() if line.strip()]
+        instances = self._instances() if lines else {}
+        for line in lines:
             try:
                 raw = json.loads(line)
-                events.append(HealthEvent(str(raw["uuid"]), int(raw["xid"]), f"XID {raw['xid']}"))
+                uuid, detail = str(raw["uuid"]), f"XID {raw['xid']}"
+                if "gi" in raw:  # an event of one MIG device, as NVML names it
+                    uuid = instances.get((uuid, int(raw["gi"]), int(raw["ci"])), uuid)
+                    detail += f" on MIG GI {raw['gi']} CI {raw['ci']}"
+                events.append(HealthEvent(uuid, int(raw["xid"]), detail))
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring malformed line in %s: %r", self.events, line)
         return events
 
+    def _instances(self) -> dict[tuple[str, int, int], str]:
+        """(GPU, GI, CI) → MIG UUID, as the machine is now."""
+        try:
+            machine = sim.load_machine(self.root)
+        except (OSError, ValueError, KeyError):
+            return {}
+        return {(g.device.uuid, m.gi, m.ci): m.uuid for g in machine.gpus for m in g.mig or ()}
+
     def alive(self, uuid: str) -> bool:
         try:
-            return any(d.uuid == uuid for d in sim.load_machine(self.root).devices)
+            machine = sim.load_machine(self.root)
         except (OSError, ValueError, KeyError):
             return False
+        return any(d.uuid == uuid for d in machine.devices) or any(
+            m.uuid == uuid for g in machine.gpus for m in g.mig or ()
+        )
 
     def close(self) -> None:
         if self._watch is not None:

@@ -1,5 +1,6 @@
 """The node's live health, shared by every resource's server: the thread-safe shell around
-`health.HealthBook`, fed by the discovery source's events, watched by ListAndWatch streams.
+`health.HealthBook`, fed by the discovery source's events, watched by ListAndWatch streams,
+which also hear when the devices themselves change (`changed`: a MIG change).
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ class HealthState:
         self._alive = alive
         self._clock = clock
         self._cond = threading.Condition()
+        self._revision = 0  # bumped when the devices change
+
+    def changed(
+        self, uuids: frozenset[str] | None = None, children: dict[str, frozenset[str]] | None = None
+    ) -> None:
+        """The devices changed (and, given, the ones to watch now): every watcher sends again."""
+        with self._cond:
+            if uuids is not None:
+                self._book.track(uuids, children or {})
+            self._revision += 1
+            self._cond.notify_all()
 
     def record(self, events: list[HealthEvent]) -> None:
         with self._cond:
@@ -55,16 +67,16 @@ class HealthState:
     def watch(self, done: Callable[[], bool], poll: float = 1.0) -> Iterator[frozenset[str]]:
         """The unhealthy set now, then each time it changes, until `done()` (checked at least
         every `poll` seconds and on every `wake()`)."""
-        last: frozenset[str] | None = None
+        last: tuple[int, frozenset[str]] | None = None
         while not done():
             with self._cond:
                 current = self._settle()
-                if current == last:
+                if (self._revision, current) == last:
                     due = self._book.next_due()
                     wait = poll if due is None else min(poll, max(0.0, due - self._clock()))
                     self._cond.wait(wait)
                     continue
-            last = current
+                last = (self._revision, current)
             yield current
 
     def wake(self) -> None:

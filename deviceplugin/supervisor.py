@@ -9,7 +9,8 @@ milliseconds of a change; without events it still looks every quarter second (wh
 how soon it notices that it should stop), and a registration the kubelet refused (not up
 yet) is retried every half second. A file is told from its successor by device, inode and
 ctime in nanoseconds, so a recreated `kubelet.sock` that reuses the old inode still counts
-as new.
+as new. Endpoints `add`ed while it runs (a resource that a MIG change brought) are served
+and registered at its next wake-up.
 """
 
 from __future__ import annotations
@@ -46,6 +47,21 @@ class Supervisor:
         self.kubelet_dir = Path(kubelet_dir)
         self.kubelet_socket = self.kubelet_dir / KUBELET_SOCKET
         self._kubelet: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+        self._added: list[Endpoint] = []
+
+    def add(self, endpoint: Endpoint) -> None:
+        """Serve and register one more endpoint (from any thread)."""
+        with self._lock:
+            self._added.append(endpoint)
+
+    def _take_added(self) -> list[Endpoint]:
+        with self._lock:
+            added, self._added = self._added, []
+        for endpoint in added:
+            endpoint.serve()
+        self.endpoints += added
+        return added
 
     def run(self, stop: threading.Event) -> None:
         """Serve, register, and keep it so until `stop` is set; then remove our sockets."""
@@ -58,6 +74,7 @@ class Supervisor:
             for endpoint in self.endpoints:
                 endpoint.serve()
             while not stop.is_set():
+                pending += self._take_added()
                 pending = self._reconcile(pending)
                 if self._kubelet is not None and pending and time.monotonic() >= retry_at:
                     pending = [e for e in pending if not self._register(e)]

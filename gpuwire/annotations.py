@@ -28,6 +28,7 @@ MEMORY_LIMIT = PREFIX + "gpu-memory-limit"
 CORES_LIMIT = PREFIX + "gpu-cores-limit"
 LIMIT_PROFILE = PREFIX + "limit-profile"
 CONTAINERS = PREFIX + "containers"
+MIG_PROFILE = PREFIX + "mig-profile"
 
 HAMI_USE_TYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
@@ -44,6 +45,7 @@ KNOWN = (
     CORES_LIMIT,
     LIMIT_PROFILE,
     CONTAINERS,
+    MIG_PROFILE,
     HAMI_USE_TYPE,
     HAMI_NOUSE_TYPE,
     HAMI_USE_UUID,
@@ -56,19 +58,26 @@ ACCEPTED = {
     "each optionally prefixed with ! to exclude",
     MIN_MEMORY: quantity.ACCEPTED,
     COUNT: "all, none (driver files but no GPU), or a positive integer",
-    UUID: "comma-separated GPU UUIDs as nvidia-smi -L prints them (GPU-xxxxxxxx-xxxx-…), "
+    UUID: "comma-separated GPU or MIG UUIDs as nvidia-smi -L prints them "
+    "(GPU-xxxxxxxx-xxxx-…, MIG-xxxxxxxx-xxxx-…), "
     "each optionally prefixed with ! to exclude",
     CAPABILITIES: f"all, or a comma-separated subset of {', '.join(nvidia.CAPABILITIES)}",
     MEMORY_LIMIT: f"{quantity.ACCEPTED}, or a percentage of the GPU (1%–100%)",
     CORES_LIMIT: "a percentage of the GPU's SMs, 1–100 (e.g. 30 or 30%)",
     LIMIT_PROFILE: f"comma-separated profiles: {', '.join(limits.PROFILES)}",
     CONTAINERS: "comma-separated container names of this pod",
+    MIG_PROFILE: "a MIG profile as nvidia-smi names it (1g.10gb, 3g.40gb, 1g.10gb+me, "
+    "1c.3g.40gb); gpuwire.io/gpu-count then counts MIG devices",
 }
 ACCEPTED[HAMI_USE_TYPE] = ACCEPTED[HAMI_NOUSE_TYPE] = "comma-separated model names"
 ACCEPTED[HAMI_USE_UUID] = ACCEPTED[HAMI_NOUSE_UUID] = "comma-separated GPU UUIDs"
 
 _MODEL_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
-_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+# go-nvlib's profile grammar (`pkg/nvlib/device/mig_profile.go`): [<C>c.]<G>g.<GB>gb[+attr|-attr]
+_MIG_PROFILE = re.compile(
+    r"^([1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb([+-][a-z][a-z.]*[a-z])?$"
+)
 _CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _PERCENT = re.compile(r"^([0-9]{1,3})\s*%$")
 
@@ -132,6 +141,7 @@ class GpuRequest:
     cores_limit: int | None = None
     profiles: tuple[str, ...] = ()
     containers: tuple[str, ...] = ()
+    mig_profile: str | None = None
     # annotation → raw value, as asked; left out of the hash (a dict has none), not of equality
     given: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -272,10 +282,26 @@ class _Parser:
             self.fail(CONTAINERS, f"has {', '.join(bad)}, not a container name")
         return names
 
-    def consistent(self, count: Count | None, uuids: tuple[str, ...]) -> None:
-        """Explicit devices fix the count; a count that says otherwise is a mistake."""
+    def mig_profile(self, value: str) -> str | None:
+        text = value.strip()
+        if _MIG_PROFILE.match(text):
+            return text
+        self.fail(MIG_PROFILE, "is not a MIG profile")
+        return None
+
+    def consistent(self, fields: dict[str, Any]) -> None:
+        """Explicit devices fix the count; a count that says otherwise is a mistake. A MIG
+        profile asks for MIG devices, so it counts them and takes no memory or devices."""
+        count, uuids = fields.get("count"), fields.get("uuids", ())
         if uuids and count is not None and count != len(uuids):
             self.fail(COUNT, f"disagrees with the {len(uuids)} GPU(s) named by {UUID}")
+        if MIG_PROFILE not in self.given:
+            return
+        if count in ("all", "none"):
+            self.fail(COUNT, f"is not a number of MIG devices, which {MIG_PROFILE} asks for")
+        for key, what in ((MIN_MEMORY, "its memory"), (UUID, "its devices")):
+            if key in self.given:
+                self.fail(MIG_PROFILE, f"cannot go with {key}: the profile fixes {what}")
 
 
 MODEL_KEYS = (MODEL, HAMI_USE_TYPE, HAMI_NOUSE_TYPE)
@@ -289,6 +315,7 @@ _SINGLE: dict[str, tuple[str, Callable[[_Parser, str], object]]] = {
     CORES_LIMIT: ("cores_limit", _Parser.cores_limit),
     LIMIT_PROFILE: ("profiles", _Parser.profiles),
     CONTAINERS: ("containers", _Parser.containers),
+    MIG_PROFILE: ("mig_profile", _Parser.mig_profile),
 }
 
 
@@ -325,7 +352,7 @@ def _parse(items: tuple[tuple[str, str], ...]) -> GpuRequest:
     for key, (name, read) in _SINGLE.items():
         if key in given:
             fields[name] = read(p, given[key])
-    p.consistent(fields.get("count"), fields.get("uuids", ()))
+    p.consistent(fields)
     if p.problems:
         raise AnnotationError(p.problems)
     return GpuRequest(**fields, given=given)

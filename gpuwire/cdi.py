@@ -2,12 +2,18 @@
 
 The edits are the shim's and the hook's (`gpuwire.edits`), so all three deliveries
 inject the same thing. A spec has one device per GPU under two names, its index and its
-UUID, plus `all`; a device holds only its own `/dev/nvidiaN`. What every GPU container
-needs (control nodes, the driver's libraries, binaries and firmware, the ld-cache hook, env)
-is in the spec's common `containerEdits`, which an engine applies once when any of the
-spec's devices is requested. Device nodes carry type, major and minor, so the engine
-writes their cgroup allow rules into the OCI spec itself: the low-level runtime knows them,
-and a `runc update` cannot silently revoke them as it can rules written behind its back.
+UUID, one per MIG device under `<gpu>:<gi>:<ci>` and its UUID (where the MIG map names it),
+plus `all`; a device holds only its own nodes: `/dev/nvidiaN`, and for a MIG device its
+parent's node and its two capability nodes (a MIG-enabled GPU's are those of all its MIG
+devices), as NVIDIA's CDI specs do (nvidia-container-toolkit `pkg/nvcdi`). MIG devices
+created after the spec was written are not in it: `gpuwire cdi generate` again.
+
+What every GPU container needs (control nodes, the driver's libraries, binaries and
+firmware, the ld-cache hook, env) is in the spec's common `containerEdits`, which an engine
+applies once when any of the spec's devices is requested. Device nodes carry type, major
+and minor, so the engine writes their cgroup allow rules into the OCI spec itself: the
+low-level runtime knows them, and a `runc update` cannot silently revoke them as it can
+rules written behind its back.
 
 A spec cannot know the image's distro, so libraries go where the host keeps them (relative
 to the driver root), as NVIDIA's specs do; the ld-cache hook adds that folder to the
@@ -30,12 +36,21 @@ from typing import Any
 
 from gpuwire import nvidia
 from gpuwire.driver import Driver, Library
-from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, device_node, ldcache_args
+from gpuwire.edits import (
+    HOOK_ENV,
+    Edits,
+    Layout,
+    container_edits,
+    device_node,
+    gpu_nodes,
+    ldcache_args,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TypedDict
 
+    from gpuwire.driver import CharDevice
     from gpuwire.edits import DeviceNode, Mount
 
     class Hook(TypedDict):
@@ -160,13 +175,20 @@ def generate(
         raise CdiError(
             f"the driver under {driver.roots.proc} lists no GPU: a CDI spec needs a device"
         )
-    nodes = _normalised([device_node(driver.gpu_node(d)) for d in driver.devices])
+
+    def nodes(found: list[CharDevice]) -> list[DeviceNode]:
+        return _normalised([device_node(n) for n in found])
+
+    named = [((str(d.index), d.uuid), gpu_nodes(driver, (d,))) for d in driver.devices]
+    named += [((m.place, m.uuid), gpu_nodes(driver, (), (m,))) for m in driver.mig]
     devices = [  # each its own copy: YAML would otherwise write anchors and aliases
-        {"name": name, "containerEdits": {"deviceNodes": [node.copy()]}}
-        for d, node in zip(driver.devices, nodes, strict=True)
-        for name in (str(d.index), d.uuid)
+        {"name": name, "containerEdits": {"deviceNodes": nodes(found)}}
+        for names, found in named
+        for name in names
+        if name
     ]
-    devices.append({"name": ALL, "containerEdits": {"deviceNodes": nodes}})
+    everything = nodes(gpu_nodes(driver, driver.devices))
+    devices.append({"name": ALL, "containerEdits": {"deviceNodes": everything}})
     common = container_edits(driver, (), capabilities, host_layout(driver))
     common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
     _normalised(common.device_nodes)

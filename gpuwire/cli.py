@@ -46,6 +46,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("inventory",), "inventory.cli:main", "which pod holds which GPU, on every node"),
     (("sim", "node"), "gpuwire.sim:main", "write a simulated GPU node"),
     (("sim", "fault"), "gpuwire.sim:fault_main", "inject an XID event on a simulated GPU"),
+    (("sim", "mig"), "gpuwire.sim:mig_main", "create or destroy MIG devices on a simulated node"),
 )
 
 

@@ -14,7 +14,8 @@ resolved inside it (a driver container's absolute links point into the driver co
 and reported by their real host path, which is what a bind mount needs.
 
 `discover(Roots(...), capabilities)` → `Driver`. Only the files of the capabilities asked
-for are looked up, because this runs on every GPU container start.
+for are looked up, because this runs on every GPU container start. MIG devices and their
+capability device nodes come from procfs too (`gpuwire.mig`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuwire import elf, ldsocache, nvidia, resolve
-from gpuwire.devices import Device, normalise_bus_id
+from gpuwire import elf, ldsocache, mig, nvidia, resolve
+from gpuwire.devices import Device, MigDevice, normalise_bus_id
 from gpuwire.nvidia import Roots
 
 
@@ -76,12 +77,15 @@ class Driver:
 
     __slots__ = (
         "binaries",
+        "caps_major",
         "control_nodes",
         "devices",
         "firmware",
         "gpu_major",
         "libraries",
         "libraries32",
+        "mig",
+        "mig_controls",
         "roots",
         "version",
     )
@@ -97,6 +101,9 @@ class Driver:
         libraries32: dict[str, tuple[Library, ...]],
         binaries: dict[str, tuple[HostFile, ...]],
         firmware: tuple[HostFile, ...],
+        mig: tuple[MigDevice, ...] = (),
+        caps_major: int | None = None,
+        mig_controls: dict[str, int] | None = None,
     ) -> None:
         self.roots = roots
         self.version = version
@@ -107,10 +114,22 @@ class Driver:
         self.libraries32 = libraries32  # capability → 32-bit libraries found (compat32)
         self.binaries = binaries  # capability → binaries found
         self.firmware = firmware  # GSP firmware files
+        self.mig = mig  # MIG devices, unnamed (procfs does not name them)
+        self.caps_major = caps_major  # of /dev/nvidia-caps/*; None: no nvidia-caps
+        self.mig_controls = mig_controls or {}  # config, monitor → capability minor
 
     def gpu_node(self, device: Device) -> CharDevice:
         name = f"nvidia{device.minor}"
         return CharDevice(name, self.gpu_major, device.minor, f"{self.roots.dev}/dev/{name}")
+
+    def cap_node(self, minor: int) -> CharDevice:
+        """A capability's device node (`discover` made sure the major is known)."""
+        name = mig.cap_name(minor)
+        major = self.caps_major if self.caps_major is not None else -1
+        return CharDevice(name, major, minor, f"{self.roots.dev}/dev/{name}")
+
+    def mig_of(self, device: Device) -> tuple[MigDevice, ...]:
+        return tuple(m for m in self.mig if m.parent_uuid == device.uuid)
 
 
 # -- procfs: pure parsers of the driver's formats ---------------------------------------
@@ -285,14 +304,28 @@ def discover(roots: Roots, capabilities: tuple[str, ...] = nvidia.CAPABILITIES) 
         firmware = find_firmware(root_fd, version)
     finally:
         os.close(root_fd)
+    devices = read_devices(roots.proc)
+    try:
+        instances = mig.read_instances(roots.proc, devices)
+        controls = mig.read_controls(roots.proc)
+    except mig.MigError as exc:
+        raise DiscoveryError(str(exc)) from None
+    caps_major = majors.get(mig.CAPS_MAJOR_NAME)
+    if (instances or controls) and caps_major is None:
+        raise DiscoveryError(
+            f"the driver lists MIG capabilities, but /proc/devices has no {mig.CAPS_MAJOR_NAME}"
+        )
     return Driver(
         roots,
         version,
-        read_devices(roots.proc),
+        devices,
         gpu_major,
         control,
         libraries,
         libraries32,
         binaries,
         firmware,
+        instances,
+        caps_major,
+        controls,
     )

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import TypedDict
 
-    from gpuwire.devices import Device
+    from gpuwire.devices import Device, MigDevice
     from gpuwire.driver import CharDevice, Driver, Library
 
     class DeviceNode(TypedDict):
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+SHARED_OPTIONS = ("rw", "nosuid", "nodev", "noexec", "bind")  # a directory shared with a daemon
 # The whole environment of every hook gpuwire adds. An absent env would make runc pass
 # its own, and runc before 1.3 passes the *image's* env to createContainer hooks
 # (CVE-2025-23266: LD_PRELOAD from the image in a privileged hook).
@@ -121,20 +122,57 @@ def bind_mount(host_path: str, container_path: str) -> Mount:
     }
 
 
-def visible_devices(devices: tuple[Device, ...]) -> str:
+def shared_mount(host_path: str, container_path: str) -> Mount:
+    """A writable directory the container shares with a host daemon (MPS's pipes and shm)."""
+    return {
+        "hostPath": host_path,
+        "containerPath": container_path,
+        "options": list(SHARED_OPTIONS),
+        "type": "bind",
+    }
+
+
+def visible_devices(devices: tuple[Device, ...], mig: tuple[MigDevice, ...] = ()) -> str:
     """NVIDIA_VISIBLE_DEVICES as granted: UUIDs (stable, unambiguous), or `none`."""
-    return ",".join(d.uuid for d in devices) or "none"
+    return ",".join([d.uuid for d in devices] + [m.name for m in mig]) or "none"
+
+
+def gpu_nodes(
+    driver: Driver,
+    devices: tuple[Device, ...],
+    mig: tuple[MigDevice, ...] = (),
+    mig_controls: tuple[str, ...] = (),
+) -> list[CharDevice]:
+    """The device nodes of GPUs and MIG devices: each GPU's `/dev/nvidiaN` (a MIG device's
+    parent's too, once), then the capabilities of each MIG device (its GPU instance's and
+    its compute instance's; a whole GPU's are those of every MIG device it has), then
+    `mig/config` and `mig/monitor` where asked for: what CDI and the device plugin give a
+    MIG device (nvidia-container-toolkit `pkg/nvcdi`, k8s-device-plugin `GetPaths`)."""
+    by_uuid = {d.uuid: d for d in driver.devices}
+    parents = [*devices, *(by_uuid[m.parent_uuid] for m in mig if m.parent_uuid in by_uuid)]
+    gpus = list({d.minor: d for d in parents}.values())
+    instances = [*(m for d in devices for m in driver.mig_of(d)), *mig]
+    minors = [minor for m in instances for minor in (m.gi_cap, m.ci_cap)]
+    minors += [driver.mig_controls[c] for c in mig_controls if c in driver.mig_controls]
+    caps = [driver.cap_node(minor) for minor in dict.fromkeys(minors)]
+    return [*(driver.gpu_node(d) for d in gpus), *caps]
 
 
 def container_edits(
-    driver: Driver, devices: tuple[Device, ...], capabilities: tuple[str, ...], layout: Layout
+    driver: Driver,
+    devices: tuple[Device, ...],
+    capabilities: tuple[str, ...],
+    layout: Layout,
+    mig: tuple[MigDevice, ...] = (),
+    mig_controls: tuple[str, ...] = (),
 ) -> Edits:
-    """The edits for a container granted `devices` with driver `capabilities`.
+    """The edits for a container granted `devices` and MIG devices `mig` with driver
+    `capabilities` (and MIG's `mig_controls`, for a privileged container).
 
     Control nodes as libnvidia-container injects them: `nvidiactl` always, `nvidia-uvm*`
-    with the compute libraries (compute or video), `nvidia-modeset` with display; then one
-    `/dev/nvidiaN` per GPU. Libraries follow the capabilities and those they imply
-    (video needs compute's), binaries only the capabilities named.
+    with the compute libraries (compute or video), `nvidia-modeset` with display; then the
+    GPUs' and MIG devices' own (`gpu_nodes`). Libraries follow the capabilities and those
+    they imply (video needs compute's), binaries only the capabilities named.
     """
     libcaps = nvidia.with_implied(capabilities)
     control = ["nvidiactl"]
@@ -143,7 +181,7 @@ def container_edits(
     if "display" in capabilities:
         control.append("nvidia-modeset")
     nodes = [driver.control_nodes[n] for n in control if n in driver.control_nodes]
-    nodes += [driver.gpu_node(d) for d in devices]
+    nodes += gpu_nodes(driver, devices, mig, mig_controls)
 
     mounts: list[Mount] = []
     links: list[tuple[str, str]] = []
@@ -180,7 +218,7 @@ def container_edits(
     mounts += [bind_mount(f.host_path, f"{firmware_dir}/{f.name}") for f in driver.firmware]
 
     env = {
-        nvidia.VISIBLE_DEVICES_ENV: visible_devices(devices),
+        nvidia.VISIBLE_DEVICES_ENV: visible_devices(devices, mig),
         nvidia.CAPABILITIES_ENV: nvidia.canonical_capabilities(",".join(capabilities)),
     }
     return Edits(env, [device_node(n) for n in nodes], mounts, links, folders, entries)

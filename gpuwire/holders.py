@@ -22,7 +22,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
 
 ANNOTATION = "gpuwire.io/holders"
@@ -105,13 +105,15 @@ class Conflict:
         )
 
 
-def gpu_of(resource: str, device_id: str, gpus: Sequence[Device]) -> str | None:
-    """The UUID of the GPU behind a device plugin's device ID: `<uuid>`, `<uuid>::<n>`, or an
-    index (NVIDIA's `deviceIDStrategy: index`) for a `…/gpu…` resource. None: not a GPU."""
+def gpu_of(
+    resource: str, device_id: str, gpus: Sequence[Device], mig: Sequence[MigDevice] = ()
+) -> str | None:
+    """The UUID of the GPU or MIG device behind a device plugin's device ID: `<uuid>`,
+    `<uuid>::<n>`, or an index (NVIDIA's `deviceIDStrategy: index`) for a `…/gpu…`
+    resource. None: not a GPU."""
     uuid = device_id.partition(REPLICA_SEPARATOR)[0]
-    for gpu in gpus:
-        if gpu.uuid == uuid:
-            return uuid
+    if any(g.uuid == uuid for g in gpus) or any(m.uuid == uuid for m in mig):
+        return uuid
     if device_id.isdigit() and resource.rpartition("/")[2].startswith("gpu"):
         return next((g.uuid for g in gpus if g.index == int(device_id)), None)
     return None
@@ -132,10 +134,12 @@ def from_records(records: Iterable[ContainerRecord]) -> list[Holder]:
     ]
 
 
-def from_assignments(assignments: Iterable[Assignment], gpus: Sequence[Device]) -> list[Holder]:
+def from_assignments(
+    assignments: Iterable[Assignment], gpus: Sequence[Device], mig: Sequence[MigDevice] = ()
+) -> list[Holder]:
     holders = []
     for a in assignments:
-        uuids = {gpu_of(a.resource, i, gpus) for i in a.device_ids} - {None}
+        uuids = {gpu_of(a.resource, i, gpus, mig) for i in a.device_ids} - {None}
         if uuids:
             held = tuple(sorted(u for u in uuids if u is not None))
             holders.append(Holder(a.namespace, a.pod, a.container, PLUGIN, held))
@@ -164,16 +168,17 @@ def node_holders(
     assignments: Sequence[Assignment],
     allocatable: Sequence[tuple[str, tuple[str, ...]]],
     plugin: bool = False,
+    mig: Sequence[MigDevice] = (),
 ) -> NodeHolders:
     """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
     pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
     `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
-    pod-resources says."""
+    pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs)."""
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
-    on_gpus = [(i, gpu_of(r, i, gpus)) for r, i in advertised]
+    on_gpus = [(i, gpu_of(r, i, gpus, mig)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
-    holders = merge([*from_records(records), *from_assignments(assignments, gpus)])
+    holders = merge([*from_records(records), *from_assignments(assignments, gpus, mig)])
     plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
 

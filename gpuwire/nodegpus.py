@@ -3,8 +3,10 @@
 The device plugin's labeler writes it; the webhook (every GPU of every node: mixed nodes, the
 resource each GPU is advertised under, the node that holds an explicitly named GPU) and
 `gpuwire inventory` read it. Labels cannot carry a list of devices, so it is compact JSON: one
-object per GPU, by index. A cluster holds tens of thousands of GPUs and few distinct models,
-so decoding shares one string per product and resource name.
+object per GPU, by index. A GPU in MIG mode carries its MIG devices under `mig` (an empty
+list: MIG on, no MIG devices yet); a GPU without the key is not in MIG mode. A cluster holds
+tens of thousands of GPUs and few distinct models, so decoding shares one string per
+product and resource name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,18 @@ from gpuwire import nvidia
 ANNOTATION = "gpuwire.io/gpus"
 
 
+@dataclass(frozen=True)
+class NodeMig:
+    """A MIG device of a GPU: its UUID, profile, GPU and compute instance, memory, health."""
+
+    uuid: str
+    profile: str
+    gi: int
+    ci: int
+    memory_mib: int
+    healthy: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class NodeGpu:
     index: int
@@ -29,6 +43,7 @@ class NodeGpu:
     healthy: bool = True
     resource: str = nvidia.RESOURCE  # the extended resource the device plugin lists it under
     replicas: int = 1  # how many devices of that resource it is (time-slicing, MPS)
+    mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
 
 
 def encode(gpus: Iterable[NodeGpu]) -> str:
@@ -43,10 +58,40 @@ def encode(gpus: Iterable[NodeGpu]) -> str:
             "healthy": g.healthy,
             "resource": g.resource,
             "replicas": g.replicas,
+            **({} if g.mig is None else {"mig": [_mig_entry(m) for m in g.mig]}),
         }
         for g in sorted(gpus, key=lambda g: g.index)
     ]
     return json.dumps(entries, separators=(",", ":"))
+
+
+def _mig_entry(m: NodeMig) -> dict[str, object]:
+    return {
+        "uuid": m.uuid,
+        "profile": m.profile,
+        "gi": m.gi,
+        "ci": m.ci,
+        "memory_mib": m.memory_mib,
+        "healthy": m.healthy,
+    }
+
+
+def _mig(entries: object) -> tuple[NodeMig, ...] | None:
+    if entries is None:
+        return None
+    if not isinstance(entries, list):
+        raise TypeError("mig: expected a JSON array")
+    return tuple(
+        NodeMig(
+            uuid=str(m["uuid"]),
+            profile=str(m["profile"]),
+            gi=int(m["gi"]),
+            ci=int(m["ci"]),
+            memory_mib=int(m["memory_mib"]),
+            healthy=bool(m.get("healthy", True)),
+        )
+        for m in entries
+    )
 
 
 def decode(text: str) -> tuple[NodeGpu, ...]:
@@ -67,6 +112,7 @@ def decode(text: str) -> tuple[NodeGpu, ...]:
                 healthy=bool(e.get("healthy", True)),
                 resource=intern(str(e.get("resource", nvidia.RESOURCE))),
                 replicas=int(e.get("replicas", 1)),
+                mig=_mig(e.get("mig")),
             )
             for e in entries
         )

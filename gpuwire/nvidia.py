@@ -16,6 +16,10 @@ CDI_KIND = "nvidia.com/gpu"
 
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+# Access to MIG's config and monitor capabilities; `all` only, privileged containers only
+# (NVIDIA/libnvidia-container `select_mig_config_devices`; nvidia-container-toolkit
+# `cmd/nvidia-container-runtime-hook/container_config.go`).
+MIG_CONTROL_ENV = {"config": "NVIDIA_MIG_CONFIG_DEVICES", "monitor": "NVIDIA_MIG_MONITOR_DEVICES"}
 
 # NVIDIA_DRIVER_CAPABILITIES
 CAPABILITIES = ("compute", "compat32", "graphics", "utility", "video", "display", "ngx")
@@ -102,6 +106,7 @@ HOST_LIBDIRS_32 = ("usr/lib/i386-linux-gnu", "usr/lib32", "usr/lib")
 HOST_BINDIRS = ("usr/bin", "bin", "usr/sbin")
 
 PROC_DRIVER = "proc/driver/nvidia"
+PROC_CAPABILITIES = PROC_DRIVER + "/capabilities"  # MIG capabilities (gpuwire.mig)
 FIRMWARE_DIR = "lib/firmware/nvidia"
 
 
@@ -164,6 +169,47 @@ def with_implied(capabilities: tuple[str, ...]) -> tuple[str, ...]:
     for cap in capabilities:
         out.update(IMPLIES.get(cap, ()))
     return tuple(sorted(out))
+
+
+# NVML's brand types by number (nvmlBrandType_t), named as libnvidia-container names them for
+# `brand=` requirements (CUDA images: brand=tesla, brand=nvidiartx, ...; compared ignoring case).
+BRANDS = (
+    "Unknown",
+    "Quadro",
+    "Tesla",
+    "NVS",
+    "Grid",
+    "GeForce",
+    "Titan",
+    "VApps",
+    "VPC",
+    "VCS",
+    "VWS",
+    "CloudGaming",
+    "QuadroRTX",
+    "NvidiaRTX",
+    "Nvidia",
+    "GeForceRTX",
+    "TitanRTX",
+)
+
+
+def brand_name(brand_type: int) -> str:
+    return BRANDS[brand_type] if 0 <= brand_type < len(BRANDS) else BRANDS[0]
+
+
+def mig_resource(profile: str) -> str:
+    """NVIDIA's mixed-strategy resource of a MIG profile: `nvidia.com/mig-<profile>` with
+    `+` as `.` (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`; NVIDIA/k8s-device-plugin README,
+    "MIG support"). GFD's per-profile labels are named the same way."""
+    return f"{LABEL_PREFIX}mig-{profile.replace('+', '.')}"
+
+
+def mig_profile_of(spelling: str) -> str:
+    """The profile a resource or label spells (`1g.10gb.me` → `1g.10gb+me`): the `.` after
+    the GB was a `+`."""
+    head, sep, attributes = spelling.partition("gb.")
+    return f"{head}gb+{attributes}" if sep else spelling
 
 
 def gfd_product(name: str) -> str:

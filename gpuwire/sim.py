@@ -5,9 +5,17 @@
 container then gives ENXIO where the cgroup allows it and EPERM where it does not),
 `/proc/devices`, `/proc/driver/nvidia/{version,params,gpus/<bus>/information}`, the driver's
 libraries (real ELF shared objects with the driver's SONAMEs, so ldconfig treats them as it
-would the real ones) and binaries (a `nvidia-smi` that lists the GPUs a container can open),
-GSP firmware, and a machine file (the simulated GPUs) the simulated NVML backend reads, with
-an event file for injected faults (XIDs).
+would the real ones) and binaries (a `nvidia-smi` that lists the GPUs and MIG devices a
+container can open), GSP firmware, and a machine file (the simulated GPUs) the simulated NVML
+backend reads, with an event file for injected faults (XIDs).
+
+MIG (`--mig`, `gpuwire sim mig`): GPUs of the models in `gpuwire.migprofiles` run MIG
+instances of their real profiles. The driver's side of it is laid out as the kernel module
+and nvidia-modprobe do: `/proc/driver/nvidia/capabilities/{mig/config,mig/monitor,
+gpu<N>/mig/gi<G>/access,gpu<N>/mig/gi<G>/ci<C>/access}` for what exists,
+`/proc/driver/nvidia-caps/mig-minors` for every possible capability (minors in the driver's
+table order), and `/dev/nvidia-caps/nvidia-cap<minor>` with the `nvidia-caps` major of
+/proc/devices. A MIG change rewrites all of it, and the machine file, at once.
 """
 
 from __future__ import annotations
@@ -15,18 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import stat
 import uuid as uuidlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwire import nvidia
+from gpuwire import migprofiles, nvidia
 from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
 MACHINE = "var/lib/gpuwire-sim/machine.json"
+HAMI_LIBRARY = "usr/local/vgpu/libvgpu.so"
 EVENTS = "var/lib/gpuwire-sim/events.jsonl"
 UVM_MAJOR = 510  # dynamic on a real node: readers must take it from /proc/devices
+CAPS_MAJOR = UVM_MAJOR - 1  # nvidia-caps: dynamic too
+MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"
+# The driver's capability table: 32 GPUs × 15 GPU instances × 8 compute instances.
+CAP_GPUS, CAP_GIS, CAP_CIS = 32, 15, 8
+ACCESS_MODE, CONFIG_MODE = 0o444, 0o400  # DeviceFileMode of access/monitor, of config
 
 # product → (memory MiB, compute capability)
 PRODUCTS: dict[str, tuple[int, tuple[int, int]]] = {
@@ -56,9 +71,25 @@ _SONAMES = {
 
 
 @dataclass(frozen=True)
+class SimMig:
+    """A MIG device of a simulated GPU: one compute instance spanning its GPU instance."""
+
+    gi: int
+    ci: int
+    profile: str
+    uuid: str
+    start: int  # the memory slice its GPU instance starts at
+
+
+@dataclass(frozen=True)
 class SimGpu:
     device: Device
     compute_capability: tuple[int, int]
+    mig: tuple[SimMig, ...] | None = None  # None: MIG mode off
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(migprofiles.profiles(self.device.product))
 
 
 @dataclass(frozen=True)
@@ -66,6 +97,7 @@ class Machine:
     driver_version: str
     cuda_version: str
     gpus: tuple[SimGpu, ...]
+    mig_created: int = 0  # MIG devices ever created: each gets a UUID of its own
 
     @property
     def devices(self) -> tuple[Device, ...]:
@@ -73,11 +105,15 @@ class Machine:
 
     def to_json(self) -> str:
         gpus = [
-            {"device": g.device.as_dict(), "compute_capability": g.compute_capability}
+            {
+                "device": g.device.as_dict(),
+                "compute_capability": g.compute_capability,
+                "mig": None if g.mig is None else [m.__dict__ for m in g.mig],
+            }
             for g in self.gpus
         ]
         body = {"driver_version": self.driver_version, "cuda_version": self.cuda_version}
-        return json.dumps({**body, "gpus": gpus}, indent=2)
+        return json.dumps({**body, "gpus": gpus, "mig_created": self.mig_created}, indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> Machine:
@@ -86,12 +122,24 @@ class Machine:
         for g in raw["gpus"]:
             links = tuple((int(peer), int(count)) for peer, count in g["device"]["nvlinks"])
             major, minor = g["compute_capability"]
-            gpus.append(SimGpu(Device(**{**g["device"], "nvlinks": links}), (major, minor)))
-        return cls(raw["driver_version"], raw["cuda_version"], tuple(gpus))
+            mig = g.get("mig")
+            instances = None if mig is None else tuple(SimMig(**m) for m in mig)
+            device = Device(**{**g["device"], "nvlinks": links})
+            gpus.append(SimGpu(device, (major, minor), instances))
+        return cls(
+            raw["driver_version"], raw["cuda_version"], tuple(gpus), raw.get("mig_created", 0)
+        )
 
 
 def load_machine(root: str | os.PathLike[str]) -> Machine:
     return Machine.from_json(Path(root, MACHINE).read_text())
+
+
+def brand(product: str) -> str:
+    """The brand NVML reports for a product: its first word where that is a brand, else
+    NVIDIA's own (data-center GPUs since the A100)."""
+    first = product.split()[0] if product else ""
+    return first if first in ("Tesla", "Quadro", "GeForce", "Titan") else "Nvidia"
 
 
 def product_memory(product: str) -> tuple[int, tuple[int, int]]:
@@ -141,6 +189,71 @@ def make_machine(
     return Machine(driver, cuda, tuple(out))
 
 
+# -- MIG: the machine's instances -------------------------------------------------------
+
+
+class MigChangeError(ValueError):
+    """A MIG change the simulated GPU cannot make; the message says why."""
+
+
+def _gpu(machine: Machine, index: int) -> SimGpu:
+    if not 0 <= index < len(machine.gpus):
+        raise MigChangeError(f"no GPU {index}: the node has GPUs 0-{len(machine.gpus) - 1}")
+    return machine.gpus[index]
+
+
+def _replaced(machine: Machine, index: int, gpu: SimGpu, created: int) -> Machine:
+    gpus = tuple(gpu if i == index else g for i, g in enumerate(machine.gpus))
+    return replace(machine, gpus=gpus, mig_created=machine.mig_created + created)
+
+
+def set_mig_mode(machine: Machine, index: int, enabled: bool) -> Machine:
+    """MIG mode on (no instances yet) or off (which needs no instance left, as nvidia-smi)."""
+    gpu = _gpu(machine, index)
+    if not gpu.mig_capable:
+        raise MigChangeError(f"GPU {index} ({gpu.device.product}) does not support MIG")
+    if not enabled and gpu.mig:
+        raise MigChangeError(f"GPU {index} still has {len(gpu.mig)} MIG device(s)")
+    mode = (gpu.mig or ()) if enabled else None
+    return _replaced(machine, index, replace(gpu, mig=mode), 0)
+
+
+def create_mig(machine: Machine, index: int, profile: str) -> Machine:
+    """A new GPU instance of `profile` with one compute instance over all of it."""
+    gpu = _gpu(machine, index)
+    if gpu.mig is None:
+        raise MigChangeError(f"GPU {index}: MIG mode is off")
+    product = gpu.device.product
+    try:
+        start = migprofiles.place(product, profile, [(m.profile, m.start) for m in gpu.mig])
+    except migprofiles.PlacementError as exc:
+        raise MigChangeError(f"GPU {index}: {exc}") from None
+    gi = migprofiles.profile(product, profile).gpu_instance(start)
+    name = f"{gpu.device.uuid}/mig/{machine.mig_created}"
+    uuid = "MIG-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpuwire-sim/{name}"))
+    instances = sorted((*gpu.mig, SimMig(gi, 0, profile, uuid, start)), key=lambda m: m.gi)
+    return _replaced(machine, index, replace(gpu, mig=tuple(instances)), 1)
+
+
+def destroy_mig(machine: Machine, index: int, gi: int) -> Machine:
+    gpu = _gpu(machine, index)
+    kept = tuple(m for m in gpu.mig or () if m.gi != gi)
+    if gpu.mig is None or len(kept) == len(gpu.mig):
+        have = ", ".join(str(m.gi) for m in gpu.mig or ()) or "none"
+        raise MigChangeError(f"GPU {index} has no GPU instance {gi}; it has {have}")
+    return _replaced(machine, index, replace(gpu, mig=kept), 0)
+
+
+def with_mig(machine: Machine, index: int, profiles: tuple[str, ...]) -> Machine:
+    """GPU `index` in MIG mode with instances of `profiles` (`balanced`: mig-parted's
+    all-balanced for its model)."""
+    machine = set_mig_mode(machine, index, True)
+    product = machine.gpus[index].device.product
+    for profile in migprofiles.BALANCED.get(product, ()) if profiles == ("balanced",) else profiles:
+        machine = create_mig(machine, index, profile)
+    return machine
+
+
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
@@ -155,13 +268,58 @@ def _symlink(path: Path, target: str) -> None:
     path.symlink_to(target)
 
 
-def _char_device(path: Path, major: int, minor: int) -> None:
+def _char_device(path: Path, major: int, minor: int, mode: int = 0o666) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     if os.geteuid() == 0:
-        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.mknod(path, mode | stat.S_IFCHR, os.makedev(major, minor))
     else:  # a placeholder: without root no test can open it anyway
         path.write_bytes(b"")
+
+
+def cap_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
+    """The capability minors of a GPU instance and of its compute instance, in the driver's
+    table order (fabric-mgmt 0, mig/config 1, mig/monitor 2, then per GPU minor and GPU
+    instance: its access, then its eight compute instances')."""
+    gi_minor = 3 + (gpu_minor * CAP_GIS + gi) * (1 + CAP_CIS)
+    return gi_minor, gi_minor + 1 + ci
+
+
+def _mig_minors() -> str:
+    lines = ["config 1", "monitor 2"]
+    for n in range(CAP_GPUS):
+        for g in range(CAP_GIS):
+            gi_minor, _ = cap_minors(n, g, 0)
+            lines.append(f"gpu{n}/gi{g}/access {gi_minor}")
+            lines += [f"gpu{n}/gi{g}/ci{c}/access {gi_minor + 1 + c}" for c in range(CAP_CIS)]
+    return "\n".join(lines) + "\n"
+
+
+def _capability(minor: int, mode: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
+
+
+def _write_mig(root: Path, machine: Machine) -> None:
+    """What the driver and nvidia-modprobe show of MIG: what exists now, nothing else."""
+    caps, nodes = root / nvidia.PROC_CAPABILITIES, root / "dev/nvidia-caps"
+    shutil.rmtree(caps, ignore_errors=True)
+    shutil.rmtree(nodes, ignore_errors=True)
+    made = [(1, CONFIG_MODE), (2, ACCESS_MODE)]
+    _write(caps / "mig/config", _capability(1, CONFIG_MODE))
+    _write(caps / "mig/monitor", _capability(2, ACCESS_MODE))
+    for g in machine.gpus:
+        if g.mig is None:
+            continue
+        mig = caps / f"gpu{g.device.minor}/mig"
+        mig.mkdir(parents=True, exist_ok=True)
+        for m in g.mig:
+            gi_cap, ci_cap = cap_minors(g.device.minor, m.gi, m.ci)
+            _write(mig / f"gi{m.gi}/access", _capability(gi_cap, ACCESS_MODE))
+            _write(mig / f"gi{m.gi}/ci{m.ci}/access", _capability(ci_cap, ACCESS_MODE))
+            made += [(gi_cap, ACCESS_MODE), (ci_cap, ACCESS_MODE)]
+    for minor, mode in made:
+        _char_device(nodes / f"nvidia-cap{minor}", CAPS_MAJOR, minor, mode)
+    _write(root / MIG_MINORS, _mig_minors())
 
 
 def _information(d: Device) -> str:
@@ -179,12 +337,25 @@ def _information(d: Device) -> str:
     )
 
 
+HAMI_MARK = "gpuwire simulated HAMi-core"
+
+
 def _nvidia_smi(machine: Machine) -> str:
-    table = "\n".join(f"{d.minor} {d.uuid} {d.product}" for d in machine.devices)
+    rows = []
+    for g in machine.gpus:
+        d = g.device
+        rows.append(f"gpu {d.minor} {d.uuid} {d.memory_mib} {d.product}")
+        for m in g.mig or ():
+            gi_cap, ci_cap = cap_minors(d.minor, m.gi, m.ci)
+            rows.append(f"mig {gi_cap} {ci_cap} {m.profile} {m.uuid}")
+    table = "\n".join(rows)
     return f"""#!/bin/sh
 # gpuwire simulated nvidia-smi (driver {machine.driver_version}): lists the GPUs whose device
-# node this container can open. With no driver loaded, an allowed open fails with ENXIO and a
-# denied one with EPERM, so the error text tells which.
+# node this container can open (-L, the default), each with the MIG devices whose two
+# capability nodes it can open, or their memory (--query-gpu=memory.total). With no driver
+# loaded, an allowed open fails with ENXIO and a denied one with EPERM, so the error text
+# tells which. Where the container preloads HAMi-core (the simulated library, named in
+# /etc/ld.so.preload), memory is what HAMi-core's NVML hook reports: its limit.
 allowed() {{
   [ -e "$1" ] || return 1
   case "$(cat "$1" 2>&1 >/dev/null)" in
@@ -192,15 +363,50 @@ allowed() {{
   esac
   return 1
 }}
+hami=""
+if [ -r /etc/ld.so.preload ]; then
+  while read -r lib; do
+    grep -q "{HAMI_MARK}" "$lib" 2>/dev/null && hami=yes
+  done < /etc/ld.so.preload
+fi
+mib() {{  # HAMi-core's limit syntax: g, m, k or bytes
+  case "$1" in
+    *[gG]) echo $(( ${{1%?}} * 1024 )) ;;
+    *[mM]) echo "${{1%?}}" ;;
+    *[kK]) echo $(( ${{1%?}} / 1024 )) ;;
+    *) echo $(( $1 / 1048576 )) ;;
+  esac
+}}
 if ! allowed /dev/nvidiactl; then
   echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
   exit 9
 fi
+query=$1
 n=0
-while read -r minor uuid product; do
-  allowed "/dev/nvidia$minor" || continue
-  echo "GPU $n: $product (UUID: $uuid)"
-  n=$((n + 1))
+shown=0
+while read -r kind a b rest; do
+  if [ "$kind" = gpu ]; then
+    shown=0
+    m=0
+    allowed "/dev/nvidia$a" || continue
+    memory=${{rest%% *}}
+    if [ "$query" = "--query-gpu=memory.total" ]; then
+      eval "limit=\\${{CUDA_DEVICE_MEMORY_LIMIT_$n:-$CUDA_DEVICE_MEMORY_LIMIT}}"
+      if [ -n "$hami" ] && [ -n "$limit" ] && [ "$(mib "$limit")" -lt "$memory" ]; then
+        memory=$(mib "$limit")
+      fi
+      echo "$memory MiB"
+    else
+      echo "GPU $n: ${{rest#* }} (UUID: $b)"
+      shown=1
+    fi
+    n=$((n + 1))
+  elif [ "$shown" = 1 ] && allowed "/dev/nvidia-caps/nvidia-cap$a" \\
+      && allowed "/dev/nvidia-caps/nvidia-cap$b"; then
+    set -- $rest
+    printf '  MIG %-11s Device %2d: (UUID: %s)\\n' "$1" "$m" "$2"
+    m=$((m + 1))
+  fi
 done <<'EOF'
 {table}
 EOF
@@ -226,7 +432,7 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
         root / "proc/devices",
         "Character devices:\n  1 mem\n  4 /dev/vc/0\n  5 /dev/tty\n"
         f"{nvidia.GPU_MAJOR} nvidia\n{nvidia.GPU_MAJOR} nvidiactl\n"
-        f"{UVM_MAJOR - 1} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\n"
+        f"{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n\n"
         "Block devices:\n  7 loop\n  8 sd\n",
     )
     proc = root / nvidia.PROC_DRIVER
@@ -241,6 +447,7 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
     _write(proc / "registry", 'Binary: ""\n')
     for d in machine.devices:
         _write(proc / "gpus" / d.pci_bus_id / "information", _information(d))
+    _write_mig(root, machine)
     # libraries: <name>.so.<ver>, the SONAME link, and the unversioned link for libcuda
     libdir = root / (nvidia.LIBDIR_DEBIAN if layout == "debian" else nvidia.LIBDIR_OTHER)
     for cap, names in nvidia.LIBRARIES.items():
@@ -259,6 +466,8 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
                 bindir / name, f"#!/bin/sh\necho '{name}: gpuwire simulated driver {ver}'\n", 0o755
             )
     _write(bindir / "nvidia-smi", _nvidia_smi(machine), 0o755)
+    # HAMi-core, where HAMi's device plugin installs it (a node config's hami-library)
+    _write(root / HAMI_LIBRARY, shared_object("libvgpu.so", HAMI_MARK))
     # firmware, machine, an empty fault stream
     for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(root / nvidia.FIRMWARE_DIR / ver / fw, b"gpuwire simulated GSP firmware\n")
@@ -268,10 +477,36 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
         _write(events, "")
 
 
-def inject_fault(root: str | os.PathLike[str], uuid: str, xid: int) -> None:
-    """Append an XID event for `uuid`; the simulated NVML backend delivers it."""
+def inject_fault(
+    root: str | os.PathLike[str], uuid: str, xid: int, instance: tuple[int, int] | None = None
+) -> None:
+    """Append an XID event for GPU `uuid` (for one of its MIG devices: its GPU and compute
+    instance ids, as NVML's event data says); the simulated NVML backend delivers it."""
+    event: dict[str, object] = {"uuid": uuid, "xid": xid}
+    if instance is not None:
+        event["gi"], event["ci"] = instance
     with open(Path(root, EVENTS), "a") as f:
-        f.write(json.dumps({"uuid": uuid, "xid": xid}) + "\n")
+        f.write(json.dumps(event) + "\n")
+
+
+def _mig_option(text: str) -> tuple[str, tuple[str, ...]]:
+    """`--mig GPU=PROFILE,...`: GPU index or `all`; profiles may be empty or `balanced`."""
+    gpu, sep, profiles = text.partition("=")
+    if not sep or not (gpu == "all" or gpu.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected GPU=PROFILES, e.g. 0=3g.40gb,1g.10gb, all=balanced or 1= "
+            "(MIG on, no instances)"
+        )
+    return gpu, tuple(p.strip() for p in profiles.split(",") if p.strip())
+
+
+def _print_node(machine: Machine) -> None:
+    for g in machine.gpus:
+        d = g.device
+        mode = "" if g.mig is None else f", MIG on ({len(g.mig)} device(s))"
+        print(f"GPU {d.index}: {d.product} (UUID: {d.uuid}) bus {d.pci_bus_id}{mode}")
+        for m in g.mig or ():
+            print(f"  MIG {m.profile} GI {m.gi} CI {m.ci} (UUID: {m.uuid})")
 
 
 def main(argv: list[str]) -> int:
@@ -288,6 +523,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nvlink", choices=("pairs", "mesh", "none"), default="pairs")
     parser.add_argument("--layout", choices=("debian", "rhel"), default="debian")
     parser.add_argument("--seed", default="gpuwire", help="UUIDs derive from it")
+    parser.add_argument(
+        "--mig",
+        action="append",
+        type=_mig_option,
+        default=[],
+        metavar="GPU=PROFILES",
+        help="MIG mode on GPU (index or all) with instances of PROFILES (repeatable; "
+        "e.g. 0=3g.40gb,2g.20gb,1g.10gb, all=balanced, 1= for none yet)",
+    )
     args = parser.parse_args(argv)
     if args.gpus < 0:
         parser.error("--gpus must be 0 or more")
@@ -299,23 +543,63 @@ def main(argv: list[str]) -> int:
         args.nvlink,
         args.seed,
     )
+    try:
+        for gpu, profiles in args.mig:
+            for index in range(len(machine.gpus)) if gpu == "all" else (int(gpu),):
+                machine = with_mig(machine, index, profiles)
+    except MigChangeError as exc:
+        parser.error(f"--mig: {exc}")
     write_node(args.dir, machine, args.layout)
-    for d in machine.devices:
-        print(f"GPU {d.index}: {d.product} (UUID: {d.uuid}) bus {d.pci_bus_id}")
+    _print_node(machine)
     if os.geteuid() != 0:
         print("not root: /dev/nvidia* are placeholder files, not character devices")
+    return 0
+
+
+def mig_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire sim mig",
+        description="Change MIG on a simulated node, as nvidia-smi mig does on a real one: "
+        "create GPU instances (each with one compute instance over all of it) or destroy them.",
+    )
+    parser.add_argument("dir")
+    parser.add_argument("--gpu", type=int, required=True, help="GPU index")
+    parser.add_argument("--enable", action="store_true", help="turn MIG mode on first")
+    parser.add_argument("--disable", action="store_true", help="turn MIG mode off last")
+    parser.add_argument("--create", action="append", default=[], metavar="PROFILE")
+    parser.add_argument("--destroy", action="append", default=[], type=int, metavar="GI")
+    args = parser.parse_args(argv)
+    machine = load_machine(args.dir)
+    try:
+        if args.enable:
+            machine = set_mig_mode(machine, args.gpu, True)
+        for gi in args.destroy:
+            machine = destroy_mig(machine, args.gpu, gi)
+        for profile in args.create:
+            machine = create_mig(machine, args.gpu, profile)
+        if args.disable:
+            machine = set_mig_mode(machine, args.gpu, False)
+    except MigChangeError as exc:
+        parser.exit(2, f"{parser.prog}: {exc}; nothing changed\n")
+    write_node(args.dir, machine)
+    _print_node(machine)
     return 0
 
 
 def fault_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuwire sim fault", description="Inject an XID event.")
     parser.add_argument("dir")
-    parser.add_argument("--gpu", required=True, help="index or UUID")
+    parser.add_argument("--gpu", required=True, help="index, GPU UUID or MIG UUID")
     parser.add_argument("--xid", type=int, required=True)
     args = parser.parse_args(argv)
-    devices = load_machine(args.dir).devices
-    match = [d for d in devices if args.gpu in (str(d.index), d.uuid)]
-    if not match:
-        parser.error(f"no GPU {args.gpu!r} on this node")
-    inject_fault(args.dir, match[0].uuid, args.xid)
-    return 0
+    machine = load_machine(args.dir)
+    for g in machine.gpus:
+        if args.gpu in (str(g.device.index), g.device.uuid):
+            inject_fault(args.dir, g.device.uuid, args.xid)
+            return 0
+        for m in g.mig or ():
+            if args.gpu == m.uuid:
+                inject_fault(args.dir, g.device.uuid, args.xid, (m.gi, m.ci))
+                return 0
+    parser.error(f"no GPU or MIG device {args.gpu!r} on this node")
+    return 2

@@ -1,9 +1,11 @@
 """The inventory as text: one table of nodes × GPUs with the pods holding each, the totals,
 then the pending GPU pods and the conflicts.
 
-It fits `width` columns (80 by default): long names are cut with `…`, several holders and
-long reasons wrap onto further lines. `wide` adds UUIDs, container names and paths and cuts
-nothing. Colour (ANSI) only when asked for; the CLI asks on a terminal without `NO_COLOR`.
+A GPU in MIG mode has a line for each of its MIG devices below it (`└`, the profile, its
+memory, health and holders). It fits `width` columns (80 by default): long names are cut
+with `…`, several holders and long reasons wrap onto further lines. `wide` adds UUIDs,
+container names and paths and cuts nothing. Colour (ANSI) only when asked for; the CLI asks
+on a terminal without `NO_COLOR`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from gpuwire.holders import ANNOTATION, Holder
 from gpuwire.records import PLUGIN_LESS
-from inventory.view import Gpu, Inventory, Node
+from inventory.view import Gpu, Inventory, Mig, Node
 
 GAP = "  "
 RED, YELLOW, BOLD, DIM, RESET = "\x1b[31m", "\x1b[33m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
@@ -50,7 +52,14 @@ def render(
 
 
 def _holders(node: Node) -> Iterator[Holder]:
-    return (h for g in node.gpus for h in g.holders)
+    return (h for g in node.gpus for _, _, d in _rows(g) for h in d.holders)
+
+
+def _rows(gpu: Gpu) -> list[tuple[str, str, Gpu | Mig]]:
+    """(GPU column, product column, what the rest is about) for a GPU and its MIG devices."""
+    rows: list[tuple[str, str, Gpu | Mig]] = [(str(gpu.index), product(gpu.product), gpu)]
+    rows += [("└", f"MIG {m.profile}", m) for m in gpu.mig or ()]
+    return rows
 
 
 def _cut(text: str, size: int) -> str:
@@ -108,13 +117,13 @@ def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> li
     nodes = inventory.nodes
     if not nodes:
         return [_summary(inventory) + " (no node lists GPUs or advertises a GPU resource)"]
-    gpus = [g for n in nodes for g in n.gpus]
+    rows = [row for n in nodes for g in n.gpus for row in _rows(g)]
     heads = ["NODE", "GPU", *(["UUID"] if wide else []), "PRODUCT", "MEMORY", "HEALTH", "HOLDERS"]
     fixed = [
         max([4, *(len(n.name) for n in nodes)]),
         3,
-        *([max([4, *(len(g.uuid) for g in gpus)])] if wide else []),
-        max([7, *(len(product(g.product)) for g in gpus)]),
+        *([max([4, *(len(d.uuid) for _, _, d in rows)])] if wide else []),
+        max([7, *(len(name) for _, name, _ in rows)]),
         6,
         6,
     ]
@@ -126,19 +135,15 @@ def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> li
     lines = [_join([(h, BOLD) for h in heads], widths, paint)]
     for node in nodes:
         first = True
-        for gpu in node.gpus:
-            for i, (text, style) in enumerate(_holder_lines(gpu, last, wide)):
-                name = _cut(node.name, widths[0]) if first else ""
+        for index, name, device in (row for g in node.gpus for row in _rows(g)):
+            for i, (text, style) in enumerate(_holder_lines(device, last, wide)):
+                cells: list[Cell] = [(_cut(node.name, widths[0]) if first else "", "")]
                 first = False
-                cells: list[Cell] = [(name, "")]
                 if i == 0:
-                    health = ("ok", "") if gpu.healthy else ("FAIL", RED)
-                    cells += [(str(gpu.index).rjust(3), "")]
-                    cells += [(gpu.uuid, "")] if wide else []
-                    cells += [
-                        (_cut(product(gpu.product), widths[-4]), ""),
-                        (memory(gpu.memory_mib), ""),
-                    ]
+                    health = ("ok", "") if device.healthy else ("FAIL", RED)
+                    cells += [(index.rjust(3), "")]
+                    cells += [(device.uuid, "")] if wide else []
+                    cells += [(_cut(name, widths[-4]), ""), (memory(device.memory_mib), "")]
                     cells += [health]
                 else:
                     cells += [("", "")] * (len(widths) - 2)
@@ -151,7 +156,7 @@ def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> li
     return lines
 
 
-def _holder_lines(gpu: Gpu, size: int, wide: bool) -> list[Cell]:
+def _holder_lines(gpu: Gpu | Mig, size: int, wide: bool) -> list[Cell]:
     if not gpu.holders:
         return [("-", DIM)]
     names = [holder_text(h, wide) for h in gpu.holders]

@@ -1,8 +1,10 @@
 """The cluster's GPUs, who holds them and who waits for one: a pure function of API objects.
 
 Nodes carry what their gpuwire agent found: `gpuwire.io/gpus` (each GPU: index, UUID,
-product, memory, health; written by the labeler) and `gpuwire.io/holders` (each container
-holding GPUs, from the kubelet's pod-resources and the runtime side's records). Pods tell
+product, memory, health, and its MIG devices; written by the labeler) and `gpuwire.io/holders`
+(each container holding GPUs or MIG devices, from the kubelet's pod-resources and the runtime
+side's records). A MIG device's holders are shown under its GPU, which counts as allocated
+when it or one of its MIG devices is held. Pods tell
 which GPU pods are still Pending and why (their PodScheduled condition, or once bound, why
 their containers wait). The input is the API's JSON (dicts), as `kubectl get -o json` or the
 `kubernetes` client with `_preload_content=False` gives it.
@@ -24,6 +26,20 @@ Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
+class Mig:
+    """A MIG device of a GPU and who holds it."""
+
+    uuid: str
+    profile: str
+    gi: int
+    ci: int
+    memory_mib: int
+    healthy: bool
+    holders: tuple[holding.Holder, ...]
+    conflicted: bool
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str
@@ -32,10 +48,16 @@ class Gpu:
     healthy: bool
     holders: tuple[holding.Holder, ...]
     conflicted: bool
+    mig: tuple[Mig, ...] | None = None  # None: not in MIG mode
 
     @property
     def name(self) -> str:
         return f"GPU {self.index}"
+
+    @property
+    def held(self) -> bool:
+        """Whether a container holds it or one of its MIG devices."""
+        return bool(self.holders) or any(m.holders for m in self.mig or ())
 
 
 @dataclass(frozen=True)
@@ -51,7 +73,11 @@ class Node:
     conflicts: tuple[holding.Conflict, ...]
 
     def gpu_names(self) -> dict[str, str]:
-        return {g.uuid: g.name for g in self.gpus}
+        names = {g.uuid: g.name for g in self.gpus}
+        names |= {
+            m.uuid: f"MIG {m.profile} of GPU {g.index}" for g in self.gpus for m in g.mig or ()
+        }
+        return names
 
 
 @dataclass(frozen=True)
@@ -141,6 +167,10 @@ def _node(obj: Obj) -> Node:
             problems.append(str(exc))
     conflicts = tuple(holding.conflicts(held)) if held is not None else ()
     conflicted = {u for c in conflicts for u in c.gpus}
+
+    def holders_of(uuid: str) -> tuple[holding.Holder, ...]:
+        return tuple(held.of_gpu(uuid)) if held is not None else ()
+
     gpus = tuple(
         Gpu(
             g.index,
@@ -148,8 +178,23 @@ def _node(obj: Obj) -> Node:
             g.product,
             g.memory_mib,
             g.healthy,
-            tuple(held.of_gpu(g.uuid)) if held is not None else (),
+            holders_of(g.uuid),
             g.uuid in conflicted,
+            None
+            if g.mig is None
+            else tuple(
+                Mig(
+                    m.uuid,
+                    m.profile,
+                    m.gi,
+                    m.ci,
+                    m.memory_mib,
+                    m.healthy,
+                    holders_of(m.uuid),
+                    m.uuid in conflicted,
+                )
+                for m in g.mig
+            ),
         )
         for g in sorted(listed, key=lambda g: g.index)
     )
@@ -164,7 +209,7 @@ def _node(obj: Obj) -> Node:
         _name(obj),
         gpus,
         len(gpus) or capacity,
-        sum(1 for g in gpus if g.holders),
+        sum(1 for g in gpus if g.held),
         ready,
         not (obj.get("spec") or {}).get("unschedulable", False),
         held is not None,
@@ -178,12 +223,22 @@ def _int(value: object) -> bool:
 
 
 def _only_namespace(view: Node, namespace: str) -> Node:
-    """`view` with the holders of `namespace` only, and only the GPUs they hold."""
+    """`view` with the holders of `namespace` only, and only the GPUs (and MIG devices) they
+    hold."""
+
+    def ours(holders: tuple[holding.Holder, ...]) -> tuple[holding.Holder, ...]:
+        return tuple(h for h in holders if h.namespace == namespace)
+
     gpus = []
     for gpu in view.gpus:
-        mine = tuple(h for h in gpu.holders if h.namespace == namespace)
-        if mine:
-            gpus.append(replace(gpu, holders=mine))
+        mig = (
+            None
+            if gpu.mig is None
+            else tuple(replace(m, holders=ours(m.holders)) for m in gpu.mig if ours(m.holders))
+        )
+        mine = replace(gpu, holders=ours(gpu.holders), mig=mig)
+        if mine.held:
+            gpus.append(mine)
     mentioned = f"{namespace}/"
     conflicts = tuple(c for c in view.conflicts if any(h.startswith(mentioned) for h in c.holders))
     return replace(view, gpus=tuple(gpus), conflicts=conflicts)
@@ -280,6 +335,24 @@ def as_json(inventory: Inventory) -> dict[str, Any]:
             **({"all": True} if h.whole_node else {}),
         }
 
+    def mig(g: Gpu) -> dict[str, Any]:
+        if g.mig is None:
+            return {}
+        devices = [
+            {
+                "uuid": m.uuid,
+                "profile": m.profile,
+                "gi": m.gi,
+                "ci": m.ci,
+                "memoryMiB": m.memory_mib,
+                "healthy": m.healthy,
+                "conflict": m.conflicted,
+                "holders": [holder(h) for h in m.holders],
+            }
+            for m in g.mig
+        ]
+        return {"mig": devices}
+
     return {
         "gpuNodes": inventory.gpu_nodes,
         "total": inventory.total,
@@ -302,6 +375,7 @@ def as_json(inventory: Inventory) -> dict[str, Any]:
                         "healthy": g.healthy,
                         "conflict": g.conflicted,
                         "holders": [holder(h) for h in g.holders],
+                        **mig(g),
                     }
                     for g in n.gpus
                 ],

@@ -9,7 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuwire import sim
+from gpuwire.devices import MigDevice
 from gpuwire.grant import KeyRing, Subject
+from testbed import mps_control
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
 POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
@@ -63,15 +66,23 @@ def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = N
 
 
 class Lab:
-    """A simulated GPU node, grant keys and a gpuwire config file under one directory."""
+    """A simulated GPU node (with the stand-in MPS control program and HAMi-core library,
+    named in the config), grant keys and a gpuwire config file under one directory; with
+    `mig` (GPU index → profiles, as `gpuwire sim node --mig`), MIG devices and the MIG map
+    the node agent writes of them."""
 
-    def __init__(self, root: Path, gpus: int = 4) -> None:
-        from gpuwire import sim
-
+    def __init__(
+        self, root: Path, gpus: int = 4, mig: dict[int, tuple[str, ...]] | None = None
+    ) -> None:
         self.root = root
         self.node = root / "node"
         self.machine = sim.make_machine(gpus=gpus)
+        for index, profiles in (mig or {}).items():
+            self.machine = sim.with_mig(self.machine, index, profiles)
         sim.write_node(self.node, self.machine)
+        mps_control.install(self.node)  # the driver's MPS control program: the stand-in
+        self.mig_map = root / "mig-devices"
+        self.mig: tuple[MigDevice, ...] = self.write_mig_map()
         self.keys = write_keys(root / "keys")
         self.allocations = root / "allocations"
         self.log = root / "gpuwire.log"
@@ -86,12 +97,24 @@ class Lab:
             "allocation-dir": str(self.allocations),
             "log": str(self.log),
             "records-dir": str(self.records),
+            "mig-map": str(self.mig_map),
+            "hami-library": str(self.node / sim.HAMI_LIBRARY),
+            "hami-dir": str(self.root / "hami"),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
 
     def uuid(self, index: int) -> str:
         return self.machine.devices[index].uuid
+
+    def write_mig_map(self) -> tuple[MigDevice, ...]:
+        """The MIG map as the node agent writes it: its discovery of the node's MIG devices."""
+        from deviceplugin.simulated import SimDiscovery
+        from gpuwire import mig
+
+        found = SimDiscovery(self.node).discover().mig_devices
+        mig.write_map(str(self.mig_map), found)
+        return found
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []

@@ -5,17 +5,39 @@ pynvml's own structures (`nvmlPciInfo_t`, `c_nvmlMemory_t`), and fail the way th
 with pynvml's exception classes, built from the driver's error codes (`NVMLError(code)` picks
 the subclass, e.g. `NVMLError_NotSupported`). Constants and exceptions are the real module's,
 which imports without a driver.
+
+MIG (`StandIn.of_machine`: a simulated node's GPUs and MIG devices): MIG mode, MIG device
+handles by slot (empty slots answer NotFound), their instance ids, UUIDs, attributes and
+memory, the GPU's instance profiles (`gpuwire.migprofiles`) and its GPU instances' profile
+IDs, as nvidia-ml-py 13 returns them (reference mig-mps-cri.md 2). Left out: creating and
+destroying instances (the simulated node does that: `gpuwire.sim`), compute-instance
+profiles, placements, and the privilege NVML asks for GPU-instance lookups.
 """
 
 from __future__ import annotations
 
+import ctypes
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml
 
+from gpuwire import migprofiles, nvidia, sim
+
 SWITCH = "switch"
+ANY_INSTANCE = 0xFFFFFFFF
+
+
+@dataclass
+class FakeMig:
+    """A MIG device: compute instance `ci` over all of GPU instance `gi`."""
+
+    parent: FakeGpu
+    gi: int
+    ci: int
+    uuid: str
+    profile: migprofiles.Profile
 
 
 @dataclass
@@ -30,6 +52,9 @@ class FakeGpu:
     links: list[tuple[str, str] | None] = field(default_factory=list)  # (kind, remote bus) per link
     events_supported: bool = True
     lost: bool = False
+    mig_mode: int | None = None  # NVML_DEVICE_MIG_ENABLE/DISABLE; None: no MIG on this GPU
+    mig: list[FakeMig | None] = field(default_factory=list)  # by slot; None: an empty slot
+    profiles: tuple[migprofiles.Profile, ...] = ()
 
 
 def _error(code: int) -> pynvml.NVMLError:
@@ -43,9 +68,32 @@ class StandIn:
         self.gpus = gpus
         self.old_driver = old_driver  # no nvmlDeviceGetNvLinkRemoteDeviceType
         self.initialised = 0
-        self.events: list[tuple[FakeGpu | None, int, int]] = []  # (device, type, data)
+        # (device, type, data, (GI, CI)); ANY_INSTANCE: an event of the whole GPU
+        self.events: list[tuple[FakeGpu | None, int, int, tuple[int, int]]] = []
         self.wait_error: int | None = None
         self.registered: list[str] = []
+
+    @classmethod
+    def of_machine(cls, machine: sim.Machine) -> StandIn:
+        """NVML over a simulated node's GPUs: products, memory, NVLinks, MIG mode and MIG
+        devices."""
+        buses = [f"0000{d.pci_bus_id}" for d in machine.devices]
+        gpus = []
+        for g in machine.gpus:
+            d = g.device
+            gpu = FakeGpu(d.uuid, d.product, d.minor, buses[d.index], d.memory_mib)
+            gpu.numa, gpu.compute = d.numa_node, g.compute_capability
+            gpu.links = [("gpu", buses[peer]) for peer, count in d.nvlinks for _ in range(count)]
+            gpu.profiles = migprofiles.profiles(d.product)
+            if gpu.profiles:
+                enabled = g.mig is not None
+                gpu.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else 0
+                gpu.mig = [
+                    FakeMig(gpu, m.gi, m.ci, m.uuid, migprofiles.profile(d.product, m.profile))
+                    for m in g.mig or ()
+                ]
+            gpus.append(gpu)
+        return cls(gpus)
 
     def module(self) -> types.ModuleType:
         module = types.ModuleType("pynvml")
@@ -61,6 +109,27 @@ class StandIn:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.lost:
             raise _error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def _gpu(self, handle: FakeGpu | FakeMig) -> FakeGpu:
+        """A full GPU's handle; NotSupported for a MIG device's."""
+        if isinstance(handle, FakeMig):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._check(handle)
+
+    def _mig(self, handle: FakeGpu | FakeMig) -> FakeMig:
+        """A MIG device's handle; NotSupported for a full GPU's."""
+        if not isinstance(handle, FakeMig):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._check(handle.parent)
+        if handle not in handle.parent.mig:  # destroyed: the handle is stale
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return handle
+
+    def _in_mig_mode(self, handle: FakeGpu | FakeMig) -> FakeGpu:
+        gpu = self._gpu(handle)
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
     # --- pynvml's functions, same names and parameters ----------------------------------------
@@ -85,13 +154,18 @@ class StandIn:
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[index]
 
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu | FakeMig:
         for gpu in self.gpus:
             if gpu.uuid == uuid:
                 return gpu
+            for m in gpu.mig:
+                if m is not None and m.uuid == uuid:
+                    return m
         raise _error(pynvml.NVML_ERROR_NOT_FOUND)
 
-    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+    def nvmlDeviceGetUUID(self, handle: FakeGpu | FakeMig) -> str:
+        if isinstance(handle, FakeMig):
+            return self._mig(handle).uuid
         return self._check(handle).uuid
 
     def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
@@ -100,9 +174,13 @@ class StandIn:
     def nvmlDeviceGetMinorNumber(self, handle: FakeGpu) -> int:
         return self._check(handle).minor
 
-    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: Any = None) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu | FakeMig, version: Any = None) -> Any:
         memory = pynvml.c_nvmlMemory_t()
-        memory.total = self._check(handle).memory_mib * 1024 * 1024
+        if isinstance(handle, FakeMig):
+            mib = self._mig(handle).profile.memory_mib
+        else:
+            mib = self._check(handle).memory_mib
+        memory.total = mib * 1024 * 1024
         return memory
 
     def nvmlDeviceGetPciInfo(self, handle: FakeGpu) -> Any:
@@ -113,6 +191,9 @@ class StandIn:
         if numa is None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return numa
+
+    def nvmlDeviceGetBrand(self, handle: FakeGpu) -> int:
+        return nvidia.BRANDS.index(sim.brand(self._check(handle).name))
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeGpu) -> tuple[int, int]:
         return self._check(handle).compute
@@ -145,6 +226,81 @@ class StandIn:
             return int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
         return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
 
+    # MIG: mode, devices, instance profiles
+
+    def nvmlDeviceGetMigMode(self, device: FakeGpu) -> list[int]:
+        mode = self._gpu(device).mig_mode
+        if mode is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeGpu) -> int:
+        gpu = self._gpu(device)
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return 0  # no error: MIG unsupported or off
+        return max((p.max for p in gpu.profiles), default=0)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeGpu, index: int) -> FakeMig:
+        gpu = self._in_mig_mode(device)
+        if not 0 <= index < self.nvmlDeviceGetMaxMigDeviceCount(gpu):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        found = gpu.mig[index] if index < len(gpu.mig) else None
+        if found is None:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return found
+
+    def nvmlDeviceIsMigDeviceHandle(self, device: FakeGpu | FakeMig) -> Any:
+        return ctypes.c_uint(int(isinstance(device, FakeMig)))  # a c_uint, as pynvml's
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice: FakeMig) -> FakeGpu:
+        return self._mig(migDevice).parent
+
+    def nvmlDeviceGetGpuInstanceId(self, device: FakeGpu | FakeMig) -> int:
+        return self._mig(device).gi
+
+    def nvmlDeviceGetComputeInstanceId(self, device: FakeGpu | FakeMig) -> int:
+        return self._mig(device).ci
+
+    def nvmlDeviceGetAttributes(self, device: FakeGpu | FakeMig) -> Any:
+        p = self._mig(device).profile
+        a = pynvml.c_nvmlDeviceAttributes()
+        a.multiprocessorCount = p.multiprocessors
+        a.sharedCopyEngineCount, a.sharedDecoderCount = p.copy, p.decoder
+        a.sharedEncoderCount, a.sharedJpegCount, a.sharedOfaCount = p.encoder, p.jpeg, p.ofa
+        a.gpuInstanceSliceCount = a.computeInstanceSliceCount = p.slices
+        a.memorySizeMB = p.memory_mib
+        return a
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(
+        self, device: FakeGpu, profile: int, version: int = 2
+    ) -> Any:
+        gpu = self._in_mig_mode(device)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        found = next((p for p in gpu.profiles if p.enum == profile), None)
+        if found is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+        info.id, info.sliceCount, info.instanceCount = found.id, found.slices, found.max
+        info.multiprocessorCount, info.memorySizeMB = found.multiprocessors, found.memory_mib
+        info.copyEngineCount, info.decoderCount = found.copy, found.decoder
+        info.encoderCount, info.jpegCount, info.ofaCount = found.encoder, found.jpeg, found.ofa
+        info.name = f"MIG {found.name}".encode()
+        return info
+
+    def nvmlDeviceGetGpuInstanceById(self, device: FakeGpu, gpuInstanceId: int) -> FakeMig:
+        gpu = self._in_mig_mode(device)
+        for m in gpu.mig:
+            if m is not None and m.gi == gpuInstanceId:
+                return m  # the stand-in's GPU instance handle: its (one) MIG device
+        raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetInfo(self, gpuInstance: FakeMig) -> Any:
+        m = self._mig(gpuInstance)
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.id, info.profileId = m.gi, m.profile.id
+        return info
+
     def nvmlEventSetCreate(self) -> object:
         return object()
 
@@ -159,10 +315,10 @@ class StandIn:
             raise _error(self.wait_error)
         if not self.events:
             raise _error(pynvml.NVML_ERROR_TIMEOUT)
-        device, kind, data = self.events.pop(0)
+        device, kind, data, (gi, ci) = self.events.pop(0)
         # c_nvmlEventData_t's fields; `device` is the handle NVML returned
         return types.SimpleNamespace(
-            device=device, eventType=kind, eventData=data, gpuInstanceId=0, computeInstanceId=0
+            device=device, eventType=kind, eventData=data, gpuInstanceId=gi, computeInstanceId=ci
         )
 
     def nvmlEventSetFree(self, eventSet: object) -> None:
@@ -170,8 +326,10 @@ class StandIn:
 
     # --- what tests do to the fake node -------------------------------------------------------
 
-    def xid(self, gpu: FakeGpu | None, xid: int) -> None:
-        self.events.append((gpu, pynvml.nvmlEventTypeXidCriticalError, xid))
+    def xid(self, gpu: FakeGpu | None, xid: int, instance: tuple[int, int] | None = None) -> None:
+        """An XID on `gpu`, or on one of its MIG devices (its GPU and compute instance)."""
+        where = instance or (ANY_INSTANCE, ANY_INSTANCE)
+        self.events.append((gpu, pynvml.nvmlEventTypeXidCriticalError, xid, where))
 
 
 def _pci(bus: str) -> Any:

@@ -55,7 +55,7 @@ def test_the_repository_keeps_its_layers(repo: layers.Repository) -> None:
             "imports certs.pki: a component never imports another (inventory and certs)",
         ),
         ("gpuwire/annotations.py", "\nimport yaml\n", "imports yaml: gpuwire/ imports only"),
-        ("gpuwire/holders.py", "\nfrom webhook import fleet\n", "imports webhook.fleet: gpuwire/"),
+        ("gpuwire/elfstub.py", "\nfrom webhook import fleet\n", "imports webhook.fleet: gpuwire/"),
         ("certs/cli.py", "\nfrom testbed import apiserver\n", "the product never imports testbed/"),
         ("kubeclient/__init__.py", "\nimport inventory\n", "a library never imports a component"),
         ("testbed/lab.py", "\nfrom tests import conftest\n", "testbed/ never imports tests/"),

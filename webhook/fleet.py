@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import yaml
 
-from gpuwire import limits, nodegpus, nvidia
+from gpuwire import holders, limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,9 @@ COUNT_LABEL = nvidia.LABEL_PREFIX + "gpu.count"
 REPLICAS_LABEL = nvidia.LABEL_PREFIX + "gpu.replicas"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPUS_ANNOTATION = nodegpus.ANNOTATION
+MIG_LABEL_PREFIX = nvidia.LABEL_PREFIX + "mig-"  # GFD's mixed strategy: mig-<profile>.count
 Gpu = nodegpus.NodeGpu
+Mig = nodegpus.NodeMig
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the safe loader, in C if built
 
 
@@ -71,6 +73,21 @@ class Node:
     gpus: tuple[Gpu, ...] = ()
     groups: tuple[Group, ...] = ()  # every GPU: the annotation's, else the labels'
     enforces: frozenset[str] = frozenset()  # limit profiles enforced here
+    mig_profiles: tuple[str, ...] = ()  # MIG profiles GFD's labels say the node offers
+    held: frozenset[str] = frozenset()  # MIG devices its holders annotation says are held
+
+    def offers(self) -> set[str]:
+        """The MIG profiles of the node: its labels' and its MIG devices'."""
+        return {*self.mig_profiles, *(m.profile for g in self.gpus for m in g.mig or ())}
+
+    def free_mig(self, profile: str, taken: Collection[str] = ()) -> list[Mig]:
+        """Its healthy MIG devices of `profile` that no one holds (or was just given)."""
+        return [
+            m
+            for g in self.gpus
+            for m in g.mig or ()
+            if m.profile == profile and m.healthy and m.uuid not in self.held | set(taken)
+        ]
 
     @property
     def gpu_count(self) -> int | None:
@@ -122,6 +139,32 @@ def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> tuple[Group, ..
 _ENFORCED = {limits.enforcement_label(p): p for p, d in limits.PROFILES.items() if d.enforced}
 
 
+def _mig_profiles(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """MIG profiles in GFD's labels: `nvidia.com/mig-<profile>.count` above 0 (mixed), a
+    `-MIG-<profile>` product (single)."""
+    found = {
+        nvidia.mig_profile_of(key[len(MIG_LABEL_PREFIX) : -len(".count")])
+        for key, value in labels.items()
+        if key.startswith(MIG_LABEL_PREFIX) and key.endswith(".count") and (_int(value) or 0) > 0
+    }
+    _, sep, single = labels.get(PRODUCT_LABEL, "").rpartition("-MIG-")
+    if sep and single != "INVALID":
+        found.add(single)
+    return tuple(sorted(found))
+
+
+def _held(node: str, gpus: tuple[Gpu, ...], annotations: Mapping[str, str]) -> frozenset[str]:
+    """The MIG devices held on a node with MIG devices (the plugin-less pods' choice)."""
+    if holders.ANNOTATION not in annotations or not any(g.mig for g in gpus):
+        return frozenset()
+    try:
+        found = holders.decode(annotations[holders.ANNOTATION]).holders
+    except holders.HoldersError as exc:
+        log.warning("node %s: ignoring %s", node, exc)
+        return frozenset()
+    return frozenset(u for h in found for u in h.gpus if u.startswith("MIG-"))
+
+
 def node_from_object(
     obj: Mapping[str, Any], shared: dict[object, Any] | None = None
 ) -> Node | None:
@@ -152,6 +195,8 @@ def node_from_object(
         gpus=gpus,
         groups=groups,
         enforces=enforces,
+        mig_profiles=_mig_profiles(labels),
+        held=_held(name, gpus, annotations),
     )
 
 
@@ -196,7 +241,7 @@ class Fleet:
     @functools.cached_property
     def resources(self) -> tuple[str, ...]:
         """The extended resources the cluster's device plugins list GPUs under, sorted."""
-        return tuple(sorted({g.resource for kind in self.kinds for g in kind}))
+        return tuple(sorted({g.resource for kind in self.kinds for g in kind if g.resource}))
 
     @functools.cached_property
     def enforced(self) -> dict[str, int]:
@@ -220,22 +265,41 @@ class Fleet:
         return {}
 
     @functools.cached_property
+    def named(self) -> set[str]:
+        """MIG devices the webhook named for plugin-less pods since this snapshot was taken,
+        which no holders annotation shows yet (a Deployment's pods must not all get one)."""
+        return set()
+
+    def mig_profiles(self) -> list[str]:
+        """The MIG profiles any node offers, sorted."""
+        return sorted({p for n in self.nodes for p in n.offers()})
+
+    @functools.cached_property
     def gpu_nodes(self) -> dict[str, Node]:
-        """The node of every GPU, by `uuid_key` (made once per snapshot, when a pod first
-        names a GPU; the keys are the reported UUIDs themselves where already folded)."""
+        """The node of every GPU and MIG device, by `uuid_key` (made once per snapshot, when a
+        pod first names one; the keys are the reported UUIDs themselves where already folded)."""
         found: dict[str, Node] = {}
         for node in self.nodes:
             for gpu in node.gpus:
-                key = uuid_key(gpu.uuid)
-                found.setdefault(gpu.uuid if key == gpu.uuid else key, node)
+                devices: tuple[Gpu | Mig, ...] = (gpu, *(gpu.mig or ()))
+                for device in devices:
+                    key = uuid_key(device.uuid)
+                    found.setdefault(device.uuid if key == device.uuid else key, node)
         return found
 
-    def holder(self, uuid: str) -> tuple[Node, Gpu] | None:
-        """The node holding GPU `uuid` (UUIDs compare case-insensitively, as NVIDIA's do)."""
+    def holder(self, uuid: str) -> tuple[Node, Gpu | Mig] | None:
+        """The node holding GPU or MIG device `uuid` (UUIDs compare case-insensitively, as
+        NVIDIA's do)."""
         wanted = uuid_key(uuid)
         node = self.gpu_nodes.get(wanted)
-        gpu = next((g for g in node.gpus if uuid_key(g.uuid) == wanted), None) if node else None
-        return (node, gpu) if node and gpu else None
+        if node is None:
+            return None
+        for gpu in node.gpus:
+            held: tuple[Gpu | Mig, ...] = (gpu, *(gpu.mig or ()))
+            for device in held:
+                if uuid_key(device.uuid) == wanted:
+                    return node, device
+        return None
 
 
 def uuid_key(uuid: str) -> str:

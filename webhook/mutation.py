@@ -13,6 +13,10 @@ and the tests call it directly. The rules, in the order a container meets them:
 * Model, memory, device and limit requests become required node affinity; a container the
   device plugin serves asks for the resource that lists the model it wants
   (`nvidia.com/gpu: 1` → `nvidia.com/l4: 1`) where `nvidia.com/gpu` would not hand it that.
+* Model, memory and device requests become required node affinity.
+* A MIG profile (`gpuwire.io/mig-profile`, counted by `gpuwire.io/gpu-count`) becomes the
+  device plugin's mixed-strategy resource `nvidia.com/mig-<profile>` where the cluster runs
+  one, else MIG devices the webhook names for the container (`webhook/placement.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from webhook import affinity
 from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, pointer, set_path
 from webhook.placement import Demand, Placement, Unplaceable, place
-from webhook.pod import Container, MalformedPod, Pod
+from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 
 VISIBLE = nvidia.VISIBLE_DEVICES_ENV
@@ -133,7 +137,9 @@ class _Mutation:
         if gpu:
             allow = self.policy.unknown_model == "allow"
             try:
-                placement = place(request, self.fleet, allow, self.demand(request, gpu))
+                named = self.named_mig(gpu)
+                demand = self.demand(request, gpu)
+                placement = place(request, self.fleet, allow, demand, named)
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
@@ -150,6 +156,11 @@ class _Mutation:
         ops += affinity.require(self.pod.spec, placement.expressions)
         return Outcome(tuple(ops), tuple(self.warnings))
 
+    def named_mig(self, gpu: set[str]) -> tuple[str, ...]:
+        """The MIG devices the pod's GPU containers already name (a second admission)."""
+        found = [c.value(VISIBLE) or "" for c in self.pod.containers if c.name in gpu]
+        return tuple(u for u in found[0].split(",") if u.startswith("MIG-")) if found else ()
+
     def gpu_containers(self, request: GpuRequest) -> set[str]:
         if request.containers:
             unknown = [n for n in request.containers if self.pod.named(n) is None]
@@ -162,7 +173,9 @@ class _Mutation:
                 )
             return set(request.containers)
         with_resource = {
-            c.name for c in self.pod.containers if (asked := self.plugin_count(c)) and asked[1]
+            c.name
+            for c in self.pod.containers
+            if ((asked := self.plugin_count(c)) and asked[1]) or c.mig
         }
         if with_resource or not request.asks:
             return with_resource
@@ -184,8 +197,8 @@ class _Mutation:
         plugin, whole, asks = 0, False, nvidia.RESOURCE
         count = request.count if request.count is not None else self.policy.gpu_count
         for c in self.pod.containers:
-            if c.name not in gpu:
-                continue
+            if c.name not in gpu or c.mig is not None or request.mig_profile:
+                continue  # MIG devices: placed by their profile
             asked = self.plugin_count(c)
             if asked and asked[1]:
                 plugin += asked[1]
@@ -194,8 +207,9 @@ class _Mutation:
                 whole = True
             elif not request.uuids and isinstance(count, int):
                 plugin += count
+        device_plugin = self.policy.device_plugin
         if not request.wants_limits:
-            return Demand(plugin, asks, whole)
+            return Demand(plugin, asks, whole, device_plugin=device_plugin)
         names = request.profiles or self.policy.limit_profiles
         source = (
             f"{keys.LIMIT_PROFILE}: {request.given[keys.LIMIT_PROFILE]!r}"
@@ -208,7 +222,7 @@ class _Mutation:
                     f"profile {name!r} is advisory: the framework reads it, nothing enforces it"
                 )
         enforced = tuple(n for n in names if limits.PROFILES[n].enforced)
-        return Demand(plugin, asks, whole, enforced, source)
+        return Demand(plugin, asks, whole, enforced, source, device_plugin)
 
     # --- one container
 
@@ -229,10 +243,14 @@ class _Mutation:
 
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
+        if c.mig is not None:
+            return self.mig_resource(c, request, *c.mig)
         asked = self.plugin_count(c)
         if asked and asked[1]:  # nvidia.com/gpu: 0 asks the plugin for nothing
             self.check_plugin(c, request, *asked)
             return _Devices(grant.PLUGIN_DEVICES, asked[1], self.rename(c, asked, placement))
+        if request.mig_profile:
+            return self.mig_devices(c, request, placement)
         if request.uuids:
             return _Devices(",".join(placement.devices or request.uuids), len(request.uuids))
         count = request.count if request.count is not None else self.policy.gpu_count
@@ -273,8 +291,46 @@ class _Mutation:
         )
         return ops
 
+    def mig_resource(self, c: Container, request: GpuRequest, name: str, count: int) -> _Devices:
+        """A container with a mixed-strategy resource: the plugin chooses its MIG devices."""
+        profile = nvidia.mig_profile_of(name.removeprefix(MIG_RESOURCE_PREFIX))
+        if c.gpus:
+            raise Denied(
+                400,
+                f"container {c.name!r} asks for both whole GPUs ({nvidia.RESOURCE}: {c.gpus}) "
+                f"and MIG devices ({name}: {count}); a container gets one or the other",
+            )
+        if request.mig_profile not in (None, profile):
+            key, value = request.source(keys.MIG_PROFILE)
+            raise Denied(
+                400,
+                f"{key}: {value!r} disagrees with container {c.name!r}'s {name}: {count}; "
+                f"accepted: {profile}, or no {key}",
+            )
+        return _Devices(grant.PLUGIN_DEVICES, count)
+
+    def mig_devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
+        """MIG devices of the asked profile: the plugin's resource, else those the placement
+        named."""
+        profile = request.mig_profile
+        assert profile is not None
+        count = request.count if isinstance(request.count, int) else 1
+        if placement.devices:
+            return _Devices(",".join(placement.devices), count)
+        resource = nvidia.mig_resource(profile)
+        op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
+        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+
     def check_plugin(self, c: Container, request: GpuRequest, resource: str, count: int) -> None:
         """A container the device plugin serves cannot also name its GPUs or take all."""
+        if request.mig_profile:
+            key, value = request.source(keys.MIG_PROFILE)
+            raise Denied(
+                400,
+                f"{key}: {value!r} asks for MIG devices, but container {c.name!r} asks for "
+                f"whole GPUs ({resource}: {count}); accepted: {keys.MIG_PROFILE} "
+                f"without {resource}, or {nvidia.mig_resource(request.mig_profile)}",
+            )
         if request.uuids:
             key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
             raise Denied(

@@ -13,6 +13,18 @@ The affinity written says exactly that set. It is GPU Feature Discovery's labels
 do (one model per node: the common case, and what users read), with the few nodes those
 labels would wrongly admit (a mixed node) named by hostname; where the labels cannot reach a
 candidate (a mixed node whose label names its other model) the candidates are named instead.
+
+request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
+denies what no node has, listing what exists, and names the candidate nodes so that limits
+given as a share of the GPU can be turned into MiB.
+
+A MIG profile (`gpuwire.io/mig-profile`) goes to the nodes that offer it (their MIG devices
+in `gpuwire.io/gpus`, GFD's MIG labels). For a device plugin's pod, node affinity on GFD's
+mixed-strategy label `nvidia.com/mig-<profile>.count`; for a plugin-less pod, MIG devices of
+the node with the fewest free ones that still has enough (free: healthy, held by no one in
+its `gpuwire.io/holders`, not named by this webhook since the snapshot), pinned by hostname.
+Nothing reserves those between admission and start: two webhooks, or a pod that starts late,
+can give one twice, which the inventory shows as a conflict.
 """
 
 from __future__ import annotations
@@ -30,7 +42,9 @@ from webhook.fleet import (
     MEMORY_LABEL,
     PRODUCT_LABEL,
     Fleet,
+    Gpu,
     Group,
+    Mig,
     Node,
     Shape,
 )
@@ -52,6 +66,7 @@ class Demand:
     whole: bool = False  # a container takes every GPU of its node (gpu-count: all)
     enforced: tuple[str, ...] = ()  # limit profiles the node must enforce
     profile_source: str = ""  # where those profiles were named, for denials
+    device_plugin: bool = True  # the cluster runs one (policy devicePlugin): it picks MIG devices
 
 
 NO_DEMAND = Demand()
@@ -103,6 +118,15 @@ def _holds(e: Expression, product: str | None, memory: int | None) -> bool:
     return isinstance(value, int) and value > int(e["values"][0])  # Gt, on the memory label
 
 
+def _group_of(node: Node, device: Gpu | Mig) -> Group:
+    """A named GPU or MIG device as the group it would be of (a MIG device: its parent's
+    model, its own memory, advertised as no whole GPU)."""
+    if isinstance(device, Gpu):
+        return Group(nvidia.gfd_product(device.product), device.memory_mib, device.resource, 1, 1)
+    parent = next(g for g in node.gpus if device in (g.mig or ()))
+    return Group(nvidia.gfd_product(parent.product), device.memory_mib, "", 1, 1)
+
+
 class _Kind:
     """What one make-up of a node (its groups) offers a request: computed once per kind."""
 
@@ -114,6 +138,8 @@ class _Kind:
         self.devices: dict[str, int] = {}  # resource → how many devices it lists
         unfit: set[str] = set()
         for g in groups:
+            if not g.resource:  # a GPU advertised only as MIG devices
+                continue
             self.devices[g.resource] = self.devices.get(g.resource, 0) + g.devices
             if not fits[g]:
                 unfit.add(g.resource)
@@ -126,10 +152,15 @@ Shapes = dict[Shape, tuple[Node, ...]]
 
 class _Placer:
     """Narrows the candidates shape by shape (a cluster has few shapes, however many nodes);
-    only named GPUs and exclusions look at single nodes."""
+    only named GPUs, exclusions and MIG devices look at single nodes."""
 
     def __init__(
-        self, request: GpuRequest, fleet: Fleet, allow_unknown: bool, demand: Demand
+        self,
+        request: GpuRequest,
+        fleet: Fleet,
+        allow_unknown: bool,
+        demand: Demand,
+        named: tuple[str, ...] = (),
     ) -> None:
         self.request = request
         self.fleet = fleet
@@ -145,6 +176,7 @@ class _Placer:
         self.exact: list[Expression] = []  # enforcement labels and hostnames
         self.pinned = False  # a hostname In: the affinity names the node
         self.kept_off: frozenset[str] = frozenset()  # hostnames of nodes holding excluded GPUs
+        self.named = named  # MIG devices an earlier admission of this pod named
         self.devices: tuple[str, ...] = ()
         self.warnings: list[str] = []
         self.resource: str | None = None
@@ -321,7 +353,8 @@ class _Placer:
         missing = [u for u, h in found.items() if h is None]
         if missing:
             gpus = (g.uuid for n in self.fleet.nodes for g in n.gpus)
-            present = _listing(list(itertools.islice(gpus, 12)), total=len(self.fleet.gpu_nodes))
+            total = sum(len(n.gpus) for n in self.fleet.nodes)
+            present = _listing(list(itertools.islice(gpus, 12)), total=total)
             self.unresolved(
                 (keys.UUID, keys.HAMI_USE_UUID),
                 f"names {_listing(missing)}, which no node has; GPUs present: {present}",
@@ -336,14 +369,10 @@ class _Placer:
             )
         (node,) = holders.values()
         named = [h[1] for h in found.values() if h]
-        unfit = [
-            g
-            for g in named
-            if self.words
-            and not self.fits(Group(nvidia.gfd_product(g.product), g.memory_mib, g.resource, 1, 1))
-        ]
+        groups = {g.uuid: _group_of(node, g) for g in named}
+        unfit = [g for g in named if self.words and not self.fits(groups[g.uuid])]
         if unfit or node not in self.shapes.get(node.shape, ()):
-            what = ", ".join(sorted({g.product for g in unfit or named}))
+            what = ", ".join(sorted({groups[g.uuid].product for g in unfit or named}))
             raise Unplaceable(
                 f"{key}: {value!r} names GPUs on node {node.name} ({what}), which the pod's other "
                 f"GPU annotations rule out ({self.others(keys.UUID_KEYS)}); accepted: GPUs "
@@ -481,6 +510,83 @@ class _Placer:
             )
         return tuple(sorted(sizes))
 
+    def mig(self) -> None:
+        profile = self.request.mig_profile
+        if profile is None:
+            return
+        offering = {
+            shape: kept
+            for shape, nodes in self.shapes.items()
+            if (kept := tuple(n for n in nodes if profile in n.offers()))
+        }
+        plugin = self.demand.device_plugin
+        if not offering:
+            of_model = " of that model" if self.request.models else ""
+            present = _listing(self.fleet.mig_profiles())
+            if plugin:
+                self.unresolved(
+                    (keys.MIG_PROFILE,),
+                    f"is offered by no GPU node{of_model}; MIG profiles present: {present}",
+                )
+                return
+            key, value = self.request.source(keys.MIG_PROFILE)
+            raise Unplaceable(f"{key}: {value!r} is offered by no GPU node{of_model}; "
+                              f"MIG profiles present: {present}")  # fmt: skip
+        count = self.request.count if isinstance(self.request.count, int) else 1
+        self.shapes = offering
+        self.pinned = True  # the MIG label or the hostname says where; the labels stay as they are
+        if plugin:
+            label = f"{nvidia.mig_resource(profile)}.count"
+            self.exact.append({"key": label, "operator": "Gt", "values": [str(count - 1)]})
+            return
+        nodes = self.nodes
+        before = self.named_before(nodes, profile, count)
+        if before is None:
+            node, self.devices = self.choose(nodes, profile, count)
+        else:
+            node, self.devices = before
+        self.fleet.named.update(self.devices)
+        self.exact.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]})
+        self.shapes = {node.shape: (node,)}
+        self.warnings.append(
+            f"{keys.MIG_PROFILE}={profile}: MIG device(s) {', '.join(self.devices)} on node "
+            f"{node.name} named without a device plugin: nothing reserves them until the pod "
+            "starts"
+        )
+
+    def choose(
+        self, offering: list[Node], profile: str, count: int
+    ) -> tuple[Node, tuple[str, ...]]:
+        """`count` free MIG devices of `profile` on the node with the fewest that still has
+        enough (the others' larger free sets stay whole); Unplaceable where none has."""
+        named = self.fleet.named
+        fits = [(n, free) for n in offering if len(free := n.free_mig(profile, named)) >= count]
+        if not fits:
+            key, value = self.request.source(keys.MIG_PROFILE)
+            have = ", ".join(f"{n.name} {len(n.free_mig(profile, named))}" for n in offering)
+            raise Unplaceable(
+                f"{key}: {value!r}: no node has {count} free {profile} MIG device(s) "
+                f"(healthy and held by no one); free per node: {have}"
+            )
+        node, free = min(fits, key=lambda fit: (len(fit[1]), fit[0].name))
+        return node, tuple(m.uuid for m in free[:count])
+
+    def named_before(
+        self, offering: list[Node], profile: str, count: int
+    ) -> tuple[Node, tuple[str, ...]] | None:
+        """The MIG devices an earlier admission of this pod named, while they are free
+        devices of the profile on one node: admitting an admitted pod again changes
+        nothing."""
+        found = [self.fleet.holder(u) for u in self.named]
+        places = [h for h in found if h is not None and h[0] in offering]
+        if not places or len(places) != len(found) or len(found) != count:
+            return None
+        node = places[0][0]
+        free = {m.uuid for m in node.free_mig(profile)}
+        if any(n is not node or d.uuid not in free for n, d in places):
+            return None
+        return node, tuple(d.uuid for _, d in places)
+
     def place(self) -> Placement:
         self.models()
         self.memory()
@@ -488,6 +594,7 @@ class _Placer:
         self.enforcement()
         self.uuids()
         self.excluded_uuids()
+        self.mig()
         self.plugin_resource()
         return Placement(
             self.expressions(),
@@ -501,17 +608,24 @@ class _Placer:
 
 
 def place(
-    request: GpuRequest, fleet: Fleet, allow_unknown: bool = False, demand: Demand = NO_DEMAND
+    request: GpuRequest,
+    fleet: Fleet,
+    allow_unknown: bool = False,
+    demand: Demand = NO_DEMAND,
+    named: tuple[str, ...] = (),
 ) -> Placement:
-    """Resolve `request`'s model, memory, device and limit constraints for a pod that needs
-    `demand`; Unplaceable when no node can run it.
+    """Resolve `request`'s model, memory, device, MIG and limit constraints for a pod that
+    needs `demand`; Unplaceable when no node can run it.
 
     `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable model, memory or
     device constraint with a warning instead of denying the pod. Placements are kept with the
     snapshot (a Deployment's pods ask alike, and resolving costs a pass over the cluster's
     nodes), so they are shared: read-only, like the expressions that go into patches. Denials
-    are not kept.
+    are not kept. `named`: the MIG devices a pod already names (an earlier admission's
+    choice).
     """
+    if request.mig_profile and not demand.device_plugin:  # names devices: each pod its own
+        return _Placer(request, fleet, allow_unknown, demand, named).place()
     placed = fleet.placements
     key = (request, allow_unknown, demand)
     found = placed.get(key)

@@ -59,6 +59,7 @@ class Container:
     named: Mapping[str, list[int]]  # env positions by name, in order
     gpus: int | None  # the nvidia.com/gpu resource (limits, else requests), if any
     raw: Mapping[str, Any]
+    mig: tuple[str, int] | None = None  # a nvidia.com/mig-<profile> resource and its count
 
     @property
     def path(self) -> str:
@@ -95,7 +96,8 @@ class Container:
     def count_of(self, resource: str) -> int | None:
         """How many of an extended resource it asks for (limits, else requests), if any."""
         where = f"spec.{self.field}[{self.position}]"
-        return _count(_mapping(self.raw.get("resources"), where, ".resources"), resource, where)
+        found = _count(_mapping(self.raw.get("resources"), where, ".resources"), where, resource)
+        return found[1] if found else None
 
 
 class _Values(Mapping[str, str]):
@@ -132,17 +134,23 @@ def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[
     return entries, named
 
 
-def _count(resources: dict[str, Any], resource: str, where: str) -> int | None:
+def _count(resources: dict[str, Any], where: str, wanted: str) -> tuple[str, int] | None:
+    """The first resource named `wanted` (or, ending in `-`, starting so) in the limits, else
+    the requests, with its count."""
     for section, field in (("limits", ".resources.limits"), ("requests", ".resources.requests")):
         quantity = _mapping(resources.get(section), where, field)
-        if resource in quantity:
-            text = str(quantity[resource]).strip()
-            if not (text.isascii() and text.isdigit()):
-                raise MalformedPod(
-                    f"{where}.resources.{section}[{resource}] is {text!r}, not a whole number"
-                )
-            return int(text)
+        for name in quantity:
+            if name == wanted or (wanted.endswith("-") and str(name).startswith(wanted)):
+                text = str(quantity[name]).strip()
+                if not (text.isascii() and text.isdigit()):
+                    raise MalformedPod(
+                        f"{where}.resources.{section}[{name}] is {text!r}, not a whole number"
+                    )
+                return str(name), int(text)
     return None
+
+
+MIG_RESOURCE_PREFIX = nvidia.LABEL_PREFIX + "mig-"
 
 
 def _container(raw: object, field: str, index: int) -> Container:
@@ -150,8 +158,11 @@ def _container(raw: object, field: str, index: int) -> Container:
     body = _mapping(raw, where)
     env, named = _env(body.get("env"), where)
     name = _str(body.get("name"), where, ".name")
-    gpus = _count(_mapping(body.get("resources"), where, ".resources"), nvidia.RESOURCE, where)
-    return Container(field, index, name, env, named, gpus, body)
+    resources = _mapping(body.get("resources"), where, ".resources")
+    gpus = _count(resources, where, nvidia.RESOURCE)
+    mig = _count(resources, where, MIG_RESOURCE_PREFIX)
+    count = None if gpus is None else gpus[1]
+    return Container(field, index, name, env, named, count, body, mig)
 
 
 @dataclass(frozen=True)

@@ -270,14 +270,15 @@ def render(spec: cdi.Spec, fmt: str) -> str:
 
 
 def cdi_generate(argv: list[str]) -> int:
-    from gpuwire import nvidia
+    from gpuwire import mig, nvidia
     from gpuwire.driver import DiscoveryError, discover
     from gpuwire.nvidia import Roots
 
     parser = argparse.ArgumentParser(
         prog="gpuwire cdi generate",
-        description="Write a CDI spec for this node's GPUs (devices by index and UUID, and "
-        "'all'). Roots, hook and ldconfig default to the gpuwire config "
+        description="Write a CDI spec for this node's GPUs (devices by index and UUID, MIG "
+        "devices as <gpu>:<gi>:<ci> and by UUID, and 'all'). Roots, hook, ldconfig and the "
+        "MIG map default to the gpuwire config "
         f"(${config.ENV}, else {config.DEFAULT_PATH}).",
     )
     parser.add_argument("--root", help="host root (sets the driver, dev and proc roots)")
@@ -315,10 +316,17 @@ def cdi_generate(argv: list[str]) -> int:
                 "gpuwire-hook: the spec's ld-cache hook would fail every container"
             )
         capabilities = nvidia.parse_capabilities(args.capabilities)
-        spec = cdi.generate(
-            discover(roots, capabilities), settings.hook, settings.ldconfig, capabilities, args.kind
-        )
-    except (config.ConfigError, cdi.CdiError, nvidia.CapabilityError, DiscoveryError) as exc:
+        driver = discover(roots, capabilities)
+        if driver.mig:
+            driver.mig = mig.identify(driver.mig, mig.read_map(settings.mig_map))
+        spec = cdi.generate(driver, settings.hook, settings.ldconfig, capabilities, args.kind)
+    except (
+        config.ConfigError,
+        cdi.CdiError,
+        nvidia.CapabilityError,
+        DiscoveryError,
+        mig.MigError,
+    ) as exc:
         parser.exit(2, f"gpuwire cdi generate: {exc}\n")
     text = render(spec, fmt)
     if not args.output:

@@ -41,7 +41,7 @@ def keep(
         record = records.started(
             container,
             ocispec.annotations_of(spec),
-            (d.uuid for d in outcome.devices),
+            (*(d.uuid for d in outcome.devices), *(m.name for m in outcome.mig)),
             path=records.PLUGIN if outcome.verdict.basis == "allocation" else records.PLUGIN_LESS,
             whole_node=request is not None and request.kind is devices.Kind.ALL,
             capabilities=outcome.capabilities,

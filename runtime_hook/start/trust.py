@@ -15,7 +15,10 @@ default) a request is honoured only when
    `plugin` leaves the devices to the device plugin, so it needs an allocation too.
 
 Anything else starts with no GPU, and the log says why. `trust = "any"` honours every
-request, as NVIDIA's runtime does by default.
+request, as NVIDIA's runtime does by default. `NVIDIA_MIG_CONFIG_DEVICES` and
+`NVIDIA_MIG_MONITOR_DEVICES` (`all` only) are honoured for privileged containers alone, and
+anywhere else fail the start, as NVIDIA's hook does ("cannot set MIG_CONFIG_DEVICES in non
+privileged container").
 
 The pieces: `read_request` (spec → what it asks, pure), `check_tokens` (reads, and for a
 real start claims, allocation tokens), `authorise` (pure: the verdict), and `evaluate`, the
@@ -24,8 +27,8 @@ shell the shim, the prestart hook and `gpuwire grant verify` all call.
 
 from __future__ import annotations
 
-from gpuwire import allocation, devices, grant, nvidia
-from gpuwire.devices import Device
+from gpuwire import allocation, devices, grant, nvidia, requirements
+from gpuwire.devices import Device, MigDevice
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
 
@@ -35,7 +38,12 @@ if TYPE_CHECKING:
     from runtime_hook.start.spec import Spec
 
 PRIVILEGED_CAPABILITY = "CAP_SYS_ADMIN"
-REQUEST_ENV = (nvidia.VISIBLE_DEVICES_ENV, nvidia.CAPABILITIES_ENV, grant.ENV)
+REQUEST_ENV = (
+    nvidia.VISIBLE_DEVICES_ENV,
+    nvidia.CAPABILITIES_ENV,
+    grant.ENV,
+    *nvidia.MIG_CONTROL_ENV.values(),
+)
 
 # Verdict statuses
 NOT_GPU = "not a GPU container"
@@ -49,7 +57,9 @@ class ContainerRequest:
     __slots__ = (
         "capabilities",
         "conflicts",
+        "env",
         "grant",
+        "mig_controls",
         "names",
         "owner",
         "privileged",
@@ -69,6 +79,8 @@ class ContainerRequest:
         tokens: tuple[str, ...] = (),
         stray_tokens: tuple[str, ...] = (),
         conflicts: dict[str, list[str]] | None = None,
+        mig_controls: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.visible = visible  # NVIDIA_VISIBLE_DEVICES (last value)
         self.capabilities = capabilities  # NVIDIA_DRIVER_CAPABILITIES
@@ -79,10 +91,12 @@ class ContainerRequest:
         self.tokens = tokens  # allocation tokens mounted from the allocation dir
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
         self.conflicts = conflicts or {}  # request keys set more than once, differently
+        self.mig_controls = mig_controls or {}  # config, monitor → NVIDIA_MIG_*_DEVICES
+        self.env = env if env is not None else {}  # the whole environment, last values
 
     @property
     def device_request(self) -> devices.Request:
-        return devices.parse_request(self.visible)
+        return ocispec.visible_request(self.env)
 
     def describe(self) -> str:
         return (
@@ -114,6 +128,10 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         tokens=tuple(dict.fromkeys(tokens)),
         stray_tokens=tuple(strays),
         conflicts=ocispec.conflicting_env(spec, REQUEST_ENV),
+        env=env,
+        mig_controls={
+            control: env[name] for control, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)
+        },
     )
 
 
@@ -166,7 +184,7 @@ def check_tokens(
 class Verdict:
     """The decision: status, the basis it rests on, why, and what to select if granted."""
 
-    __slots__ = ("basis", "capabilities", "reason", "request", "status")
+    __slots__ = ("basis", "capabilities", "reason", "request", "share", "status")
 
     def __init__(
         self,
@@ -175,12 +193,14 @@ class Verdict:
         basis: str = "",
         request: devices.Request | None = None,
         capabilities: str | None = None,
+        share: allocation.Share | None = None,
     ) -> None:
         self.status = status
         self.reason = reason
         self.basis = basis  # privileged, allocation, grant, trust=any
         self.request = request
         self.capabilities = capabilities
+        self.share = share  # a shared replica's, from its allocation token
 
 
 def grant_holds(request: ContainerRequest, keys: grant.KeyRing | None) -> tuple[bool, str]:
@@ -215,12 +235,14 @@ def authorise(
         if errors or len(tokens) != len(request.tokens):
             return Verdict(REFUSED, "; ".join(errors) or "allocation not checked")
         uuids = tuple(sorted({u for t in tokens if t.allocation for u in t.allocation.devices}))
+        shares = [t.allocation.share for t in tokens if t.allocation and t.allocation.share]
         return Verdict(
             GRANTED,
             f"device-plugin allocation {', '.join(request.tokens)}",
             "allocation",
             devices.Request(devices.Kind.LIST, uuids),
             caps,
+            shares[0] if shares else None,
         )
     holds, explanation = grant_check
     if holds and request.visible == grant.PLUGIN_DEVICES:
@@ -250,8 +272,11 @@ class Outcome:
         "driver",
         "error",
         "grant_explanation",
+        "mig",
+        "mig_controls",
         "request",
         "tokens",
+        "unchecked",
         "verdict",
     )
 
@@ -267,8 +292,11 @@ class Outcome:
         self.grant_explanation = grant_explanation
         self.verdict = verdict
         self.driver: Driver | None = None
-        self.devices: tuple[Device, ...] = ()
+        self.devices: tuple[Device, ...] = ()  # whole GPUs
+        self.mig: tuple[MigDevice, ...] = ()  # MIG devices selected on their own
+        self.mig_controls: tuple[str, ...] = ()  # config, monitor
         self.capabilities: tuple[str, ...] = ()
+        self.unchecked: list[str] = []  # NVIDIA_REQUIRE_* terms on facts this node lacks
         # A granted request this node cannot satisfy (unknown device, bad capability,
         # no driver): the container start must fail with this message.
         self.error: str | None = None
@@ -294,12 +322,57 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
+    env = request.env
+    caps = verdict.capabilities
+    if caps is None and requirements.is_legacy(env):
+        caps = "all"  # a legacy CUDA image naming none gets every capability, as the toolkit
     from gpuwire.driver import DiscoveryError, discover  # _ctypes, ELF: when granted
 
     try:
-        outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)
-        outcome.driver = discover(config.roots, outcome.capabilities)
-        outcome.devices = devices.select(verdict.request, outcome.driver.devices)
-    except (nvidia.CapabilityError, DiscoveryError, devices.UnknownDevice) as exc:
+        outcome.mig_controls = mig_controls(request)
+        outcome.capabilities = nvidia.parse_capabilities(caps)
+        driver = outcome.driver = discover(config.roots, outcome.capabilities)
+        problem = ""
+        if driver.mig:
+            from gpuwire import mig
+
+            try:
+                driver.mig = mig.identify(driver.mig, mig.read_map(config.mig_map))
+            except mig.MigError as exc:
+                problem = f" ({exc})"
+        try:
+            chosen = devices.select(verdict.request, driver.devices, driver.mig)
+        except devices.UnknownDevice as exc:
+            raise devices.UnknownDevice(f"{exc}{problem}") from None
+        outcome.devices, outcome.mig = chosen.gpus, chosen.mig
+        facts = requirements.read_facts(config.driver_facts, driver.version)
+        outcome.unchecked = requirements.check(env, driver.version, facts, outcome.devices)
+    except (
+        nvidia.CapabilityError,
+        DiscoveryError,
+        devices.UnknownDevice,
+        MigControlError,
+        requirements.RequirementError,
+    ) as exc:
         outcome.error = str(exc)
     return outcome
+
+
+class MigControlError(ValueError):
+    """A MIG control variable the container may not have."""
+
+
+def mig_controls(request: ContainerRequest) -> tuple[str, ...]:
+    """The MIG capabilities a granted container asks for; MigControlError where it may not
+    have them (only `all`, only privileged)."""
+    for control, value in request.mig_controls.items():
+        name = nvidia.MIG_CONTROL_ENV[control]
+        if value != "all":
+            raise MigControlError(f"{name}={value!r}: only 'all' devices are supported")
+        if not request.privileged:
+            raise MigControlError(
+                f"{name}={value}: MIG {control} access is for privileged containers only "
+                f"({PRIVILEGED_CAPABILITY}), as NVIDIA's toolkit: "
+                f"cannot set MIG_{control.upper()}_DEVICES in non privileged container"
+            )
+    return tuple(request.mig_controls)

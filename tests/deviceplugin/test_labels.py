@@ -39,6 +39,7 @@ def test_gfd_and_gpuwire_keys_for_a_homogeneous_node() -> None:
         "nvidia.com/cuda.runtime-version.major": "12",
         "nvidia.com/cuda.runtime-version.minor": "4",
         "nvidia.com/cuda.runtime-version.full": "12.4",
+        "nvidia.com/mig.capable": "false",
         "gpuwire.io/gpu.present": "true",
         "gpuwire.io/gpu.count": "4",
         "gpuwire.io/gpu.model": "a100",

@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwire import nvidia, sim
-from gpuwire.devices import Kind, UnknownDevice, normalise_bus_id, parse_request, select
+from gpuwire.devices import (
+    Kind,
+    Selection,
+    UnknownDevice,
+    normalise_bus_id,
+    parse_request,
+    select,
+)
 
 DEVICES = sim.make_machine(gpus=4).devices
 
@@ -25,6 +32,12 @@ DEVICES = sim.make_machine(gpus=4).devices
         ("ALL", Kind.ALL),
         ("0,all", Kind.ALL),
         ("0, 1", Kind.LIST),
+        # the toolkit's precedence where special values mix with devices: void, none, all
+        ("all,void", Kind.VOID),
+        ("all,none", Kind.NONE),
+        ("none,all,0", Kind.NONE),
+        ("0,ALL", Kind.ALL),
+        ("NONE", Kind.LIST),  # exact words but for all: the toolkit takes NONE for a device
     ],
 )
 def test_request_kinds(value: str | None, kind: Kind) -> None:
@@ -34,13 +47,13 @@ def test_request_kinds(value: str | None, kind: Kind) -> None:
 def test_select_by_index_uuid_and_bus_id_in_request_order_once() -> None:
     d0, d1, d2, _ = DEVICES
     request = parse_request(f"2,{d1.uuid.upper()},7:0.0,0")
-    assert select(request, DEVICES) == (d2, d1, d0)
+    assert select(request, DEVICES).gpus == (d2, d1, d0)
     assert d0.pci_bus_id == "0000:07:00.0"
 
 
 def test_select_all_and_none() -> None:
-    assert select(parse_request("all"), DEVICES) == DEVICES
-    assert select(parse_request("none"), DEVICES) == ()
+    assert select(parse_request("all"), DEVICES).gpus == DEVICES
+    assert select(parse_request("none"), DEVICES) == Selection()
 
 
 @pytest.mark.parametrize("entry", ["4", "GPU-0000", "0000:99:00.0", "bogus", "GPU-" + "a" * 36])

@@ -3,10 +3,13 @@ at once, not a traceback (the checks themselves need a real GPU: docs/device-plu
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -44,4 +47,37 @@ def test_nvidia_smi_alone_is_not_a_gpu(tmp_path: Path) -> None:
     assert done.stdout.splitlines()[0] == (
         f"FAIL NVIDIA driver: no NVIDIA GPU/driver found: no GPU in {PROC_GPUS} (is the nvidia "
         "kernel module loaded?)"
+    )
+
+
+def load_gpu_check() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_check", loader))
+    loader.exec_module(module)
+    return module
+
+
+CUDA = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+
+@pytest.mark.skipif(not (CUDA / "include/cuda.h").exists(), reason=f"no CUDA toolkit at {CUDA}")
+def test_the_mps_checks_program_builds_with_the_toolkit_and_says_why_it_cannot_run(
+    tmp_path: Path,
+) -> None:
+    """gpu_alloc.c, what the MPS check's containers run, builds clean (-Wall -Wextra
+    -Werror) against the toolkit's cuda.h; on a machine without a driver it fails at once
+    with one clear line."""
+    program = load_gpu_check().build_gpu_alloc(tmp_path)
+    assert isinstance(program, Path), program
+    done = subprocess.run([str(program), "1024"], capture_output=True, text=True, env={})
+    assert done.returncode == 2
+    assert done.stdout.startswith("cannot load libcuda.so.1: ")
+
+
+def test_without_the_toolkit_the_mps_check_says_what_it_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    assert load_gpu_check().build_gpu_alloc(tmp_path) == (
+        f"no {tmp_path}/no-cuda/include/cuda.h: the CUDA toolkit builds gpu_alloc.c (CUDA_HOME)"
     )

@@ -119,6 +119,15 @@ def mixed_node_model(p: Pod, warnings: tuple[str, ...]) -> None:
     assert any("asks for nvidia.com/l4: 1" in w for w in warnings)
 
 
+def mig_profile(p: Pod, warnings: tuple[str, ...]) -> None:
+    notebook = p["spec"]["containers"][0]
+    assert notebook["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "2"}
+    assert expressions(p) == [
+        {"key": "nvidia.com/mig-1g.10gb.count", "operator": "Gt", "values": ["1"]}
+    ]
+    assert env(p, "notebook").keys() == {"NVIDIA_DRIVER_CAPABILITIES", grant.ENV}
+
+
 ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "model-select": model_select,
     "model-exclude": model_exclude,
@@ -132,6 +141,7 @@ ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "trusted-agent": trusted_agent,
     "driver-only": driver_only,
     "mixed-node-model": mixed_node_model,
+    "mig-profile": mig_profile,
 }
 DENIED = {
     "denied-unknown-model": [
@@ -143,6 +153,10 @@ DENIED = {
         "which no node with gpuwire.io/gpu-model: 'T4' enforces; nodes enforcing it have: "
         "NVIDIA-H100-80GB-HBM3, NVIDIA-L4; profiles enforced in this cluster: hami (3 nodes), "
         "mps (2 nodes); advisory (allowed, not enforced): jax, pytorch, tensorflow"
+    ],
+    "denied-unknown-mig-profile": [
+        "gpuwire.io/mig-profile: '1g.5gb' is offered by no GPU node; MIG profiles present: "
+        "1g.10gb, 2g.20gb, 3g.40gb"
     ],
     "denied-bad-annotations": [
         "gpuwire.io/gpu-count: 'two' is not a GPU count; accepted: all, none",

@@ -326,11 +326,19 @@ def test_a_hand_written_limit_cannot_raise_the_granted_one() -> None:
     assert env(mutated)["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m"
 
 
-def test_mps_limits_per_device_of_all_gpus_on_the_chosen_node() -> None:
-    p = pod({a.MODEL: "H100", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"})
+def test_mps_limits_are_for_a_container_with_one_gpu() -> None:
+    p = pod({a.MODEL: "H100", a.COUNT: "1", a.MEMORY_LIMIT: "10Gi", a.CORES_LIMIT: "20"})
     mutated, _ = admit(p, policy=Policy(limit_profiles=("mps",)))
-    assert env(mutated)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(
-        f"{i}=10240M" for i in range(8)
+    assert env(mutated)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    assert env(mutated)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+    denial = deny(
+        pod({a.MODEL: "H100", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"}),
+        policy=Policy(limit_profiles=("mps",)),
+    )
+    assert denial.message == (
+        "gpuwire.io/gpu-memory-limit: '10Gi': profile 'mps' joins a container to one GPU's MPS "
+        "control daemon, and this container sees 8 GPUs; give it one GPU (gpuwire.io/gpu-count: "
+        "1, or nvidia.com/gpu: 1)"
     )
 
 
