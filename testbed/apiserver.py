@@ -379,6 +379,7 @@ class ApiServer:
         self._closing = False
         self._faults: list[Fault] = []
         self._encodings: dict[tuple[str, tuple[str, str], bool], tuple[Obj, bytes]] = {}
+        self._snapshots: dict[str, tuple[int, dict[str, Obj], list[str]]] = {}
         self._sockets: set[socket.socket] = set()
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -614,25 +615,24 @@ class ApiServer:
         `continue` token names; `meta`: as a PartialObjectMetadataList."""
         match = self._matcher(res, query, "")
         limit = _number(query, "limit")
+        page: list[Obj] = []
         with self._lock:
             if query.get("continue"):
                 version, start = decode_continue(query["continue"])
-                objects = self._snapshot(res, version)
             else:
-                version, start, objects = self._rv, "", dict(self._store[res.plural])
-        keyed = sorted((_path(k), o) for k, o in objects.items() if namespace in ("", k[0]))
-        page: list[Obj] = []
-        listed: Obj = {"resourceVersion": str(version)}
-        for at in range(bisect.bisect_left(keyed, start, key=lambda e: e[0]), len(keyed)):
-            obj = keyed[at][1]
-            if not match(obj):
-                continue
-            if limit and len(page) == limit:
-                listed["continue"] = encode_continue(version, _path(_key(page[-1])) + "\x00")
-                if not query.get("labelSelector") and not query.get("fieldSelector"):
-                    listed["remainingItemCount"] = len(keyed) - at
-                break
-            page.append(obj)
+                version, start = self._rv, ""
+            objects, paths = self._snapshot(res, version)
+            listed: Obj = {"resourceVersion": str(version)}
+            for at in range(bisect.bisect_left(paths, start), len(paths)):
+                obj = objects[paths[at]]
+                if namespace not in ("", _key(obj)[0]) or not match(obj):
+                    continue
+                if limit and len(page) == limit:
+                    listed["continue"] = encode_continue(version, _path(_key(page[-1])) + "\x00")
+                    if not query.get("labelSelector") and not query.get("fieldSelector"):
+                        listed["remainingItemCount"] = len(paths) - at
+                    break
+                page.append(obj)
         kind, api_version = (
             ("PartialObjectMetadataList", META) if meta else (f"{res.kind}List", res.api_version)
         )
@@ -640,22 +640,27 @@ class ApiServer:
         items = b",".join(self._encoded(res, obj, meta) for obj in page)
         return head[:-1] + b',"items":[' + items + b"]}"
 
-    def _snapshot(self, res: Resource, version: int) -> dict[tuple[str, str], Obj]:
-        """The resource's objects as they were at `version` (under the lock): now's, with the
-        changes since undone from the history; 410 Expired where it no longer reaches back."""
-        objects = dict(self._store[res.plural])
-        if version >= self._rv:
-            return objects
-        if not self._history or self._history[0].rv > version + 1:
+    def _snapshot(self, res: Resource, version: int) -> tuple[dict[str, Obj], list[str]]:
+        """The resource's objects as they were at `version`, by key, and the keys in order
+        (under the lock): now's, with the changes since undone from the history; 410 Expired
+        where it no longer reaches back. Kept while nothing changes: the pages of one list
+        cost what they hold, as etcd's ranges do."""
+        if version < self._rv and (not self._history or self._history[0].rv > version + 1):
             raise StatusError(410, CONTINUE_EXPIRED, "Expired")
-        for event in reversed(self._history):
+        kept = self._snapshots.get(res.plural)
+        if kept is not None and kept[0] == version:
+            return kept[1], kept[2]
+        objects = {_path(k): o for k, o in self._store[res.plural].items()}
+        for event in reversed(self._history if version < self._rv else ()):
             if event.rv <= version:
                 break
             if event.resource == res.plural and event.old is None:
-                objects.pop(_key(event.obj), None)
+                objects.pop(_path(_key(event.obj)), None)
             elif event.resource == res.plural and event.old is not None:
-                objects[_key(event.obj)] = event.old
-        return objects
+                objects[_path(_key(event.obj))] = event.old
+        paths = sorted(objects)
+        self._snapshots[res.plural] = (version, objects, paths)
+        return objects, paths
 
     def _encoded(self, res: Resource, obj: Obj, meta: bool) -> bytes:
         """An object as a list item (untyped, as lists hold them; or PartialObjectMetadata),
