@@ -129,10 +129,14 @@ def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> tuple[Group, ..
         devices = count * (_int(labels.get(REPLICAS_LABEL)) or 1)
         memory = _int(labels.get(MEMORY_LABEL))
         return (Group(product, memory, nvidia.RESOURCE, count, devices),) if product else ()
+    spelled: dict[tuple[str, int, str, int], int] = {}
+    for g in gpus:  # by NVML's name first: the label's spelling is made once per model
+        key = (g.product, g.memory_mib, g.resource, g.replicas)
+        spelled[key] = spelled.get(key, 0) + 1
     counts: dict[tuple[str, int, str, int], int] = {}
-    for g in gpus:
-        key = (nvidia.gfd_product(g.product), g.memory_mib, g.resource, g.replicas)
-        counts[key] = counts.get(key, 0) + 1
+    for (product, memory, resource, replicas), n in spelled.items():
+        key = (nvidia.gfd_product(product), memory, resource, replicas)
+        counts[key] = counts.get(key, 0) + n
     return tuple(Group(p, m or None, r, n, n * k) for (p, m, r, k), n in counts.items())
 
 
