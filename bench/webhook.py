@@ -4,10 +4,11 @@ and the same webhook at 100, 1,000 and 10,000 GPU nodes.
 Two servers run the same uvicorn configuration with the same TLS context
 (`webhook.server.run`): `gpuwire webhook serve` with the example policy and cluster, and a
 bare starlette endpoint that reads the body and returns the webhook's own AdmissionReview
-answer, canned (the ceiling: everything but the webhook's work). A closed-loop load generator
-keeps 16 keep-alive TLS connections busy with realistic pods (bench/deployment-pod.yaml: a
-ReplicaSet's pod as the API server sends it, about 4.5 KB of JSON) in a mix of GPU requests
-with limits and model selection, plugin-less pods, pods that ask for nothing and a denial.
+answer, canned (bench/bare.py, the ceiling: everything but the webhook's work). A closed-loop
+load generator keeps 16 keep-alive TLS connections busy with realistic pods
+(bench/deployment-pod.yaml: a ReplicaSet's pod as the API server sends it, about 4.5 KB of
+JSON) in a mix of GPU requests with limits and model selection, plugin-less pods, pods that
+ask for nothing and a denial.
 
 How it is measured on a small shared machine: both servers are pinned to CPU 0 and the load
 generator to CPU 1 (where there are two), so the client does not steal the server's core; the
@@ -23,8 +24,10 @@ per size: the list floor (fetching every page of what the webhook reads from the
 parsing it with orjson, in this process: what any reader pays; the fetch alone is the
 stand-in's share), the time from spawning `gpuwire webhook serve` to its first `/readyz` 200,
 against the bare server's start and that floor; VmHWM and VmRSS from /proc/<pid>/status at
-that moment, against the bare server's; admission p50/p99 (the same mix, 16 connections) with
-the nodes quiet, and again while they change as a cluster's do (each node's kubelet writes its
+that moment, against the bare server's; admission p50/p99 (the same mix, 16 connections; and
+the share the webhook's own latency histogram puts within 10 ms, free of what slows the load
+generator, which shares this process with the stand-in) with the nodes quiet, and again while
+they change as a cluster's do (each node's kubelet writes its
 status every 5 minutes, `nodeStatusReportFrequency`; and one node's `gpuwire.io/holders` per
 second, a GPU pod starting somewhere), with the webhook's CPU spent following those changes
 (no admissions, 5 s). Then the same start from a `--nodes` file (`kubectl get nodes -o json`).
