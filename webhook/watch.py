@@ -19,18 +19,18 @@ from webhook.fleet import Fleet, Node, node_from_object
 from webhook.listwatch import PAGE, ListWatch
 
 
-class NodeWatch:
+class NodeWatch(ListWatch[Node]):
     """The cluster's GPU nodes, kept current by a list + watch in a background thread."""
 
     def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
         """`api`: a `kubernetes.client.CoreV1Api`."""
         self._current = Fleet()
         self._shared: dict[object, Any] = {}  # one object per distinct GPU make-up, profiles
-        self._watch = ListWatch(
+        super().__init__(
             "node watch",
             api.list_node,
             self._node,
-            self._publish,
+            self._snapshot,
             metadata_only=True,
             timeout_seconds=timeout_seconds,
             page=page,
@@ -40,24 +40,11 @@ class NodeWatch:
     def current(self) -> Fleet:
         return self._current
 
-    @property
-    def synced(self) -> bool:
-        return self._watch.synced
-
-    def wait_synced(self, timeout: float) -> bool:
-        return self._watch.wait_synced(timeout)
-
-    def start(self) -> None:
-        self._watch.start()
-
-    def stop(self) -> None:
-        self._watch.stop()
-
     def refresh(self) -> None:
         """Nothing to poll: the watch pushes."""
 
     def _node(self, obj: dict[str, Any]) -> Node | None:
         return node_from_object(obj, self._shared)
 
-    def _publish(self, nodes: Mapping[str, Node]) -> None:
+    def _snapshot(self, nodes: Mapping[str, Node]) -> None:
         self._current = Fleet.of_nodes(nodes.values())
