@@ -14,7 +14,7 @@ socket is touched here, so every delivery shares it and tests read it directly:
 
 Links and the ld cache are not mounts: they are made inside the container root (see
 `runtime_hook.injection.ldcache`); for CDI by `gpuwire-hook ldcache`, which `hooks()` renders as a
-`createContainer` hook with an explicit environment. Its arguments are written by
+`createRuntime` hook with an explicit environment. Its arguments are written by
 `ldcache_args` and read back by `parse_ldcache_args`, here, so the format lives once.
 """
 
