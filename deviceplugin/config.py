@@ -323,7 +323,8 @@ def load(path: str | None, overrides: Mapping[str, Any]) -> Config:
 
 def _check_sharing(config: Config) -> None:
     """What holds a share must be there: MPS sharing needs the agent's daemons, HAMi-core
-    its library; and a GPU is time-sliced or shared through MPS, not both (as NVIDIA's)."""
+    its library, both gpuwire's runtime (not a CDI device); and a GPU is time-sliced or
+    shared through MPS, not both (as NVIDIA's)."""
     if config.mps_replicas and config.replicas > 1:
         raise ConfigError(
             "sharing.mps.replicas and sharing.timeSlicing.replicas: a GPU is shared one way; "
@@ -338,4 +339,10 @@ def _check_sharing(config: Config) -> None:
         raise ConfigError(
             "sharing.timeSlicing.limits: hami needs hami.library: HAMi-core holds each replica "
             "to its share"
+        )
+    if config.sharing.limits != "none" and config.cdi != "none":
+        raise ConfigError(
+            f"allocate.cdi: {config.cdi} with replicas held to their share: containerd applies "
+            "a CDI device without gpuwire's runtime, which joins a replica to what holds its "
+            "share; accepted: allocate.cdi: none, or replicas without limits"
         )

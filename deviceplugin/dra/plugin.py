@@ -25,7 +25,9 @@ from deviceplugin.dra.endpoint import Endpoint, Sockets
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
 from deviceplugin.dra.service import RegistrationService, add_services
+from deviceplugin.dra.shares import Holders
 from deviceplugin.health import HealthBook, HealthPolicy
+from gpuwire import hamicore
 from gpuwire.nvidia import Roots
 
 log = logging.getLogger(__name__)
@@ -59,15 +61,22 @@ class DraPlugin:
         self.node = labeler.node_name(config.node_name)
         self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
         gpus = self.discovery.discover()
-        self.devices: list[DraDevice] = devices.devices(gpus, Sharing(config.shared_gpus))
+        self.sockets = Sockets(config.kubelet_root, DRIVER)
+        holders = Holders(
+            config.hami_library if "hami" in labeler.enforced(config) else None,
+            str(self.sockets.plugin_dir),
+        )
+        if holders.hami_library:
+            hamicore.write_preload(holders.state)
+        sharing = Sharing(config.shared_gpus, holders.enforced)
+        self.devices: list[DraDevice] = devices.devices(gpus, sharing)
         self.by_name = {d.name: d for d in self.devices}
         policy = HealthPolicy(config.ignored_xids, config.recover_after)
         uuids = frozenset(d.uuid for d in gpus.devices)
         self.health = state.HealthState(HealthBook(policy, uuids), self.discovery.alive)
-        self.sockets = Sockets(config.kubelet_root, DRIVER)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
-            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root
+            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root, holders
         )
         self.preparer = Preparer(
             DRIVER,
