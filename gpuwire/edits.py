@@ -113,23 +113,20 @@ def device_node(node: CharDevice) -> DeviceNode:
     }
 
 
-def bind_mount(host_path: str, container_path: str) -> Mount:
+def bind_mount(
+    host_path: str, container_path: str, options: tuple[str, ...] = MOUNT_OPTIONS
+) -> Mount:
     return {
         "hostPath": host_path,
         "containerPath": container_path,
-        "options": list(MOUNT_OPTIONS),
+        "options": list(options),
         "type": "bind",
     }
 
 
 def shared_mount(host_path: str, container_path: str) -> Mount:
     """A writable directory the container shares with a host daemon (MPS's pipes and shm)."""
-    return {
-        "hostPath": host_path,
-        "containerPath": container_path,
-        "options": list(SHARED_OPTIONS),
-        "type": "bind",
-    }
+    return bind_mount(host_path, container_path, SHARED_OPTIONS)
 
 
 def visible_devices(devices: tuple[Device, ...], mig: tuple[MigDevice, ...] = ()) -> str:
