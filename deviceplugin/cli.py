@@ -74,7 +74,7 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
     """What this node's runtime shares with its agent (the node config says the same)."""
-    absolute = _typed(settings.as_absolute)
+    absolute = _typed(settings.as_path)
     parser.add_argument(
         "--driver-facts",
         type=absolute,
@@ -297,6 +297,94 @@ def serve(argv: list[str]) -> int:
         plugin.run(config, stop, holders=_holder_settings(args))
     except Exception as exc:  # NVML missing, kubelet dir unwritable: say so and exit
         logging.getLogger("gpuwire").error("device plugin stopped: %s", exc)
+        return 1
+    return 0
+
+
+DRA_FIELDS = (
+    "sim",
+    "kubelet_root",
+    "cdi_dir",
+    "shared_gpus",
+    "host_root",
+    "driver_root",
+    "hook",
+    "ldconfig",
+    "ignored_xids",
+    "recover_after",
+    "labels",
+    "label_interval",
+    "node_name",
+    "kubeconfig",
+)
+
+
+def _gpu_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def dra_serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire dra serve",
+        description="Serve the kubelet DRA plugin for this node's GPUs: ResourceSlices, "
+        "claims prepared as CDI specs, health as device taints (docs/dra.md).",
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
+    path = _typed(settings.as_path)
+    parser.add_argument(
+        "--kubelet-root",
+        type=path,
+        help=f"the kubelet's directory (default {settings.KUBELET_ROOT})",
+    )
+    parser.add_argument("--cdi-dir", type=path, help="where claims' CDI specs go (/var/run/cdi)")
+    parser.add_argument(
+        "--shared-gpus",
+        type=_typed(settings.as_gpus, _gpu_list),
+        metavar="LIST",
+        help="GPUs published as shared (consumable capacity): UUIDs or product globs",
+    )
+    parser.add_argument(
+        "--host-root", type=path, help="where the host's / is seen (CDI specs name host paths)"
+    )
+    parser.add_argument("--driver-root", type=path, help="the driver's files (default: host root)")
+    parser.add_argument(
+        "--hook",
+        type=path,
+        help=f"gpuwire-hook as the host runs it (default {settings.DEFAULT_HOOK})",
+    )
+    parser.add_argument("--ldconfig", type=path, help="the host's static ldconfig (/sbin/ldconfig)")
+    parser.add_argument(
+        "--ignore-xids",
+        dest="ignored_xids",
+        type=_typed(settings.as_xids, _xid_list),
+        metavar="LIST",
+        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
+    )
+    parser.add_argument(
+        "--recover-after",
+        type=_typed(settings.as_recovery, _number),
+        metavar="SECONDS",
+        help="quiet seconds after which a tainted GPU is clean again, or never (default 300)",
+    )
+    parser.add_argument(
+        "--labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also keep this node's GPU labels up to date",
+    )
+    _add_node_flags(parser)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    config = _load(parser, args, DRA_FIELDS)
+    _logging(args.log_level)
+    from deviceplugin.dra.plugin import DraPlugin
+
+    stop = _stop_on_signals()
+    try:
+        DraPlugin(config).run(stop)
+    except Exception as exc:  # NVML missing, no API server, a checkpoint it cannot read
+        logging.getLogger("gpuwire").error("DRA plugin stopped: %s", exc)
         return 1
     return 0
 

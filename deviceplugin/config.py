@@ -25,6 +25,8 @@ from deviceplugin.resources import Resource, Rule, Sharing, of_node, resource_na
 from gpuwire import allocation, grant, mig, nvidia, quantity
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_ROOT = "/var/lib/kubelet"
+DEFAULT_HOOK = "/opt/gpuwire/current/libexec/gpuwire-hook"  # the node installer's launcher
 MAX_REPLICAS = 1000  # keeps `<uuid>::<n>` within the kubelet's 63-character ID limit
 
 
@@ -65,6 +67,15 @@ class Config:
     mps_root: str | None = None  # the node agent runs an MPS control daemon per GPU there
     hami_library: str | None = None  # HAMi-core's libvgpu.so on this node
     driver_facts: str | None = None  # where to write what NVML knows for NVIDIA_REQUIRE_*
+
+    # the DRA plugin's (gpuwire dra serve)
+    kubelet_root: str = KUBELET_ROOT
+    cdi_dir: str = "/var/run/cdi"
+    shared_gpus: tuple[str, ...] = ()  # GPU UUIDs or product globs published as shared
+    host_root: str = "/"  # where the plugin sees the host's root (CDI specs name host paths)
+    driver_root: str | None = None  # the driver's files; None: the simulated node or host root
+    hook: str = DEFAULT_HOOK  # gpuwire-hook as the host runs it, for the claims' ld-cache hook
+    ldconfig: str = "/sbin/ldconfig"  # the host's static ldconfig, the hook's fallback
 
     @property
     def sharing(self) -> Sharing:
@@ -143,7 +154,7 @@ def as_xids(value: Any) -> frozenset[int]:
     return frozenset(value)
 
 
-def as_absolute(value: Any) -> str:
+def as_path(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise ValueError("expected an absolute path")
     return value
@@ -170,6 +181,13 @@ def as_share_limits(value: Any) -> str:
     if value not in ("none", "hami"):
         raise ValueError("expected none (nothing holds a replica to its share) or hami")
     return str(value)
+
+
+def as_gpus(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) and i for i in items):
+        raise ValueError("expected GPU UUIDs or product-name patterns, e.g. [GPU-…, '*A100*']")
+    return tuple(items)
 
 
 def as_resource(value: Any) -> str:
@@ -219,9 +237,9 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sharing.mps.replicas": ("mps_replicas", as_count),
     "sharing.perReplica.memory": ("replica_memory", as_replica_memory),
     "sharing.perReplica.cores": ("replica_cores", as_percent),
-    "mps.root": ("mps_root", as_absolute),
-    "hami.library": ("hami_library", as_absolute),
-    "driverFacts": ("driver_facts", as_absolute),
+    "mps.root": ("mps_root", as_path),
+    "hami.library": ("hami_library", as_path),
+    "driverFacts": ("driver_facts", as_path),
     "migStrategy": ("mig_strategy", as_mig_strategy),
     "migMap": ("mig_map", as_text),
     "allocate.deviceSpecs": ("device_specs", as_flag),
@@ -237,6 +255,13 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sweep.grace": ("sweep_grace", as_seconds),
     "labels.enabled": ("labels", as_flag),
     "labels.interval": ("label_interval", as_seconds),
+    "dra.kubeletRoot": ("kubelet_root", as_path),
+    "dra.cdiDir": ("cdi_dir", as_path),
+    "dra.sharedGpus": ("shared_gpus", as_gpus),
+    "dra.hostRoot": ("host_root", as_path),
+    "dra.driverRoot": ("driver_root", as_path),
+    "dra.hook": ("hook", as_path),
+    "dra.ldconfig": ("ldconfig", as_path),
 }
 
 
@@ -298,7 +323,8 @@ def load(path: str | None, overrides: Mapping[str, Any]) -> Config:
 
 def _check_sharing(config: Config) -> None:
     """What holds a share must be there: MPS sharing needs the agent's daemons, HAMi-core
-    its library; and a GPU is time-sliced or shared through MPS, not both (as NVIDIA's)."""
+    its library, both gpuwire's runtime (not a CDI device); and a GPU is time-sliced or
+    shared through MPS, not both (as NVIDIA's)."""
     if config.mps_replicas and config.replicas > 1:
         raise ConfigError(
             "sharing.mps.replicas and sharing.timeSlicing.replicas: a GPU is shared one way; "
@@ -313,4 +339,10 @@ def _check_sharing(config: Config) -> None:
         raise ConfigError(
             "sharing.timeSlicing.limits: hami needs hami.library: HAMi-core holds each replica "
             "to its share"
+        )
+    if config.sharing.limits != "none" and config.cdi != "none":
+        raise ConfigError(
+            f"allocate.cdi: {config.cdi} with replicas held to their share: containerd applies "
+            "a CDI device without gpuwire's runtime, which joins a replica to what holds its "
+            "share; accepted: allocate.cdi: none, or replicas without limits"
         )

@@ -9,6 +9,7 @@ module is source-agnostic. A MIG device's capability minors are procfs's in both
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,7 +21,8 @@ class Gpu:
     device: Device
     compute_capability: tuple[int, int]
     mig_enabled: bool | None = None  # None: the GPU cannot do MIG; else its MIG mode
-    brand: str = "Unknown"  # as `gpuwire.nvidia.BRANDS` names NVML's brand types
+    brand: str = ""  # NVML's brand (go-nvlib's names); "": the source does not say
+    pcie_root: str | None = None  # `pci0000:00`: the PCIe root complex, from sysfs
 
 
 @dataclass(frozen=True)
@@ -84,3 +86,16 @@ class Discovery(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def pcie_root(sysfs: str | os.PathLike[str], bus_id: str) -> str | None:
+    """The PCIe root complex a device hangs off (`pci0000:00`), from its sysfs path
+    (`/sys/bus/pci/devices/<bus id>` links to `/sys/devices/pci0000:00/…/<bus id>`), as
+    k8s.io/dynamic-resource-allocation `deviceattribute` reads `pcieRoot`; None if unknown."""
+    try:
+        target = os.readlink(os.path.join(sysfs, "bus/pci/devices", bus_id))
+    except OSError:
+        return None
+    parts = target.split("/")
+    root = next((p for p in parts if p.startswith("pci") and ":" in p), None)
+    return root if root is not None and parts.index(root) + 1 < len(parts) else None

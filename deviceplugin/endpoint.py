@@ -28,6 +28,18 @@ def identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
+def listen(server: grpc.Server, path: Path, what: str) -> None:
+    """Add the unix socket `path` to `server`; OSError naming `what` if it cannot be."""
+    try:
+        bound = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError:  # grpc raises where it used to return 0
+        bound = 0
+    if not bound:
+        long = len(bytes(path)) > 107
+        why = " (longer than the 107 bytes a socket path may have)" if long else ""
+        raise OSError(f"cannot serve {what} on {path}{why}")
+
+
 class Endpoint:
     def __init__(self, service: DevicePluginService, kubelet_dir: str | os.PathLike[str]) -> None:
         self.service = service
@@ -43,17 +55,7 @@ class Endpoint:
         self.path.unlink(missing_ok=True)
         server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="device-plugin"))
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)
-        try:
-            bound = server.add_insecure_port(f"unix://{self.path}")
-        except RuntimeError:  # grpc raises where it used to return 0
-            bound = 0
-        if not bound:
-            why = (
-                " (longer than the 107 bytes a socket path may have)"
-                if len(bytes(self.path)) > 107
-                else ""
-            )
-            raise OSError(f"cannot serve {self.resource} on {self.path}{why}")
+        listen(server, self.path, self.resource)
         self.service.closing.clear()
         server.start()
         self._server = server

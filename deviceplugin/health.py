@@ -19,6 +19,7 @@ from deviceplugin.discovery import HealthEvent
 # 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVER_AFTER = 300.0
+KEPT_CAUSES = 8
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,13 @@ class HealthPolicy:
 
 @dataclass
 class HealthBook:
-    """When each device last had a critical event."""
+    """When each device last had a critical event, and the critical events since it was
+    last healthy (the most recent `KEPT_CAUSES`): what a device taint says."""
 
     policy: HealthPolicy
     uuids: frozenset[str]
     last_bad: dict[str, float] = field(default_factory=dict)
+    causes: dict[str, tuple[HealthEvent, ...]] = field(default_factory=dict)
     children: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPU → MIG devices
 
     def record(self, events: Iterable[HealthEvent], now: float) -> set[str]:
@@ -51,6 +54,7 @@ class HealthBook:
                 targets = {event.uuid, *self.children.get(event.uuid, ())} & self.uuids
             for uuid in targets:
                 self.last_bad[uuid] = now
+                self.causes[uuid] = (*self.causes.get(uuid, ())[1 - KEPT_CAUSES :], event)
             hit |= targets
         return hit
 
@@ -63,12 +67,14 @@ class HealthBook:
 
     def recover(self, uuid: str) -> None:
         self.last_bad.pop(uuid, None)
+        self.causes.pop(uuid, None)
 
     def track(self, uuids: frozenset[str], children: Mapping[str, frozenset[str]]) -> None:
         """Watch these devices from now on (MIG devices come and go); a device that is gone
         takes its health with it, and one that comes back starts healthy."""
         self.uuids, self.children = uuids, children
         self.last_bad = {u: t for u, t in self.last_bad.items() if u in uuids}
+        self.causes = {u: c for u, c in self.causes.items() if u in uuids}
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.last_bad)

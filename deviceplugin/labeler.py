@@ -48,6 +48,8 @@ def enforced(config: Config) -> tuple[str, ...]:
 
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
+    """The node's labels. A plugin that answers Allocate with CDI devices promises no limits:
+    containerd applies those without gpuwire's runtime, which joins a container to them."""
     resources, advertised = config.resources(node)
     return labels.labels(
         node,
@@ -55,7 +57,7 @@ def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
         config.rename_by_default,
         config.mig_strategy,
         advertised,
-        enforced(config),
+        enforced(config) if config.cdi == "none" else (),
     )
 
 

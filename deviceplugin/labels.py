@@ -203,7 +203,11 @@ def driver_facts(node: NodeGpus) -> requirements.Facts:
         node.driver_version,
         node.cuda_version,
         tuple(
-            (g.device.uuid, f"{g.compute_capability[0]}.{g.compute_capability[1]}", g.brand)
+            (
+                g.device.uuid,
+                f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                nvidia.toolkit_brand(g.brand),
+            )
             for g in node.gpus
         ),
     )

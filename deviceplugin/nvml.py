@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus
+from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
 from gpuwire import mig, nvidia
 from gpuwire.devices import Device, MigDevice, normalise_bus_id
 
@@ -70,8 +70,8 @@ class NvmlDiscovery:
                 nvlinks=tuple(sorted(links.items())),
             )
             capability = tuple(nv.nvmlDeviceGetCudaComputeCapability(h))
-            brand = nvidia.brand_name(nv.nvmlDeviceGetBrand(h))
-            gpus.append(Gpu(device, capability, self._mig_mode(h), brand))
+            root = pcie_root(self.sysfs, buses[i])
+            gpus.append(Gpu(device, capability, self._mig_mode(h), self._brand(h), root))
         caps = {
             (m.parent_uuid, m.gi, m.ci): m
             for m in mig.read_instances(self.proc, [g.device for g in gpus])
@@ -135,6 +135,16 @@ class NvmlDiscovery:
     def _cuda_version(self) -> str:
         version = int(self.nvml.nvmlSystemGetCudaDriverVersion())  # 12040 → 12.4
         return f"{version // 1000}.{version % 1000 // 10}"
+
+    def _brand(self, handle: Any) -> str:
+        """go-nvlib's name for NVML's brand; "" where the driver does not say."""
+        try:
+            value = int(self.nvml.nvmlDeviceGetBrand(handle))
+        except self.nvml.NVMLError:
+            return ""
+        return next(
+            (n for c, n in nvidia.BRANDS.items() if getattr(self.nvml, c, None) == value), ""
+        )
 
     def _numa_node(self, handle: Any, bus: str) -> int:
         try:

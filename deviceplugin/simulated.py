@@ -18,8 +18,8 @@ import os
 from pathlib import Path
 
 from deviceplugin import inotify
-from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus
-from gpuwire import mig, migprofiles, sim
+from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
+from gpuwire import mig, migprofiles, nvidia, sim
 from gpuwire.devices import Device
 
 log = logging.getLogger(__name__)
@@ -36,12 +36,14 @@ class SimDiscovery:
     def discover(self) -> NodeGpus:
         machine = sim.load_machine(self.root)
         self._devices = machine.devices
+        sysfs = self.root / "sys"
         gpus = tuple(
             Gpu(
                 g.device,
                 g.compute_capability,
                 (g.mig is not None) if g.mig_capable else None,
-                sim.brand(g.device.product),
+                brand=nvidia.brand_of(g.device.product),  # what NVML reports for it
+                pcie_root=pcie_root(sysfs, g.device.pci_bus_id),
             )
             for g in machine.gpus
         )

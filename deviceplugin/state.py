@@ -6,6 +6,7 @@ which also hear when the devices themselves change (`changed`: a MIG change).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +54,12 @@ class HealthState:
         with self._cond:
             return self._settle()
 
+    def causes(self) -> dict[str, tuple[HealthEvent, ...]]:
+        """The unhealthy devices, each with the critical events since it was last healthy."""
+        with self._cond:
+            self._settle()
+            return dict(self._book.causes)
+
     def _settle(self) -> frozenset[str]:
         """Let devices whose quiet period is over recover, if the driver still sees them."""
         now = self._clock()
@@ -64,19 +71,25 @@ class HealthState:
                 self._book.record([HealthEvent(uuid, None, "does not answer")], now)
         return self._book.unhealthy()
 
-    def watch(self, done: Callable[[], bool], poll: float = 1.0) -> Iterator[frozenset[str]]:
-        """The unhealthy set now, then each time it changes, until `done()` (checked at least
-        every `poll` seconds and on every `wake()`)."""
+    def watch(
+        self, done: Callable[[], bool], poll: float = 1.0, every: float | None = None
+    ) -> Iterator[frozenset[str]]:
+        """The unhealthy set now, then each time it changes (and with `every`, at least that
+        often), until `done()` (checked at least every `poll` seconds and on every `wake()`)."""
         last: tuple[int, frozenset[str]] | None = None
+        sent = -math.inf
         while not done():
             with self._cond:
                 current = self._settle()
-                if (self._revision, current) == last:
+                now = self._clock()
+                if (self._revision, current) == last and (every is None or now - sent < every):
                     due = self._book.next_due()
-                    wait = poll if due is None else min(poll, max(0.0, due - self._clock()))
+                    wait = poll if due is None else min(poll, max(0.0, due - now))
+                    if every is not None:
+                        wait = min(wait, sent + every - now)
                     self._cond.wait(wait)
                     continue
-                last = (self._revision, current)
+                last, sent = (self._revision, current), now
             yield current
 
     def wake(self) -> None:

@@ -68,7 +68,9 @@ if TYPE_CHECKING:
 
 
 HOOK_TIMEOUT = 30
-LDCACHE_HOOK = "createContainer"
+# createRuntime, not createContainer: it runs in the runtime's namespaces, where the resident
+# serves it (runtime_hook.start.resident); it enters the container's mount namespace itself.
+LDCACHE_HOOK = "createRuntime"
 
 Spec = dict[str, Any]
 
@@ -162,6 +164,42 @@ def _normalised(nodes: list[DeviceNode]) -> list[DeviceNode]:
     return nodes
 
 
+def common_edits(driver: Driver, capabilities: tuple[str, ...]) -> Edits:
+    """What every device of a spec brings along: control nodes, the driver's files for
+    `capabilities`, and `NVIDIA_VISIBLE_DEVICES=void` (the engine has injected the devices)."""
+    common = container_edits(driver, (), capabilities, host_layout(driver))
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
+    _normalised(common.device_nodes)
+    return common
+
+
+def device(name: str, nodes: list[DeviceNode]) -> dict[str, Any]:
+    """A spec device holding these device nodes (its own copies: YAML would otherwise write
+    anchors and aliases)."""
+    return {"name": name, "containerEdits": {"deviceNodes": [dict(n) for n in nodes]}}
+
+
+def device_nodes(found: list[CharDevice]) -> list[DeviceNode]:
+    """Character devices as CDI device nodes, host paths normalised."""
+    return _normalised([device_node(n) for n in found])
+
+
+def assemble(
+    kind: str, devices: list[dict[str, Any]], common: Edits, hook: str, ldconfig: str
+) -> Spec:
+    """A whole spec: its devices, the common edits with the ld-cache hook, the lowest
+    `cdiVersion` that holds them."""
+    check_kind(kind)
+    spec: Spec = {
+        "cdiVersion": "",
+        "kind": kind,
+        "devices": devices,
+        "containerEdits": dict(to_cdi(common, hook, ldconfig)),
+    }
+    spec["cdiVersion"] = minimum_version(spec)
+    return spec
+
+
 def generate(
     driver: Driver,
     hook: str,
@@ -175,31 +213,13 @@ def generate(
         raise CdiError(
             f"the driver under {driver.roots.proc} lists no GPU: a CDI spec needs a device"
         )
-
-    def nodes(found: list[CharDevice]) -> list[DeviceNode]:
-        return _normalised([device_node(n) for n in found])
-
     named = [((str(d.index), d.uuid), gpu_nodes(driver, (d,))) for d in driver.devices]
     named += [((m.place, m.uuid), gpu_nodes(driver, (), (m,))) for m in driver.mig]
-    devices = [  # each its own copy: YAML would otherwise write anchors and aliases
-        {"name": name, "containerEdits": {"deviceNodes": nodes(found)}}
-        for names, found in named
-        for name in names
-        if name
+    devices = [
+        device(name, device_nodes(found)) for names, found in named for name in names if name
     ]
-    everything = nodes(gpu_nodes(driver, driver.devices))
-    devices.append({"name": ALL, "containerEdits": {"deviceNodes": everything}})
-    common = container_edits(driver, (), capabilities, host_layout(driver))
-    common.env[nvidia.VISIBLE_DEVICES_ENV] = "void"
-    _normalised(common.device_nodes)
-    spec: Spec = {
-        "cdiVersion": "",
-        "kind": kind,
-        "devices": devices,
-        "containerEdits": dict(to_cdi(common, hook, ldconfig)),
-    }
-    spec["cdiVersion"] = minimum_version(spec)
-    return spec
+    devices.append(device(ALL, device_nodes(gpu_nodes(driver, driver.devices))))
+    return assemble(kind, devices, common_edits(driver, capabilities), hook, ldconfig)
 
 
 def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:

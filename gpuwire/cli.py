@@ -31,6 +31,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "add the gpuwire runtime to containerd",
     ),
     (("device-plugin", "serve"), "deviceplugin.cli:serve", "run the kubelet device plugin"),
+    (("dra", "serve"), "deviceplugin.cli:dra_serve", "run the kubelet DRA plugin (ResourceSlices)"),
     (
         ("node", "advertise"),
         "deviceplugin.cli:advertise",

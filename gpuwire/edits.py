@@ -14,7 +14,7 @@ socket is touched here, so every delivery shares it and tests read it directly:
 
 Links and the ld cache are not mounts: they are made inside the container root (see
 `runtime_hook.injection.ldcache`); for CDI by `gpuwire-hook ldcache`, which `hooks()` renders as a
-`createContainer` hook with an explicit environment. Its arguments are written by
+`createRuntime` hook with an explicit environment. Its arguments are written by
 `ldcache_args` and read back by `parse_ldcache_args`, here, so the format lives once.
 """
 
@@ -113,23 +113,20 @@ def device_node(node: CharDevice) -> DeviceNode:
     }
 
 
-def bind_mount(host_path: str, container_path: str) -> Mount:
+def bind_mount(
+    host_path: str, container_path: str, options: tuple[str, ...] = MOUNT_OPTIONS
+) -> Mount:
     return {
         "hostPath": host_path,
         "containerPath": container_path,
-        "options": list(MOUNT_OPTIONS),
+        "options": list(options),
         "type": "bind",
     }
 
 
 def shared_mount(host_path: str, container_path: str) -> Mount:
     """A writable directory the container shares with a host daemon (MPS's pipes and shm)."""
-    return {
-        "hostPath": host_path,
-        "containerPath": container_path,
-        "options": list(SHARED_OPTIONS),
-        "type": "bind",
-    }
+    return bind_mount(host_path, container_path, SHARED_OPTIONS)
 
 
 def visible_devices(devices: tuple[Device, ...], mig: tuple[MigDevice, ...] = ()) -> str:

@@ -12,7 +12,8 @@ library keeps the container's shared region in its default place, `/tmp/cudevshr
 the container's own `/tmp`, shared by its processes and by no other container, which is
 what the region needs (HAMi mounts a host directory there instead for its monitor, which
 gpuwire does not run). The one host file is the preload list, in the node config's
-`hami-dir`. On the container-start path: no imports.
+`hami-dir` (the DRA plugin's: its plugin directory). On the container-start path: no
+imports but where a preload list is written.
 """
 
 from __future__ import annotations
@@ -67,3 +68,25 @@ def preload_file(state: str) -> str:
 
 
 PRELOAD = (CONTAINER_LIBRARY + "\n").encode()  # what the preload file holds
+
+
+def binds(library: str, state: str) -> tuple[tuple[str, str], ...]:
+    """(host path, container path) of what a container gets: the library, the preload list."""
+    return (library, CONTAINER_LIBRARY), (preload_file(state), CONTAINER_PRELOAD)
+
+
+def write_preload(state: str) -> None:
+    """The preload list in `state`, written once (every HAMi-core container mounts it)."""
+    import os
+
+    path = preload_file(state)
+    try:
+        with open(path, "rb") as f:
+            if f.read() == PRELOAD:
+                return
+    except FileNotFoundError:
+        pass
+    from gpuwire import atomicfile
+
+    os.makedirs(state, mode=0o755, exist_ok=True)
+    atomicfile.replace(path, PRELOAD, 0o644)

@@ -174,3 +174,10 @@ def enforcement_label(profile: str) -> str:
     """The node label (`"true"`) saying a node enforces `profile`: its node agent found the
     mechanism (an MPS control daemon per GPU, a HAMi-core library) and the runtime applies it."""
     return LABEL_PREFIX + profile
+
+
+def enforcement_attribute(profile: str) -> str:
+    """The DRA device attribute (a bool) saying whether a claim's share of a shared GPU is
+    held by `profile`'s mechanism there (`hamiLimits`, `mpsLimits`): the label's word, as an
+    attribute name has no dot."""
+    return profile + "Limits"

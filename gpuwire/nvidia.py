@@ -171,33 +171,6 @@ def with_implied(capabilities: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-# NVML's brand types by number (nvmlBrandType_t), named as libnvidia-container names them for
-# `brand=` requirements (CUDA images: brand=tesla, brand=nvidiartx, ...; compared ignoring case).
-BRANDS = (
-    "Unknown",
-    "Quadro",
-    "Tesla",
-    "NVS",
-    "Grid",
-    "GeForce",
-    "Titan",
-    "VApps",
-    "VPC",
-    "VCS",
-    "VWS",
-    "CloudGaming",
-    "QuadroRTX",
-    "NvidiaRTX",
-    "Nvidia",
-    "GeForceRTX",
-    "TitanRTX",
-)
-
-
-def brand_name(brand_type: int) -> str:
-    return BRANDS[brand_type] if 0 <= brand_type < len(BRANDS) else BRANDS[0]
-
-
 def mig_resource(profile: str) -> str:
     """NVIDIA's mixed-strategy resource of a MIG profile: `nvidia.com/mig-<profile>` with
     `+` as `.` (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`; NVIDIA/k8s-device-plugin README,
@@ -244,3 +217,70 @@ def gfd_family(major: int, minor: int) -> str:
         if (major, minor) >= start:
             family = name
     return family
+
+
+# Architecture and brand as NVML names them (go-nvlib `pkg/nvlib/device/device.go`,
+# GetArchitectureAsString, GetBrandAsString): the strings NVIDIA's DRA driver publishes.
+ARCHITECTURES = {
+    "kepler": "Kepler",
+    "maxwell": "Maxwell",
+    "pascal": "Pascal",
+    "volta": "Volta",
+    "turing": "Turing",
+    "ampere": "Ampere",
+    "ada-lovelace": "Ada Lovelace",
+    "hopper": "Hopper",
+    "blackwell": "Blackwell",
+}
+# NVML brand constants (pynvml NVML_BRAND_*) → go-nvlib's names.
+BRANDS = {
+    "NVML_BRAND_QUADRO": "Quadro",
+    "NVML_BRAND_TESLA": "Tesla",
+    "NVML_BRAND_NVS": "NVS",
+    "NVML_BRAND_GRID": "Grid",
+    "NVML_BRAND_GEFORCE": "GeForce",
+    "NVML_BRAND_TITAN": "Titan",
+    "NVML_BRAND_NVIDIA_VAPPS": "NvidiaVApps",
+    "NVML_BRAND_NVIDIA_VPC": "NvidiaVPC",
+    "NVML_BRAND_NVIDIA_VCS": "NvidiaVCS",
+    "NVML_BRAND_NVIDIA_VWS": "NvidiaVWS",
+    "NVML_BRAND_NVIDIA_CLOUD_GAMING": "NvidiaCloudGaming",
+    "NVML_BRAND_QUADRO_RTX": "QuadroRTX",
+    "NVML_BRAND_NVIDIA_RTX": "NvidiaRTX",
+    "NVML_BRAND_NVIDIA": "Nvidia",
+    "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
+    "NVML_BRAND_TITAN_RTX": "TitanRTX",
+}
+
+
+# libnvidia-container's names where they differ from go-nvlib's: the names of its `brand=`
+# requirements, as CUDA images write them (NVIDIA_REQUIRE_CUDA of nvidia/cuda: brand=vapps,
+# brand=cloudgaming, …; compared ignoring case).
+_TOOLKIT_BRANDS = {
+    "NvidiaVApps": "VApps",
+    "NvidiaVPC": "VPC",
+    "NvidiaVCS": "VCS",
+    "NvidiaVWS": "VWS",
+    "NvidiaCloudGaming": "CloudGaming",
+}
+
+
+def toolkit_brand(brand: str) -> str:
+    """The name `NVIDIA_REQUIRE_*`'s `brand=` gives the brand go-nvlib names `brand`."""
+    return _TOOLKIT_BRANDS.get(brand, brand)
+
+
+def architecture(major: int, minor: int) -> str:
+    """`Ampere`, `Ada Lovelace`, `Hopper`, … for a compute capability (`Unknown` past the table)."""
+    return ARCHITECTURES.get(gfd_family(major, minor), "Unknown")
+
+
+def brand_of(product: str) -> str:
+    """The brand a product name implies, where NVML's own answer is not at hand: the brand
+    word in the name (GeForce, Quadro, Titan, Tesla), else `Nvidia` (data-centre GPUs since
+    the A100 report NVML_BRAND_NVIDIA)."""
+    words = product.lower().replace("-", " ").split()
+    for word, brand in (("geforce", "GeForce"), ("quadro", "Quadro"), ("titan", "Titan")):
+        if word in words:
+            return brand + ("RTX" if "rtx" in words else "")
+    return "Tesla" if "tesla" in words else "Nvidia"

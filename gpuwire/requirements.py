@@ -52,7 +52,7 @@ class Facts(Value):
     __slots__ = _fields = ("driver", "cuda", "gpus")
     driver: str  # the driver version these facts are of
     cuda: str  # the CUDA version it supports: 12.4
-    gpus: tuple[tuple[str, str, str], ...]  # (uuid, compute capability "8.0", brand)
+    gpus: tuple[tuple[str, str, str], ...]  # (uuid, compute capability "8.0", brand or "")
 
     def __init__(self, driver: str, cuda: str, gpus: tuple[tuple[str, str, str], ...]) -> None:
         self._set(driver=driver, cuda=cuda, gpus=gpus)
@@ -166,7 +166,7 @@ class _Seen:
         self.values = {"driver": driver, "cuda": cuda}
         self.device = device  # a GPU is selected (else arch and brand hold)
         self.arch: str | None = gpu[0] if gpu else None
-        self.brand: str | None = gpu[1] if gpu else None
+        self.brand: str | None = (gpu[1] or None) if gpu else None  # "": NVML did not say
         self.unknown: set[str] = set()
 
     def holds(self, key: str, op: str, value: str) -> bool:

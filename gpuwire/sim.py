@@ -135,13 +135,6 @@ def load_machine(root: str | os.PathLike[str]) -> Machine:
     return Machine.from_json(Path(root, MACHINE).read_text())
 
 
-def brand(product: str) -> str:
-    """The brand NVML reports for a product: its first word where that is a brand, else
-    NVIDIA's own (data-center GPUs since the A100)."""
-    first = product.split()[0] if product else ""
-    return first if first in ("Tesla", "Quadro", "GeForce", "Titan") else "Nvidia"
-
-
 def product_memory(product: str) -> tuple[int, tuple[int, int]]:
     """Memory and compute capability of a product: the table, else `<N>GB` in its name."""
     if product in PRODUCTS:
@@ -264,6 +257,7 @@ def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
 
 
 def _symlink(path: Path, target: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     path.symlink_to(target)
 
@@ -275,6 +269,13 @@ def _char_device(path: Path, major: int, minor: int, mode: int = 0o666) -> None:
         os.mknod(path, mode | stat.S_IFCHR, os.makedev(major, minor))
     else:  # a placeholder: without root no test can open it anyway
         path.write_bytes(b"")
+
+
+def pcie_path(d: Device) -> str:
+    """Where sysfs keeps a simulated GPU: `pci0000:40/0000:40:01.0/0000:47:00.0`."""
+    domain = d.pci_bus_id.split(":")[0]
+    bus = (0x00, 0x40, 0x80, 0xC0)[d.index // 2 % 4]
+    return f"pci{domain}:{bus:02x}/{domain}:{bus:02x}:01.0/{d.pci_bus_id}"
 
 
 def cap_minors(gpu_minor: int, gi: int, ci: int) -> tuple[int, int]:
@@ -468,6 +469,12 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
     _write(bindir / "nvidia-smi", _nvidia_smi(machine), 0o755)
     # HAMi-core, where HAMi's device plugin installs it (a node config's hami-library)
     _write(root / HAMI_LIBRARY, shared_object("libvgpu.so", HAMI_MARK))
+    # sysfs: each GPU under a PCIe root complex (a pair per root port, as behind the PCIe
+    # switches of a DGX), with its NUMA node
+    for d in machine.devices:
+        path = pcie_path(d)
+        _write(root / "sys/devices" / path / "numa_node", f"{d.numa_node}\n")
+        _symlink(root / "sys/bus/pci/devices" / d.pci_bus_id, f"../../../devices/{path}")
     # firmware, machine, an empty fault stream
     for fw in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _write(root / nvidia.FIRMWARE_DIR / ver / fw, b"gpuwire simulated GSP firmware\n")

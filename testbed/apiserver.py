@@ -21,7 +21,11 @@ list ignores `resourceVersion` (always the latest, then its snapshot), an expire
 gets no inconsistent-continuation token, no protobuf and no Table; finalizers and grace
 periods are ignored (delete is immediate, a namespace goes with its contents); no
 deletecollection, no `sendInitialEvents` (watch-list); validation covers names and labels,
-not the schema (a wrongly typed field is stored as sent).
+not the schema (a wrongly typed field is stored as sent), except for `resource.k8s.io/v1`
+(ResourceSlices, DeviceClasses, ResourceClaims and their templates), whose writes validate
+against a Kubernetes version's schema with `schema=`; device taints get the server's
+`timeAdded`, or are dropped as by a server without DRADeviceTaints (`device_taints=False`).
+Quantities are stored as sent (the real server canonicalises them).
 """
 
 from __future__ import annotations
@@ -77,6 +81,9 @@ class Resource:
 
 
 ADMISSION = "admissionregistration.k8s.io"
+DRA = "resource.k8s.io"  # Dynamic Resource Allocation, v1 (GA in 1.34)
+SLICE_FIELDS = ("spec.driver", "spec.nodeName", "spec.pool.name")
+KIND_SLICE = "ResourceSlice"
 POD_FIELDS = ("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName", "status.phase")
 RESOURCES = (
     Resource("", "v1", "namespaces", "Namespace", False, True, ("status.phase",)),
@@ -95,6 +102,10 @@ RESOURCES = (
     ),
     Resource("coordination.k8s.io", "v1", "leases", "Lease", True),
     Resource("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
+    Resource(DRA, "v1", "resourceslices", KIND_SLICE, False, fields=SLICE_FIELDS),
+    Resource(DRA, "v1", "deviceclasses", "DeviceClass", False),
+    Resource(DRA, "v1", "resourceclaims", "ResourceClaim", True, True),
+    Resource(DRA, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
 )
 NAMESPACES = RESOURCES[0]
 META = "meta.k8s.io/v1"
@@ -102,7 +113,11 @@ TYPE_FIELDS = ("apiVersion", "kind")  # a typed list's items go without them
 # k8s.io/apiserver/pkg/storage/etcd3/errors.go
 CONTINUE_EXPIRED = "The provided continue parameter is too old to display a consistent list "
 CONTINUE_EXPIRED += "result. You can start a new list without the continue parameter."
-RETURNS_DELETED = ("pods", "services")  # their registries answer a delete with the object
+RETURNS_DELETED = (  # their registries answer a delete with the object
+    "pods",
+    "services",
+    *(r.plural for r in RESOURCES if r.group == DRA),
+)
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # generateName's suffixes (apimachinery rand.String)
 MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
@@ -368,9 +383,17 @@ class ApiServer:
     and kube-node-lease; a context manager. `history` bounds the changes a watch can resume
     from; `bookmark_interval` is how often watches that allow bookmarks get one."""
 
-    def __init__(self, history: int = 1000, bookmark_interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        history: int = 1000,
+        bookmark_interval: float = 60.0,
+        schema: str | None = None,
+        device_taints: bool = True,
+    ) -> None:
         self.requests: list[Request] = []
         self.bookmark_interval = bookmark_interval
+        self.schema = schema  # a Kubernetes version: resource.k8s.io writes validate against it
+        self.device_taints = device_taints  # False: as with DRADeviceTaints off (1.34, 1.35)
         self._lock = threading.Condition(threading.RLock())
         self._store: dict[str, dict[tuple[str, str], Obj]] = {r.plural: {} for r in RESOURCES}
         self._history: deque[Event] = deque(maxlen=history)
@@ -512,8 +535,31 @@ class ApiServer:
                 raise invalid(res, meta.get("name", ""), "metadata.labels", label, LABEL_RULE)
         return obj
 
+    def _resource_api(self, res: Resource, obj: Obj) -> None:
+        """What the API server does to a `resource.k8s.io` write: validate it against the
+        schema of `self.schema`; on a ResourceSlice, stamp taints without `timeAdded`, or drop
+        them all where the DRADeviceTaints feature is off (its fields are cleared on write)."""
+        if res.group != DRA:
+            return
+        if self.schema is not None:
+            import kubernetes_validate
+
+            try:
+                kubernetes_validate.validate(obj, self.schema, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                name = obj["metadata"].get("name", "")
+                path = ".".join(str(p) for p in exc.path)
+                raise invalid(res, name, path, str(exc.instance)[:80], exc.message) from None
+        for device in obj.get("spec", {}).get("devices") or () if res.kind == KIND_SLICE else ():
+            if not self.device_taints:
+                device.pop("taints", None)
+            for taint in device.get("taints") or ():
+                taint.setdefault("timeAdded", _now())
+
     def _create(self, res: Resource, namespace: str, body: Any, check_namespace: bool) -> Obj:
         obj = self._admit(res, body, namespace)
+        if check_namespace:  # a request, not a test's `put`
+            self._resource_api(res, obj)
         meta = obj["metadata"]
         with self._lock:
             store = self._store[res.plural]
@@ -545,6 +591,8 @@ class ApiServer:
     def _update(self, res: Resource, namespace: str, name: str, body: Any, sub: str) -> Obj:
         """PUT on the resource (sub "") or its status ("status"); "*" (`put`) writes both."""
         new = self._admit(res, body, namespace)
+        if sub != "*":
+            self._resource_api(res, new)
         if new["metadata"].get("name") != name:
             given = f"the name of the object ({new['metadata'].get('name')})"
             raise StatusError(400, f"{given} does not match the name on the URL ({name})")

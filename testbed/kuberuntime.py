@@ -9,10 +9,11 @@ RuntimeClass; per container, in order: `ImageStatus` (the image ID), `CreateCont
 the sandbox config sent again (containerd takes the sandbox-* values from it), then
 `StartContainer`. The `ContainerConfig` is built as `generateContainerConfig` builds it: the
 device plugins' Allocate answers first (envs, mounts, devices, CDI devices, annotations, in
-that order), then the pod's env; the termination-log file mounted last; the kubelet's own
-labels and annotations over the plugins'; log path `<container>/<restarts>.log`, read back in
-the CRI log format. Stopping is `StopPodSandbox` then `RemovePodSandbox`, which stop and
-remove the pod's containers.
+that order; the CDI ids of the container's prepared DRA claims before the plugins' CDI
+devices, in field 17 only, as from 1.31), then the pod's env; the termination-log file
+mounted last; the kubelet's own labels and annotations over the plugins'; log path
+`<container>/<restarts>.log`, read back in the CRI log format. Stopping is `StopPodSandbox`
+then `RemovePodSandbox`, which stop and remove the pod's containers.
 
 Left out: pod networking (every pod is on the host network, `NamespaceMode.NODE`: there is
 no CNI here, and with it containerd needs none), volumes (and the kubelet's /etc/hosts),
@@ -114,10 +115,12 @@ def container_config(
     answers: Sequence[dp.ContainerAllocateResponse],
     termination_log: str,
     restarts: int = 0,
+    claims: Sequence[str] = (),
 ) -> cri.ContainerConfig:
     """`generateContainerConfig` for container `spec` of `pod`: `answers` are the device
     plugins' Allocate answers for it (the kubelet's cached ones), `termination_log` the host
-    file the kubelet made for its termination message."""
+    file the kubelet made for its termination message, `claims` the CDI ids of its prepared
+    DRA claims (`resources.claims`)."""
     security = spec.get("securityContext") or {}
     capabilities = security.get("capabilities") or {}
     escalation = security.get("allowPrivilegeEscalation")
@@ -160,7 +163,10 @@ def container_config(
             for a in answers
             for d in a.devices
         ],
-        CDI_devices=[cri.CDIDevice(name=d.name) for a in answers for d in a.cdi_devices],
+        CDI_devices=[
+            *(cri.CDIDevice(name=name) for name in claims),
+            *(cri.CDIDevice(name=d.name) for a in answers for d in a.cdi_devices),
+        ],
         labels={
             **{k: pod_labels(pod)[k] for k in (POD_NAME, POD_NAMESPACE, POD_UID)},
             CONTAINER_NAME: spec["name"],
@@ -258,14 +264,16 @@ class KubeRuntime:
         pod: Obj,
         spec: Obj,
         answers: Sequence[dp.ContainerAllocateResponse] = (),
+        claims: Sequence[str] = (),
     ) -> str:
-        """CreateContainer for container `spec` of `pod` in `sandbox`; its ID."""
+        """CreateContainer for container `spec` of `pod` in `sandbox` (`claims`: the CDI ids
+        of its prepared DRA claims); its ID."""
         directory = self.home / "kubelet-pods" / pod["metadata"]["uid"] / spec["name"]
         directory.mkdir(parents=True, exist_ok=True)
         termination = directory / secrets.token_hex(4)
         termination.touch()
         config = container_config(
-            pod, spec, self.image_id(spec["image"]), answers, str(termination)
+            pod, spec, self.image_id(spec["image"]), answers, str(termination), claims=claims
         )
         request = cri.CreateContainerRequest(
             pod_sandbox_id=sandbox.id, config=config, sandbox_config=sandbox.config
@@ -335,13 +343,18 @@ def run_pod(
     pod: Obj,
     handler: str = "",
     answers: Mapping[str, Sequence[dp.ContainerAllocateResponse]] | None = None,
+    claims: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[Sandbox, list[str]]:
     """A pod's sandbox, then each container created and started in order (`answers`: the
-    Allocate answers per container name); the sandbox and the container IDs."""
+    Allocate answers per container name, `claims`: its prepared claims' CDI ids); the
+    sandbox and the container IDs."""
     sandbox = runtime.run_sandbox(pod, handler)
     ids = []
     for spec in pod["spec"]["containers"]:
-        cid = runtime.create(sandbox, pod, spec, (answers or {}).get(spec["name"], ()))
+        name = spec["name"]
+        cid = runtime.create(
+            sandbox, pod, spec, (answers or {}).get(name, ()), (claims or {}).get(name, ())
+        )
         runtime.start(cid)
         ids.append(cid)
     return sandbox, ids

@@ -52,6 +52,7 @@ class FakeGpu:
     links: list[tuple[str, str] | None] = field(default_factory=list)  # (kind, remote bus) per link
     events_supported: bool = True
     lost: bool = False
+    brand: int | None = pynvml.NVML_BRAND_NVIDIA  # None: the driver does not support the query
     mig_mode: int | None = None  # NVML_DEVICE_MIG_ENABLE/DISABLE; None: no MIG on this GPU
     mig: list[FakeMig | None] = field(default_factory=list)  # by slot; None: an empty slot
     profiles: tuple[migprofiles.Profile, ...] = ()
@@ -83,6 +84,8 @@ class StandIn:
             d = g.device
             gpu = FakeGpu(d.uuid, d.product, d.minor, buses[d.index], d.memory_mib)
             gpu.numa, gpu.compute = d.numa_node, g.compute_capability
+            brand = next(c for c, n in nvidia.BRANDS.items() if n == nvidia.brand_of(d.product))
+            gpu.brand = getattr(pynvml, brand)
             gpu.links = [("gpu", buses[peer]) for peer, count in d.nvlinks for _ in range(count)]
             gpu.profiles = migprofiles.profiles(d.product)
             if gpu.profiles:
@@ -193,7 +196,10 @@ class StandIn:
         return numa
 
     def nvmlDeviceGetBrand(self, handle: FakeGpu) -> int:
-        return nvidia.BRANDS.index(sim.brand(self._check(handle).name))
+        brand = self._check(handle).brand
+        if brand is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return brand
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: FakeGpu) -> tuple[int, int]:
         return self._check(handle).compute

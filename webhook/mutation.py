@@ -40,6 +40,7 @@ VISIBLE = nvidia.VISIBLE_DEVICES_ENV
 CAPS = nvidia.CAPABILITIES_ENV
 VOID = devices.Kind.VOID.value
 NO_RULE = Rule(match=(), annotations=False)
+CDI_ANNOTATIONS = "cdi.k8s.io/"
 NOWHERE = Placement()  # of a pod without GPU containers: no constraint
 # Few distinct values, asked on every admission (the contract module stays import-light).
 _capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
@@ -109,6 +110,7 @@ class _Mutation:
     def run(self) -> Outcome:
         for key in keys.unknown(self.pod.annotations):
             self.warnings.append(f"unknown annotation {key} ignored (see docs/annotations.md)")
+        cdi = self.cdi_annotations()
         try:
             request = keys.parse(self.pod.annotations)
         except AnnotationError as exc:
@@ -143,7 +145,7 @@ class _Mutation:
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
-        ops: list[Op] = []
+        ops: list[Op] = cdi
         for c in self.pod.containers:
             if c.name in gpu:
                 ops += self.gpu_container(c, request, placement)
@@ -155,6 +157,26 @@ class _Mutation:
             )
         ops += affinity.require(self.pod.spec, placement.expressions)
         return Outcome(tuple(ops), tuple(self.warnings))
+
+    def cdi_annotations(self) -> list[Op]:
+        """containerd (>= 1.7) and CRI-O inject the CDI devices a pod annotation
+        `cdi.k8s.io/<any>: <vendor/class=name>,...` names, whoever wrote it: any pod author
+        could name every GPU of the node. Outside namespaces the policy trusts with them
+        (`cdiAnnotations: allow`) they are removed, with a warning, or the pod is denied."""
+        named = sorted(k for k in self.pod.annotations if k.startswith(CDI_ANNOTATIONS))
+        if not named or self.rule.cdi_annotations == "allow":
+            return []
+        given = ", ".join(f"{k}={self.pod.annotations[k]!r}" for k in named)
+        if self.rule.cdi_annotations == "deny":
+            raise Denied(
+                403,
+                f"{given}: {CDI_ANNOTATIONS}* annotations name CDI devices for the runtime to "
+                f"inject, which namespace {self.namespace!r} may not do; ask for GPUs with "
+                "gpuwire.io annotations or a ResourceClaim",
+            )
+        self.warnings.append(f"{given} removed: namespace {self.namespace!r} may not name CDI "
+                             "devices (policy cdiAnnotations)")  # fmt: skip
+        return [{"op": "remove", "path": pointer("/metadata/annotations", k)} for k in named]
 
     def named_mig(self, gpu: set[str]) -> tuple[str, ...]:
         """The MIG devices the pod's GPU containers already name (a second admission)."""

@@ -417,9 +417,10 @@ class _Placer:
     def plugin_resource(self) -> None:
         """The one resource device-plugin containers ask for, listing enough devices: where
         they name a model, `nvidia.com/gpu` where it lists only fitting GPUs on some candidate,
-        else the resource that does on most candidates; the candidates narrow to its nodes."""
+        else the resource that does on most candidates; the candidates narrow to its nodes.
+        Limits are sized from the candidates' GPUs: there, the nodes that list the resource."""
         wanted, asks = self.demand.plugin, self.demand.asks
-        if not wanted or not (self.words or self.narrowed):
+        if not wanted or not (self.words or self.narrowed or self.request.wants_limits):
             return
         by_resource: dict[str, Shapes] = {}
         for shape, nodes in self.shapes.items():
@@ -432,10 +433,11 @@ class _Placer:
             return
         if asks != nvidia.RESOURCE or not self.words or not by_resource:
             listed = sorted({r for s in self.shapes for r in self.kind(s.groups).devices})
+            left = f" that {self.others(())} leaves" if self.words or self.narrowed else ""
             raise Unplaceable(
-                f"no GPU node that {self.others(())} leaves lists {wanted} {asks} for the pod's "
-                f"containers; resources they list: {_listing(listed)}; accepted: one of those "
-                f"resources, or {keys.MODEL} naming a model one of them lists alone"
+                f"no GPU node{left} lists {wanted} {asks} for the pod's containers; "
+                f"resources they list: {_listing(listed)}; accepted: one of those resources, or "
+                f"{keys.MODEL} naming a model one of them lists alone"
             )
         counted = {r: sum(map(len, shapes.values())) for r, shapes in by_resource.items()}
         chosen = min(counted, key=lambda r: (-counted[r], r))

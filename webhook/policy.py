@@ -13,6 +13,7 @@ defaults:
 namespaces:                         # first match wins; unmatched namespaces may not ask
   - match: [gpu-operator]
     trustVisibleDevices: true       # hand-written NVIDIA_VISIBLE_DEVICES kept (and granted)
+    cdiAnnotations: allow           # cdi.k8s.io/* pod annotations kept (strip | deny | allow)
   - match: ["team-*"]
     maxGpus: 4
     explicitDevices: false          # no gpuwire.io/gpu-uuid
@@ -20,7 +21,7 @@ namespaces:                         # first match wins; unmatched namespaces may
   - match: ["*"]
 ```
 With no file: every namespace but kube-system may ask by annotation, for anything, and no
-namespace's hand-written NVIDIA_VISIBLE_DEVICES is trusted.
+namespace's hand-written NVIDIA_VISIBLE_DEVICES or `cdi.k8s.io/*` annotations are trusted.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Rule:
     explicit_devices: bool = True  # may name GPUs (gpuwire.io/gpu-uuid)
     capabilities: tuple[str, ...] = tuple(sorted(nvidia.CAPABILITIES))  # the most it may ask for
     trust_visible_devices: bool = False
+    # What becomes of `cdi.k8s.io/*` pod annotations, which name CDI devices for containerd
+    # and CRI-O to inject: removed with a warning, the pod denied, or kept.
+    cdi_annotations: Literal["strip", "deny", "allow"] = "strip"
 
     def matches(self, namespace: str) -> bool:
         return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.match)
@@ -177,6 +181,7 @@ RULE_KEYS: dict[str, tuple[str, Reader]] = {
     "explicitDevices": ("explicit_devices", _bool),
     "capabilities": ("capabilities", _capabilities),
     "trustVisibleDevices": ("trust_visible_devices", _bool),
+    "cdiAnnotations": ("cdi_annotations", _choice("strip", "deny", "allow")),
 }
 DEFAULT_KEYS: dict[str, tuple[str, Reader]] = {
     "capabilities": (

@@ -186,24 +186,10 @@ def _hami(joined: Joined, config: Config) -> None:
             f"{config.source}) is not there"
         )
     joined.mechanisms.append("hami")
-    joined.mounts += [
-        bind_mount(library, hamicore.CONTAINER_LIBRARY),
-        bind_mount(hamicore.preload_file(config.hami_dir), hamicore.CONTAINER_PRELOAD),
-    ]
+    joined.mounts += [bind_mount(*b) for b in hamicore.binds(library, config.hami_dir)]
 
 
 def prepare(joined: Joined, config: Config) -> None:
     """The host files the mounts need: HAMi-core's preload list, written once."""
-    if "hami" not in joined.mechanisms:
-        return
-    path = hamicore.preload_file(config.hami_dir)
-    try:
-        with open(path, "rb") as f:
-            if f.read() == hamicore.PRELOAD:
-                return
-    except FileNotFoundError:
-        pass
-    from gpuwire import atomicfile
-
-    os.makedirs(config.hami_dir, mode=0o755, exist_ok=True)
-    atomicfile.replace(path, hamicore.PRELOAD, 0o644)
+    if "hami" in joined.mechanisms:
+        hamicore.write_preload(config.hami_dir)

@@ -8,8 +8,10 @@
   runtime deletes it.
 - `gpuwire-hook ldcache --ldconfig P [--folder D]... [--link T::L]... [--entry F::P]...`:
   the links and ld cache for a container whose devices and mounts the runtime already made
-  (CDI's `createContainer` hook). Runs in the container's mount namespace, before
-  pivot_root.
+  (a CDI spec's hook). As a `createRuntime` hook (gpuwire's CDI specs) it runs in the
+  runtime's namespaces and enters the container's mount namespace, as the prestart hook
+  does, so the resident can serve it; as a `createContainer` hook it already runs there,
+  before pivot_root.
 
 Both must start fast: they run on container start, so imports here are only what the path
 taken needs.
@@ -112,9 +114,13 @@ def ldcache(args: list[str]) -> int:
     journal = inroot.Journal()
     try:
         ldconfig, folders, links, entries = parse_ldcache_args(args)
-        bundle = str(read_state()["bundle"])
+        state = read_state()
+        bundle = str(state["bundle"])
         rootfs = ocispec.rootfs(ocispec.load(bundle), bundle)
-        ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))
+        ldconfig_fd = journal.keep(cache.open_ldconfig(ldconfig))  # the host's
+        pid = state.get("pid")
+        if isinstance(pid, int):
+            _enter_mount_namespace_of(pid)
         dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
         if not cache.make(dirs, links, folders, entries):
             cache.update(rootfs, folders, ldconfig_fd)
@@ -125,6 +131,24 @@ def ldcache(args: list[str]) -> int:
     finally:
         journal.close()
     return 0
+
+
+def _enter_mount_namespace_of(pid: int) -> None:
+    """Join the container's mount namespace, unless this runs there already (a
+    `createContainer` hook). This process, served call or Python launcher alike, ends with
+    the hook, so it enters itself rather than through a forked child."""
+    import os
+
+    here, there = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
+    if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+        return
+    from runtime_hook.injection import syscalls
+
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        syscalls.setns(fd, syscalls.CLONE_NEWNS)
+    finally:
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

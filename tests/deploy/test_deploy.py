@@ -25,7 +25,7 @@ from runtime_hook.start import config, resident
 from webhook import policy
 
 REPO = Path(__file__).resolve().parents[2]
-KUSTOMIZATIONS = ["base", "overlays/plugin-less", "overlays/cdi"]
+KUSTOMIZATIONS = ["base", "overlays/plugin-less", "overlays/cdi", "overlays/dra"]
 NAMESPACE = "gpuwire-system"
 IMAGE = "ghcr.io/gpuwire/gpuwire:0.1.0"
 LAUNCHERS = "/opt/gpuwire/current/libexec"  # <version>/libexec in the image, via `current`
@@ -99,11 +99,16 @@ def test_base_has_every_part() -> None:
     ]
 
 
+OLDEST = {"overlays/dra": "1.34"}  # resource.k8s.io/v1: DRA is GA from 1.34
+
+
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
-@pytest.mark.parametrize("version", ["1.30", kubernetes_validate.latest_version()])
+@pytest.mark.parametrize("version", ["oldest", kubernetes_validate.latest_version()])
 def test_every_object_validates_against_the_kubernetes_schema(
     kustomization: str, version: str
 ) -> None:
+    if version == "oldest":
+        version = OLDEST.get(kustomization, "1.30")
     errors = []
     for obj in render(kustomization):
         try:
@@ -115,7 +120,8 @@ def test_every_object_validates_against_the_kubernetes_schema(
 
 def test_every_namespaced_object_is_in_gpuwire_system(objs: tuple[Obj, ...]) -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "RuntimeClass"}
-    cluster_scoped.add("MutatingWebhookConfiguration")
+    cluster_scoped |= {"MutatingWebhookConfiguration", "DeviceClass"}
+    cluster_scoped |= {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for obj in objs:
         assert obj["metadata"].get("namespace") == (
             None if obj["kind"] in cluster_scoped else NAMESPACE
@@ -191,6 +197,7 @@ def pod(annotations: dict[str, str] | None = None, **container: Any) -> Obj:
 SENT = {
     "gpuwire annotation": pod({"gpuwire.io/gpu-model": "A100"}),
     "HAMi alias": pod({"nvidia.com/use-gputype": "A100"}),
+    "CDI device annotation": pod({"cdi.k8s.io/x": "nvidia.com/gpu=all"}),
     "GPU limit": pod(resources={"limits": {"nvidia.com/gpu": "1"}}),
     "GPU request only": pod(resources={"requests": {"nvidia.com/gpumem": "1000"}}),
     "hand-written env": pod(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
@@ -335,6 +342,14 @@ def mount_path(workload: Obj, container_name: str, volume: str) -> str:
     return paths[0]
 
 
+def host_path(workload: Obj, container_name: str, mount: str) -> str:
+    """The host directory a container sees at `mount`."""
+    container = next(c for c in containers(workload) if c["name"] == container_name)
+    (volume,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == mount]
+    volumes = workload["spec"]["template"]["spec"]["volumes"]
+    return str(next(v for v in volumes if v["name"] == volume)["hostPath"]["path"])
+
+
 def test_webhook_paths_and_names_agree(objs: tuple[Obj, ...]) -> None:
     deployment = find(objs, "Deployment", "gpuwire-webhook")
     tls_dir = mount_path(deployment, "webhook", "tls")
@@ -355,6 +370,9 @@ def test_webhook_paths_and_names_agree(objs: tuple[Obj, ...]) -> None:
     assert flag(deployment, "webhook", "--grant-key-dir") == mount_path(
         deployment, "webhook", "grant-keys"
     )
+
+
+RBAC_BINDINGS = ("RoleBinding", "ClusterRoleBinding")
 
 
 def test_rbac_is_least_privilege_and_covers_what_certs_ensure_touches(
@@ -379,7 +397,7 @@ def test_rbac_is_least_privilege_and_covers_what_certs_ensure_touches(
     )
     assert configs["resourceNames"] == [flag(deployment, "certs", "--webhook-config")]
     assert set(configs["verbs"]) == {"get", "update"}
-    for binding in (o for o in objs if o["kind"] in ("RoleBinding", "ClusterRoleBinding")):
+    for binding in (o for o in objs if o["kind"] in RBAC_BINDINGS):
         for subject in binding["subjects"]:
             assert subject["namespace"] == NAMESPACE
             assert ("ServiceAccount", subject["name"]) in {
@@ -388,7 +406,7 @@ def test_rbac_is_least_privilege_and_covers_what_certs_ensure_touches(
     # The installer talks to no API: no binding and no token.
     node = find(objs, "DaemonSet", "gpuwire-node")["spec"]["template"]["spec"]
     assert node["automountServiceAccountToken"] is False
-    bound = {s["name"] for o in objs if o["kind"].endswith("Binding") for s in o["subjects"]}
+    bound = {s["name"] for o in objs if o["kind"] in RBAC_BINDINGS for s in o["subjects"]}
     assert node["serviceAccountName"] not in bound
 
 
@@ -398,8 +416,8 @@ def test_node_daemonsets_land_where_the_runtime_class_sends_gpu_pods(
     runtime_class = find(objs, "RuntimeClass", "gpuwire")
     assert runtime_class["handler"] == "gpuwire"
     selector = runtime_class["scheduling"]["nodeSelector"]
-    for name in ("gpuwire-node", "gpuwire-device-plugin"):
-        spec = find(objs, "DaemonSet", name)["spec"]["template"]["spec"]
+    for daemonset in (o for o in objs if o["kind"] == "DaemonSet"):
+        spec = daemonset["spec"]["template"]["spec"]
         node_affinity = spec["affinity"]["nodeAffinity"]
         required = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
         (term,) = required["nodeSelectorTerms"]
@@ -417,7 +435,7 @@ def test_policy_runtime_class_exists_where_the_policy_names_one(objs: tuple[Obj,
 
 
 def test_overlays_change_what_they_say() -> None:
-    base, plugin_less, cdi = (render(k) for k in KUSTOMIZATIONS)
+    base, plugin_less, cdi, dra = (render(k) for k in KUSTOMIZATIONS)
 
     def policy(objs: tuple[Obj, ...]) -> Obj:
         data: Obj = yaml.safe_load(find(objs, "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"])
@@ -441,6 +459,82 @@ def test_overlays_change_what_they_say() -> None:
     }
     assert cdi_annotations == {"cdi.k8s.io/gpuwire-device-plugin": "nvidia.com/gpu=all"}
     assert "--cdi=uuid" in containers(plugin(cdi))[0]["args"]
+    # DRA: the DRA plugin instead of the device plugin (one allocator per node), CDI on
+    assert containers(plugin(dra))[0]["args"][:2] == ["node", "label"]  # the node agent
+    dra_plugin = find(dra, "DaemonSet", "gpuwire-dra-plugin")
+    assert containers(dra_plugin)[0]["args"][:2] == ["dra", "serve"]
+    assert policy(dra)["devicePlugin"] is False
+    assert find(dra, "ConfigMap", "gpuwire-node")["data"]["containerd-configure-args"] == "--cdi"
+    names = {o["metadata"]["name"] for o in dra if o["kind"] == "DeviceClass"}
+    assert names == {"gpu.gpuwire.io", "shared.gpu.gpuwire.io"}
+
+
+def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:
+    """Claims read, slices written, its Node read and labelled; the mounts the kubelet's
+    plugin watcher and containerd's CDI need, at the paths its flags name."""
+    objs = render("overlays/dra")
+    daemonset = find(objs, "DaemonSet", "gpuwire-dra-plugin")
+    spec = daemonset["spec"]["template"]["spec"]
+    role = find(objs, "ClusterRole", spec["serviceAccountName"])
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("resource.k8s.io",), ("resourceclaims",)): {"get"},
+        (("resource.k8s.io",), ("resourceslices",)): {
+            "get", "list", "watch", "create", "update", "delete"
+        },
+        (("",), ("nodes",)): {"get", "patch"},
+    }  # fmt: skip
+    (binding,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"
+                  and o["roleRef"]["name"] == role["metadata"]["name"]]  # fmt: skip
+    assert binding["subjects"][0]["name"] == spec["serviceAccountName"]
+    root = flag(daemonset, "dra-plugin", "--kubelet-root")
+    for path in (f"{root}/plugins_registry", f"{root}/plugins"):
+        assert host_path(daemonset, "dra-plugin", path) == path
+    cdi_dir = flag(daemonset, "dra-plugin", "--cdi-dir")
+    assert host_path(daemonset, "dra-plugin", cdi_dir) == "/var/run/cdi"
+    assert host_path(daemonset, "dra-plugin", flag(daemonset, "dra-plugin", "--host-root")) == "/"
+    hook = flag(daemonset, "dra-plugin", "--hook")
+    assert hook == f"{LAUNCHERS}/gpuwire-hook"  # where the node installer puts the launcher
+
+
+@functools.cache
+def own_node_policy() -> tuple[Any, Any]:
+    vap = find(render("overlays/dra"), "ValidatingAdmissionPolicy", "gpuwire-dra-plugin-own-node")
+    env = celpy.Environment()
+    (condition,) = vap["spec"]["matchConditions"]
+    (validation,) = vap["spec"]["validations"]
+    compiled = [env.program(env.compile(e["expression"])) for e in (condition, validation)]
+    return compiled[0], compiled[1]
+
+
+@pytest.mark.parametrize(
+    ("operation", "token_node", "slice_node", "allowed"),
+    [
+        ("CREATE", "node-a", "node-a", True),
+        ("UPDATE", "node-a", "node-b", False),
+        ("DELETE", "node-a", "node-a", True),
+        ("DELETE", "node-a", "node-b", False),
+        ("CREATE", None, "node-a", False),
+    ],
+)
+def test_the_dra_plugin_writes_only_its_own_nodes_slices(
+    operation: str, token_node: str | None, slice_node: str, allowed: bool
+) -> None:
+    condition, validation = own_node_policy()
+    extra = {"authentication.kubernetes.io/node-name": [token_node]} if token_node else {}
+    user = {"username": "system:serviceaccount:gpuwire-system:gpuwire-dra-plugin", "extra": extra}
+    obj = {"spec": {"nodeName": slice_node}}
+    request = {"operation": operation, "userInfo": user}
+    activation = {
+        "request": request,
+        "object": None if operation == "DELETE" else obj,
+        "oldObject": obj if operation != "CREATE" else None,
+    }
+    cel = {k: celpy.adapter.json_to_cel(v) for k, v in activation.items()}
+    assert condition.evaluate(cel)
+    assert bool(validation.evaluate(cel)) is allowed
+    other = {**request, "userInfo": {**user, "username": "system:serviceaccount:x:y"}}
+    assert not condition.evaluate({**cel, "request": celpy.adapter.json_to_cel(other)})
 
 
 # --- the commands the containers run, checked against the gpuwire CLI's own argparse

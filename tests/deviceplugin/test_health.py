@@ -104,3 +104,35 @@ def test_watch_yields_each_change_once() -> None:
     clock.now = 10
     thread.join(timeout=10)
     assert seen == [frozenset(), frozenset({A}), frozenset()]
+
+
+def test_causes_are_the_critical_events_since_the_gpu_was_last_healthy() -> None:
+    clock = Clock()
+    state = HealthState(book(recover_after=10), lambda uuid: True, clock)
+    state.record([HealthEvent(A, 13, "ignored"), HealthEvent(A, 74, "XID 74")])
+    state.record([HealthEvent(A, 48, "XID 48")])
+    assert {u: [e.xid for e in events] for u, events in state.causes().items()} == {A: [74, 48]}
+    state.record([HealthEvent(B, 79, f"XID 79 #{i}") for i in range(20)])
+    assert len(state.causes()[B]) == 8  # the most recent ones
+    assert state.causes()[B][-1].detail == "XID 79 #19"
+    clock.now = 10
+    assert state.causes() == {}  # recovered: nothing left to say
+
+
+def test_watch_with_every_repeats_an_unchanged_state() -> None:
+    """What a health stream needs: the kubelet marks a device Unknown unless it is reported
+    again within its timeout, changed or not."""
+    state = HealthState(book(), lambda uuid: True)
+    done = threading.Event()
+    seen: list[frozenset[str]] = []
+
+    def watcher() -> None:
+        for unhealthy in state.watch(done.is_set, poll=0.05, every=0.1):
+            seen.append(unhealthy)
+            if len(seen) == 3:
+                done.set()
+
+    thread = threading.Thread(target=watcher)
+    thread.start()
+    thread.join(timeout=10)
+    assert seen == [frozenset()] * 3

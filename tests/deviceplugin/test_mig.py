@@ -67,7 +67,8 @@ def kubelet(config: Config) -> Iterator[Kubelet]:
 def test_nvml_and_the_simulated_node_and_procfs_find_the_same_mig_devices(tmp_path: Path) -> None:
     root = node_with(tmp_path, {0: ("balanced",), 1: ("1g.10gb+me", "3g.40gb"), 2: ()})
     machine = sim.load_machine(root)
-    through_nvml = NvmlDiscovery(StandIn.of_machine(machine).module(), proc=str(root)).discover()
+    nvml = StandIn.of_machine(machine).module()
+    through_nvml = NvmlDiscovery(nvml, proc=str(root), sysfs=str(root / "sys")).discover()
     assert through_nvml == found(root)
     assert [g.mig_enabled for g in through_nvml.gpus] == [True, True, True, False]
     profiles = sorted(m.device.profile for m in through_nvml.mig)

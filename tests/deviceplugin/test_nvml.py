@@ -104,6 +104,18 @@ def test_numa_node_falls_back_to_sysfs_then_unknown(tmp_path: Path) -> None:
     assert numa == [1, -1, 0]
 
 
+def test_brand_and_pcie_root_for_the_dra_attributes(tmp_path: Path) -> None:
+    """NVML's brand by go-nvlib's names; the PCIe root complex from the device's sysfs link
+    (`/sys/bus/pci/devices/<bus>` → `../../../devices/pci0000:40/…/<bus>`)."""
+    devices = tmp_path / "bus/pci/devices"
+    devices.mkdir(parents=True)
+    (devices / "0000:07:00.0").symlink_to("../../../devices/pci0000:40/0000:40:01.0/0000:07:00.0")
+    gpus = [gpu(0), gpu(1, brand=pynvml.NVML_BRAND_GEFORCE_RTX), gpu(2, brand=None)]
+    found = discover(StandIn(gpus), tmp_path).discover().gpus
+    assert [g.brand for g in found] == ["Nvidia", "GeForceRTX", ""]
+    assert [g.pcie_root for g in found] == ["pci0000:40", None, None]
+
+
 def test_xid_events_name_their_device() -> None:
     stand_in = StandIn([gpu(0), gpu(1)])
     nvml = discover(stand_in)

@@ -107,7 +107,7 @@ def test_common_edits_are_those_the_shim_applies(driver: Driver) -> None:
     assert f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin" in targets
     assert all(m["options"] == ["ro", "nosuid", "nodev", "bind"] for m in common["mounts"])
     (hook,) = common["hooks"]
-    assert hook["hookName"] == "createContainer"
+    assert hook["hookName"] == "createRuntime"  # runtime namespaces: the resident serves it
     assert hook["path"] == HOOK
     assert hook["env"] == list(HOOK_ENV)  # explicit: never the image's env
     assert hook["args"][:4] == ["gpuwire-hook", "ldcache", "--ldconfig", LDCONFIG]

@@ -143,7 +143,7 @@ def test_ldcache_arguments_refuse_what_they_do_not_understand(
 def test_every_hook_has_an_explicit_environment(driver: Driver) -> None:
     edits = container_edits(driver, driver.devices, ("compute",), Layout.of(debian=True))
     (hook,) = hooks(edits, "/usr/bin/gpuwire-hook", "/sbin/ldconfig")
-    assert hook["hookName"] == "createContainer"
+    assert hook["hookName"] == "createRuntime"  # runtime namespaces: the resident serves it
     assert hook["env"] == list(HOOK_ENV)
     assert hook["args"][:2] == ["gpuwire-hook", "ldcache"]
 

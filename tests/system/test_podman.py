@@ -2,7 +2,7 @@
 same GPU view as the shim and the hook do under runc (tests/system/test_runc.py).
 
 podman applies the spec itself: device nodes with cgroup rules, read-only mounts, env, and
-the `gpuwire-hook ldcache` createContainer hook. A requested device node opens with ENXIO
+the `gpuwire-hook ldcache` createRuntime hook. A requested device node opens with ENXIO
 (the cgroup allows it, no driver answers); one not requested does not exist.
 """
 

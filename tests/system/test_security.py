@@ -126,7 +126,7 @@ def test_symlinked_dev_never_reaches_the_host(lab: Lab, host_dir: Path, delivery
 
 def cdi_hook_bundle(lab: Lab, env: dict[str, str]) -> Bundle:
     """A bundle as a CDI engine writes it from gpuwire's spec: devices, mounts and the
-    `gpuwire-hook ldcache` createContainer hook (`edits.to_cdi`), for plain runc."""
+    `gpuwire-hook ldcache` createRuntime hook (`cdi.to_cdi`), for plain runc."""
     bundle = make_bundle(lab, env, delivery="cdi")
     driver = discover(Roots(str(lab.node)), ("compute", "utility"))
     edits = container_edits(

@@ -15,10 +15,9 @@ from hypothesis import strategies as st
 
 from deviceplugin import labels
 from deviceplugin.discovery import Gpu, NodeGpus
-from deviceplugin.resources import Rule, assign
 from gpuwire import annotations as a
-from gpuwire import limits, nvidia, sim
-from tests.webhook.support import KEYS, container, deny, pod
+from gpuwire import limits, sim
+from tests.webhook.support import KEYS, Node, container, deny, labelled_node, pod
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
 from webhook.policy import Policy
@@ -33,33 +32,15 @@ PRODUCTS = (
 WORDS = ("A100", "H100", "L4", "T4", "80GB", "40GB", "NVIDIA")
 OWN_RESOURCE = ("L4", "T4", "A100", "H100")
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-Node = dict[str, Any]
 
 
 @st.composite
 def nodes(draw: st.DrawFn, name: str) -> Node:
     products = draw(st.lists(st.sampled_from(PRODUCTS), min_size=1, max_size=4))
-    machine = sim.make_machine(len(products), tuple(products), seed=name, nvlink="none")
-    gpus = NodeGpus(
-        machine.driver_version,
-        machine.cuda_version,
-        tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus),
-    )
     own = draw(st.lists(st.sampled_from(OWN_RESOURCE), unique=True))
-    rules = [Rule(f"*{m}*", f"nvidia.com/{m.lower()}") for m in own]
-    resources = assign(gpus.devices, rules, nvidia.RESOURCE, draw(st.sampled_from((1, 2))))
-    node_labels = {**labels.labels(gpus, resources), "kubernetes.io/hostname": name}
-    for profile in draw(st.lists(st.sampled_from(limits.ENFORCED), unique=True)):
-        node_labels[limits.enforcement_label(profile)] = "true"
-    return {
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": node_labels,
-            "annotations": {labels.GPUS_ANNOTATION: labels.gpus_annotation(gpus, resources)},
-        },
-        "status": {"allocatable": {r.name: str(len(r.ids())) for r in resources}},
-    }
+    replicas = draw(st.sampled_from((1, 2)))
+    enforced = draw(st.lists(st.sampled_from(limits.ENFORCED), unique=True))
+    return labelled_node(name, products, own, replicas, enforced)
 
 
 @st.composite

@@ -5,7 +5,16 @@ an H100 (nvidia.com/gpu) and an L4 (nvidia.com/l4), through the pure mutation.""
 from __future__ import annotations
 
 from gpuwire import annotations as a
-from tests.webhook.support import NODES, admit, container, deny, env, pod, required_terms
+from tests.webhook.support import (
+    NODES,
+    admit,
+    container,
+    deny,
+    env,
+    labelled_node,
+    pod,
+    required_terms,
+)
 from webhook.fleet import Fleet
 from webhook.placement import Demand, place
 from webhook.policy import Policy
@@ -123,3 +132,22 @@ def test_advisory_profiles_need_no_enforcing_node_and_say_so() -> None:
     )
     (term,) = required_terms(mutated)
     assert all(e["key"] != "gpuwire.io/limits.pytorch" for e in term["matchExpressions"])
+
+
+def test_limits_are_sized_from_the_gpus_the_resource_asked_for_lists() -> None:
+    """A share sized from the nodes that list the pod's resource: the L4 listed as
+    nvidia.com/l4 is not one an nvidia.com/gpu container can get; where no node lists the
+    resource, the pod is denied (it would stay Pending)."""
+    h100 = labelled_node("node-h100", ["NVIDIA H100 80GB HBM3"])
+    l4 = labelled_node("node-l4", ["NVIDIA L4"], own=["L4"])
+    p = pod({a.MEMORY_LIMIT: "8Gi", a.LIMIT_PROFILE: "pytorch"}, [container(gpus=1)])
+    mutated, outcome = admit(p, nodes=Fleet.of([h100, l4]))
+    fraction = env(mutated)["PYTORCH_CUDA_ALLOC_CONF"]
+    assert fraction == "per_process_memory_fraction:0.1"  # 8 GiB of 80
+    assert not any("smallest" in w for w in outcome.warnings)
+    denial = deny(p, nodes=Fleet.of([l4]))
+    assert denial.message == (
+        "no GPU node lists 1 nvidia.com/gpu for the pod's containers; resources they list: "
+        "nvidia.com/l4; accepted: one of those resources, or gpuwire.io/gpu-model naming a "
+        "model one of them lists alone"
+    )

@@ -286,6 +286,35 @@ def test_a_trusted_namespace_keeps_and_grants_its_hand_written_device_list() -> 
     assert env(mutated)["NVIDIA_VISIBLE_DEVICES"] == "void"
 
 
+# --- cdi.k8s.io annotations: containerd and CRI-O inject what they name
+
+CDI_ALL = {"cdi.k8s.io/mine": "nvidia.com/gpu=all", "cdi.k8s.io/also": "k8s.gpu.gpuwire.io/claim=x"}
+
+
+def test_cdi_annotations_are_removed_outside_trusted_namespaces() -> None:
+    for asked in (CDI_ALL, {**CDI_ALL, a.COUNT: "all"}):
+        mutated, outcome = admit(pod(dict(asked)))
+        left = mutated["metadata"]["annotations"]
+        assert not [k for k in left if k.startswith("cdi.k8s.io/")]
+        assert left == {k: v for k, v in asked.items() if not k.startswith("cdi.k8s.io/")}
+        assert any("cdi.k8s.io/also='k8s.gpu.gpuwire.io/claim=x'" in w and "removed" in w
+                   for w in outcome.warnings)  # fmt: skip
+
+
+def test_cdi_annotations_deny_or_stay_as_the_policy_says() -> None:
+    policy = Policy(
+        rules=(Rule(match=("gpu-operator",), cdi_annotations="allow"),
+               Rule(cdi_annotations="deny"))
+    )  # fmt: skip
+    denial = deny(pod(dict(CDI_ALL)), "team-a", policy=policy)
+    assert denial.code == 403
+    assert "cdi.k8s.io/mine='nvidia.com/gpu=all'" in denial.message
+    assert "'team-a' may not" in denial.message
+    mutated, outcome = admit(pod(dict(CDI_ALL)), "gpu-operator", policy)
+    assert mutated["metadata"]["annotations"] == CDI_ALL
+    assert not [w for w in outcome.warnings if "cdi.k8s.io" in w]
+
+
 def test_trust_cannot_grant_what_it_cannot_read() -> None:
     c = container()
     c["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]

@@ -20,6 +20,7 @@ def test_without_a_file_every_namespace_but_kube_system_may_ask_and_none_is_trus
         assert rule is not None
         assert rule.annotations
         assert not rule.trust_visible_devices
+        assert rule.cdi_annotations == "strip"
 
 
 def test_the_example_policy_reads_as_documented() -> None:
@@ -55,6 +56,7 @@ namespaces:
     explicitDevices: false
     capabilities: all
     trustVisibleDevices: false
+    cdiAnnotations: deny
 """
     assert parse(text) == Policy(
         excluded_namespaces=(),
@@ -65,7 +67,9 @@ namespaces:
         runtime_class="nvidia",
         gpu_count="none",
         void_unrequested=False,
-        rules=(Rule(match=("team-*",), max_gpus=2, explicit_devices=False),),
+        rules=(
+            Rule(match=("team-*",), max_gpus=2, explicit_devices=False, cdi_annotations="deny"),
+        ),
     )
 
 

@@ -1,0 +1,271 @@
+"""What gpuwire's hook adds to a CDI GPU start: the same claim's CDI edits with and without it.
+
+    sudo .venv/bin/python -m bench.cdi [--runs N] [--python P]
+
+Every DRA GPU start takes this path: the engine applies the claim's spec (device nodes with
+cgroup rules, the driver's files as read-only mounts, env), and gpuwire's one hook makes the
+SONAME links and writes the container's ld cache. The specs are the DRA plugin's
+(`deviceplugin.dra.cdi`) for one GPU of the simulated node; the image is bench.hook's
+(busybox with the libraries and ld cache of a typical GPU image). Cases, in a new random
+order each round:
+
+- baseline: the spec without its hook (the edits alone: the floor of any CDI start);
+- the hook served by the resident gpuwire (its launcher hands the call over with
+  gpuwire-call; the `createRuntime` hook runs in the runtime's namespaces, where the resident
+  serves it, and enters the container itself): what a node the installer set up runs;
+- the hook as the Python launcher (what every CDI start paid before, ~25 ms on podman).
+
+Engines: podman (`podman run --rm … true`, timed from exec to exit; run in the host's mount
+namespace, so the specs go into /var/run/cdi under names no one else uses, removed after),
+and containerd 1.7 and 2.x over CRI (CreateContainer + StartContainer, as bench.hook times
+CRI starts), each with CDI on and the specs in its own spec dir.
+Goal: gpuwire's hook served by the resident adds at most 5 ms median over the edits alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from bench.common import report, summarise
+from bench.hook import add_image_libraries, write_image
+from deviceplugin.dra.cdi import CdiWriter
+from deviceplugin.dra.claims import ClaimRef, Result
+from deviceplugin.dra.devices import Sharing, devices
+from deviceplugin.simulated import SimDiscovery
+from gpuwire.nvidia import Roots
+from runtime_hook.setup import launcher
+from testbed import containerds
+from testbed.containerd import CRI_NAMESPACE, Containerd
+from testbed.image import NAME
+from testbed.kuberuntime import KubeRuntime, Sandbox
+from testbed.lab import Lab
+from testbed.podman import ULIMITS, Podman
+from testbed.resident import Resident
+
+CONSOLE_SCRIPTS = Path(sys.executable).parent
+HOST_CDI = Path("/var/run/cdi")
+
+
+def write_specs(
+    lab: Lab, directory: Path, hooks: dict[str, str | None]
+) -> tuple[dict[str, str], list[Path]]:
+    """One claim spec per case (its hook, or none), written where the engine reads them;
+    case → the CDI id of its one GPU, and the files."""
+    gpu = devices(SimDiscovery(lab.node).discover(), Sharing())[1]
+    ids, paths = {}, []
+    for case, hook in hooks.items():
+        ref = ClaimRef("bench", f"c-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()))
+        writer = CdiWriter(str(directory), Roots(str(lab.node)), hook or "/", "/sbin/ldconfig")
+        answered, (path,) = writer.write(ref, [Result("gpus", gpu)])
+        if hook is None:  # the same edits, without the hook
+            spec = json.loads(Path(path).read_text())
+            spec["containerEdits"].pop("hooks")
+            Path(path).write_text(json.dumps(spec))
+        ids[case] = answered[gpu.name][0]
+        paths.append(Path(path))
+    return ids, paths
+
+
+def rounds(cases: list[str], runs: int, start: Callable[[str], float]) -> dict[str, list[float]]:
+    """`runs` timed rounds after one warm-up, the cases in a new random order each."""
+    samples: dict[str, list[float]] = {}
+    order = random.Random(0)
+    for n in range(runs + 1):
+        for case in order.sample(cases, len(cases)) if n else cases:
+            elapsed = start(case)
+            if n:
+                samples.setdefault(case, []).append(elapsed)
+    return samples
+
+
+def print_report(title: str, cases: list[str], samples: dict[str, list[float]]) -> None:
+    base, *others = (summarise(case, samples[case]) for case in cases)
+    print(report(title, base, others))
+    print("\n".join(f"{s.name:36} adds {s.p50_ms - base.p50_ms:6.2f} ms (p50)" for s in others))
+    print()
+
+
+@contextlib.contextmanager
+def hooks(tmp: Path, python: str) -> Iterator[dict[str, str | None]]:
+    """case → the spec's hook: none, the served launcher (a resident running), Python's."""
+    launcher.install(f"{tmp}/libexec", python, socket=None)
+    # whose Python fallback does not exist: a start the resident declined would fail
+    launcher.install(f"{tmp}/served", "/nonexistent/python3", socket=f"{tmp}/resident.sock")
+    with Resident(f"{tmp}/resident.sock", python):
+        yield {
+            "CDI edits, no hook": None,
+            "gpuwire hook, resident": f"{tmp}/served/{launcher.HOOK}",
+            "gpuwire hook, Python launcher": f"{tmp}/libexec/{launcher.HOOK}",
+        }
+
+
+def runc_half(runs: int, python: str) -> None:
+    """The claim's edits put into config.json as an engine applies CDI edits
+    (`runtime_hook.start.spec.apply`), the hook as `hooks.createRuntime`; `runc run` of
+    `true`, timed from exec to exit. Before each start the rootfs is as the image left it
+    (its cache put back, the links the hook made removed), as a fresh snapshot is."""
+    from runtime_hook.start import spec as ocispec
+    from testbed.rootfs import Bundle
+
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        lab = Lab(tmp / "lab")
+        with hooks(tmp, python) as case_hooks:
+            specs = {}
+            ids, paths = write_specs(lab, tmp / "cdi", case_hooks)
+            for (case, _), path in zip(ids.items(), paths, strict=True):
+                specs[case] = json.loads(path.read_text())
+            bundles: dict[str, Any] = {}
+            for case, spec in specs.items():
+                bundle = Bundle.create(tmp / f"b-{len(bundles)}", ["true"], {})
+                add_image_libraries(bundle.path / "rootfs")
+                bundle.spec = ocispec.apply(bundle.spec, _edits(spec))
+                if spec["containerEdits"].get("hooks"):
+                    (h,) = spec["containerEdits"]["hooks"]
+                    bundle.spec["hooks"] = {"createRuntime": [
+                        {k: h[k] for k in ("path", "args", "env", "timeout")}]}  # fmt: skip
+                bundle.save()
+                bundles[case] = bundle
+            pristine = {c: _rootfs_state(b.path / "rootfs") for c, b in bundles.items()}
+            samples = rounds(list(bundles), runs, lambda case: _runc(bundles[case], pristine[case]))
+    print_report(f"runc run true, the claim's CDI edits in config.json, {runs} runs", list(ids),
+                 samples)  # fmt: skip
+
+
+def _edits(spec: dict[str, Any]) -> Any:
+    """The spec's edits (common and its one device's) as gpuwire.edits.Edits."""
+    from gpuwire.edits import Edits
+
+    common = spec["containerEdits"]
+    nodes = [*common["deviceNodes"], *spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    env = dict(e.split("=", 1) for e in common["env"])
+    return Edits(env, nodes, common["mounts"], [], [], None)
+
+
+def _rootfs_state(rootfs: Path) -> tuple[bytes, set[Path]]:
+    return (rootfs / "etc/ld.so.cache").read_bytes(), set(rootfs.rglob("*"))
+
+
+def _runc(bundle: Any, pristine: tuple[bytes, set[Path]]) -> float:
+    cache, files = pristine
+    rootfs = bundle.path / "rootfs"
+    for path in set(rootfs.rglob("*")) - files:  # the hook's links, runc's mount points
+        if path.is_symlink():
+            path.unlink()
+    (rootfs / "etc/ld.so.cache").write_bytes(cache)
+    cid = f"gpuwire-bench-{uuid.uuid4().hex[:12]}"
+    start = time.perf_counter()
+    out = subprocess.run(["runc", "run", "--bundle", str(bundle.path), cid],
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+    elapsed = time.perf_counter() - start
+    subprocess.run(["runc", "delete", "--force", cid], capture_output=True)
+    if out.returncode != 0:
+        raise SystemExit(f"runc: {out.stderr.strip()}")
+    return elapsed
+
+
+def podman_half(runs: int, python: str) -> None:
+    with tempfile.TemporaryDirectory() as name, Podman.create() as podman:
+        tmp = Path(name)
+        lab = Lab(tmp / "lab")
+        podman.load(write_image(tmp / "image.tar"))
+        with hooks(tmp, python) as case_hooks:
+            ids, paths = write_specs(lab, HOST_CDI, case_hooks)
+            try:
+                samples = rounds(list(ids), runs, lambda case: _podman(podman, ids[case]))
+            finally:
+                for path in paths:
+                    path.unlink(missing_ok=True)
+    print_report(f"podman run --rm true, 1 GPU by CDI, {runs} runs each", list(ids), samples)
+
+
+def _podman(podman: Podman, device: str) -> float:
+    argv = podman.command(
+        "run", "--rm", "--network", "none", *ULIMITS, "--cgroup-parent", f"/{podman.cgroup_parent}",
+        "--device", device, NAME, "true",
+    )  # fmt: skip
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        raise SystemExit(f"podman with {device}: {out.stderr}")
+    return elapsed
+
+
+def cri_half(generation: containerds.Generation, runs: int, python: str) -> None:
+    with tempfile.TemporaryDirectory() as name, Containerd.create(
+        cri=True, generation=generation
+    ) as containerd:  # fmt: skip
+        tmp = Path(name)
+        lab = Lab(tmp / "lab")
+        configure = ["containerd", "configure", "--config", str(containerd.config), "--cdi"]
+        subprocess.run([str(CONSOLE_SCRIPTS / "gpuwire"), *configure], check=True,
+                       capture_output=True)  # fmt: skip
+        with hooks(tmp, python) as case_hooks:
+            ids, _ = write_specs(lab, containerd.home / "cdi", case_hooks)
+            containerd.start()
+            containerd.import_image(write_image(tmp / "image.tar"), CRI_NAMESPACE)
+            with containerd.kuberuntime() as kubelet:
+                pod = _pod()
+                sandbox = kubelet.run_sandbox(pod, "")
+                samples = rounds(
+                    list(ids), runs, lambda case: _cri_start(kubelet, sandbox, pod, ids[case])
+                )
+    title = f"containerd {generation.version} over CRI, 1 GPU by CDI, {runs} runs each"
+    print_report(f"{title} (CreateContainer + StartContainer)", list(ids), samples)
+
+
+def _pod() -> dict[str, Any]:
+    container = {"name": "bench", "image": NAME, "command": ["true"]}
+    meta = {"name": f"bench-{uuid.uuid4().hex[:8]}", "namespace": "bench",
+            "uid": str(uuid.uuid4())}  # fmt: skip
+    return {"metadata": meta, "spec": {"containers": [container]}}
+
+
+def _cri_start(kubelet: KubeRuntime, sandbox: Sandbox, pod: dict[str, Any], device: str) -> float:
+    start = time.perf_counter()
+    cid = kubelet.create(sandbox, pod, pod["spec"]["containers"][0], claims=[device])
+    kubelet.start(cid)
+    elapsed = time.perf_counter() - start
+    status = kubelet.exited(cid)
+    if status.exit_code != 0:
+        raise SystemExit(f"containerd with {device}: {kubelet.logs(cid)}")
+    kubelet.remove(cid)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--only", choices=("runc", "podman", "containerd"))
+    parser.add_argument("--python", default=sys.executable, help="interpreter of the launchers")
+    args = parser.parse_args()
+    missing = [t for t in ("runc", "podman", "containerd") if shutil.which(t) is None]
+    if os.geteuid() != 0 or missing:
+        raise SystemExit(f"needs root, runc, podman and containerd (missing: {missing})")
+    if args.only in (None, "runc"):
+        runc_half(args.runs, args.python)
+    if args.only in (None, "podman"):
+        podman_half(args.runs, args.python)
+    if args.only in (None, "containerd"):
+        found = containerds.generations()
+        for generation in (g for g in found.values() if g.cdi):
+            cri_half(generation, args.runs, args.python)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

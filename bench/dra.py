@@ -1,0 +1,170 @@
+"""DRA plugin speed on a simulated 8-GPU node, the plugin running as `gpuwire dra serve` in
+its own process, driven over its DRA socket as the kubelet drives it, against the API
+stand-in (in this process) for its claims and slices.
+
+Figures (each a ratio to the baseline, an empty NodePrepareResources on the same socket):
+- NodePrepareResources of a new claim with 1 GPU and with 8 GPUs (the claim read from the
+  API, checked, the driver discovered, its CDI spec and the checkpoint written), and of a
+  claim prepared already (answered from the checkpoint);
+- NodeUnprepareResources (spec removed, checkpoint written);
+- health: from a fault appended to the node's event file to the ResourceSlice in the API
+  server carrying the device's taint (and back, after recovery, untimed).
+
+    .venv/bin/python -m bench.dra [--calls N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench.common import Summary, report, summarise
+from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
+from deviceplugin.dra.devices import DRIVER
+from gpuwire import sim
+from testbed.apiserver import ApiServer
+from testbed.kubelet_dra import DraKubelet
+from testbed.waiting import until
+
+GPUS = 8
+NODE = "bench-node"
+
+
+def timed(call: Callable[[], object], n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def start_plugin(tmp: Path, root: Path, kubeconfig: Path) -> subprocess.Popen[str]:
+    argv = [
+        sys.executable, "-m", "gpuwire.cli", "dra", "serve",
+        "--sim", str(root), "--kubelet-root", str(tmp / "kubelet"),
+        "--cdi-dir", str(tmp / "cdi"), "--hook", "/usr/local/bin/gpuwire-hook",
+        "--recover-after", "0.2", "--node", NODE, "--kubeconfig", str(kubeconfig),
+        "--log-level", "ERROR",
+    ]  # fmt: skip
+    return subprocess.Popen(argv, text=True)
+
+
+def claim(api: ApiServer, devices: list[str]) -> Any:
+    """A new claim allocated to `devices`, and the kubelet's message naming it."""
+    name = f"c-{uuid.uuid4().hex[:10]}"
+    results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+    spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+    stored = api.put({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"}, "spec": spec,
+        "status": {"allocation": {"devices": {"results": results}}},
+    })  # fmt: skip
+    return dra_v1_pb2.Claim(namespace="default", name=name, uid=stored["metadata"]["uid"])
+
+
+def prepare_and_unprepare(stub: Any, api: ApiServer, devices: list[str], n: int) -> tuple[
+    list[float], list[float]
+]:  # fmt: skip
+    """New claims, each prepared (timed) and unprepared (timed)."""
+    prepare, unprepare = [], []
+    for _ in range(n):
+        c = claim(api, devices)
+        start = time.perf_counter()
+        answer = stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[c]))
+        prepare.append(time.perf_counter() - start)
+        assert not answer.claims[c.uid].error, answer.claims[c.uid].error
+        start = time.perf_counter()
+        stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[c]))
+        unprepare.append(time.perf_counter() - start)
+    return prepare, unprepare
+
+
+def tainted(api: ApiServer, device: str) -> bool:
+    for s in api.objects("resourceslices"):
+        for d in s["spec"]["devices"]:
+            if d["name"] == device and d.get("taints"):
+                return True
+    return False
+
+
+def taint_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> list[float]:
+    """Fault → the slice in the API server has the device's taint; then wait for recovery."""
+    samples = []
+    for i in range(n):
+        gpu = machine.devices[i % len(machine.devices)]
+        name = f"gpu-{gpu.minor}"
+        start = time.perf_counter()
+        sim.inject_fault(root, gpu.uuid, 79)
+        while not tainted(api, name):
+            time.sleep(0.001)
+        samples.append(time.perf_counter() - start)
+        until(lambda name=name: not tainted(api, name), timeout=30)  # type: ignore[misc]
+    return samples
+
+
+def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: int) -> list[
+    Summary
+]:  # fmt: skip
+    empty = dra_v1_pb2.NodePrepareResourcesRequest()
+    timed(lambda: stub.NodePrepareResources(empty), 200)  # warm up
+    baseline = summarise("empty NodePrepareResources", timed(
+        lambda: stub.NodePrepareResources(empty), calls))  # fmt: skip
+    one_p, one_u = prepare_and_unprepare(stub, api, ["gpu-3"], calls)
+    all_p, _ = prepare_and_unprepare(stub, api, [f"gpu-{i}" for i in range(GPUS)], calls // 2)
+    kept = claim(api, ["gpu-5"])
+    again = dra_v1_pb2.NodePrepareResourcesRequest(claims=[kept])
+    stub.NodePrepareResources(again)
+    return [
+        baseline,
+        summarise("prepare, new claim, 1 GPU", one_p),
+        summarise(f"prepare, new claim, {GPUS} GPUs", all_p),
+        summarise(
+            "prepare, prepared claim", timed(lambda: stub.NodePrepareResources(again), calls)
+        ),
+        summarise("unprepare, 1 GPU", one_u),
+        summarise("fault → taint in the API", taint_latency(api, root, machine, 30)),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=500)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gw-bench-") as name:
+        tmp = Path(name)
+        root = tmp / "node"
+        machine = sim.make_machine(gpus=GPUS, nvlink="mesh")
+        sim.write_node(root, machine)
+        with ApiServer() as api:
+            api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            kubeconfig = api.write_kubeconfig(tmp / "kubeconfig")
+            with DraKubelet(tmp / "kubelet", NODE) as kubelet:
+                plugin = start_plugin(tmp, root, kubeconfig)
+                try:
+                    endpoint = kubelet.wait_registered(DRIVER, timeout=60).endpoint
+                    until(lambda: bool(api.objects("resourceslices")))
+                    with grpc.insecure_channel(f"unix:{endpoint}") as channel:
+                        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+                        baseline, *figures = measure(stub, api, root, machine, args.calls)
+                finally:
+                    plugin.terminate()
+                    plugin.wait(timeout=30)
+    title = f"DRA plugin: {GPUS} GPUs, plugin in its own process ({os.cpu_count()} CPUs)"
+    print(report(title, baseline, figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

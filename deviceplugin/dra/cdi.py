@@ -1,0 +1,137 @@
+"""A prepared claim's CDI spec: gpuwire's container edits for exactly the claim's GPUs.
+
+One transient spec per claim in the runtime's dynamic spec dir (`/var/run/cdi`, which
+shadows `/etc/cdi`), named as the CDI producer API names transient specs
+(`<vendor>-<class>_<id>`): `k8s.gpu.gpuwire.io-claim_<claim UID>.json`, kind
+`k8s.gpu.gpuwire.io/claim`, one device `<claim UID>-<device>` per allocated device holding its
+`/dev/nvidiaN` (so an id is never reused by another claim: runtimes cache specs), and the
+claim's common edits (`gpuwire.cdi.common_edits`: control devices, the driver's files for the
+claim's capabilities, the ld-cache hook) with the claim's limits env and what holds it
+(`shares.hold`). The same naming as
+NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
+
+The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
+is discovered there, and every host path in the spec is written as the host sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
+from deviceplugin.dra.devices import DRIVER
+from deviceplugin.dra.shares import NOTHING, Holders, hold
+from gpuwire import atomicfile, cdi, driver, edits
+from gpuwire.nvidia import Roots
+
+VENDOR = f"k8s.{DRIVER}"
+CLASS = "claim"
+KIND = f"{VENDOR}/{CLASS}"
+DEFAULT_DIR = "/var/run/cdi"
+
+
+def spec_file(uid: str) -> str:
+    return f"{VENDOR}-{CLASS}_{uid}.json"
+
+
+def cdi_id(uid: str, device: str) -> str:
+    return f"{KIND}={uid}-{device}"
+
+
+def on_host(path: str, host_root: str) -> str:
+    """`path` as the host names it, for a process that sees the host's `/` at `host_root`."""
+    if host_root in ("", "/"):
+        return path
+    relative = os.path.relpath(path, host_root)
+    return path if relative.startswith("..") else os.path.normpath("/" + relative)
+
+
+def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
+    edits = [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
+    for e in edits:
+        for item in (*e.get("deviceNodes", ()), *e.get("mounts", ())):
+            item["hostPath"] = on_host(item["hostPath"], host_root)
+    return spec
+
+
+def claim_spec(
+    found: driver.Driver,
+    ref: ClaimRef,
+    results: Sequence[Result],
+    hook: str,
+    ldconfig: str,
+    host_root: str = "/",
+    holders: Holders = NOTHING,
+) -> dict[str, Any]:
+    """The spec for a claim's results (pure, given the discovered driver); ClaimError where
+    nothing here holds the claim to its share."""
+    by_uuid = {d.uuid: d for d in found.devices}
+    devices = []
+    for r in {r.device.name: r for r in results}.values():
+        gpu = by_uuid.get(r.device.gpu.uuid)
+        if gpu is None:
+            raise ClaimError(
+                f"claim {ref}: GPU {r.device.gpu.uuid} ({r.device.name}) is not in the driver's "
+                f"list under {found.roots.proc}"
+            )
+        nodes = cdi.device_nodes(edits.gpu_nodes(found, (gpu,)))
+        devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
+    capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
+    common = cdi.common_edits(found, capabilities)
+    env, mounts = hold(results, holders)
+    common.env.update(env)
+    common.mounts += mounts
+    return _host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
+
+
+class CdiWriter:
+    """Writes and removes claims' specs in `directory` (the plugin's `Writer`)."""
+
+    def __init__(
+        self,
+        directory: str,
+        roots: Roots,
+        hook: str,
+        ldconfig: str,
+        host_root: str = "/",
+        holders: Holders = NOTHING,
+    ) -> None:
+        self.directory = directory
+        self.roots = roots
+        self.hook = hook
+        self.ldconfig = ldconfig
+        self.host_root = host_root
+        self.holders = holders
+
+    def write(
+        self, ref: ClaimRef, results: Sequence[Result]
+    ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+        capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
+        try:
+            found = driver.discover(self.roots, capabilities)
+        except driver.DiscoveryError as exc:
+            raise ClaimError(f"claim {ref}: {exc}") from None
+        spec = claim_spec(
+            found, ref, results, self.hook, self.ldconfig, self.host_root, self.holders
+        )
+        os.makedirs(self.directory, mode=0o755, exist_ok=True)
+        path = os.path.join(self.directory, spec_file(ref.uid))
+        atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+        ids: dict[str, tuple[str, ...]] = {
+            r.device.name: (cdi_id(ref.uid, r.device.name),) for r in results
+        }
+        return ids, (path,)
+
+    def remove(self, files: Sequence[str]) -> None:
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def orphans(self, known: set[str]) -> list[str]:
+        pattern = spec_file("*")
+        return sorted(str(p) for p in Path(self.directory).glob(pattern) if str(p) not in known)

@@ -1,0 +1,92 @@
+"""The prepared claims, on disk: what NodeUnprepareResources must undo survives the plugin.
+
+The kubelet prepares a claim once per node and unprepares it after its last pod, possibly
+after the claim itself is gone from the API, and it does not prepare again after a plugin
+restart. So everything unprepare needs — the devices answered, the files written — is kept
+here, in `<plugin dir>/checkpoint.json` (NVIDIA's and the example driver's place), written
+whole (`gpuwire.atomicfile`) before an answer leaves the plugin. A checkpoint that cannot be
+read stops the plugin with the reason: starting empty would leak every prepared claim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuwire import atomicfile
+
+VERSION = 1
+NAME = "checkpoint.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file gpuwire cannot read; the message names it and why."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as answered to the kubelet."""
+
+    requests: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    namespace: str
+    name: str
+    uid: str
+    devices: tuple[PreparedDevice, ...]
+    files: tuple[str, ...] = ()  # what unprepare removes (the claim's CDI spec, its token)
+    gpus: tuple[str, ...] = field(default=())  # the physical GPUs' UUIDs
+
+
+def _claim(raw: Mapping[str, Any]) -> PreparedClaim:
+    devices = tuple(
+        PreparedDevice(
+            tuple(d["requests"]),
+            str(d["pool"]),
+            str(d["device"]),
+            tuple(d["cdi_ids"]),
+            d.get("share_id"),
+        )
+        for d in raw["devices"]
+    )
+    files, gpus = tuple(raw.get("files") or ()), tuple(raw.get("gpus") or ())
+    return PreparedClaim(
+        str(raw["namespace"]), str(raw["name"]), str(raw["uid"]), devices, files, gpus
+    )
+
+
+def load(directory: str | os.PathLike[str]) -> dict[str, PreparedClaim]:
+    """The prepared claims by UID (none when there is no checkpoint yet)."""
+    path = Path(directory, NAME)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint {path}: {exc.strerror}") from None
+    try:
+        raw = json.loads(text)
+        if raw.get("version") != VERSION:
+            raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
+        return {uid: _claim(claim) for uid, claim in raw["claims"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {path} is unreadable ({exc}): the claims it held would leak; "
+            "move it away only once no pod on this node uses a claim of this driver"
+        ) from None
+
+
+def save(directory: str | os.PathLike[str], claims: Mapping[str, PreparedClaim]) -> None:
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    body = {"version": VERSION, "claims": {uid: asdict(c) for uid, c in sorted(claims.items())}}
+    atomicfile.replace(os.path.join(directory, NAME), json.dumps(body, indent=1).encode(), 0o600)

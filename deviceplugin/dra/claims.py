@@ -1,0 +1,195 @@
+"""What a ResourceClaim allocated on this node, read from the claim as the API server has it.
+Pure: the claim object in, the devices and their configuration out, or a ClaimError that
+names what is wrong (the kubelet reports it for that claim alone and retries later).
+
+The kubelet sends only a claim's namespace, name and UID; the allocation is in the claim's
+`status.allocation` (`resource.k8s.io/v1`): `devices.results[]` (request, driver, pool,
+device, shareID, consumedCapacity, tolerations) and `devices.config[]` (opaque parameters per
+driver, class configs first, then the claim's, each for some or all requests). Only results
+for this driver and this node's pool are this plugin's; a result naming a device this node
+does not publish, or an unhealthy GPU whose taint the claim does not tolerate, fails the claim.
+
+The opaque configuration gpuwire reads (`driver: gpu.gpuwire.io`):
+
+    apiVersion: gpu.gpuwire.io/v1alpha1
+    kind: GpuConfig
+    driverCapabilities: compute,utility    # NVIDIA_DRIVER_CAPABILITIES syntax; default
+    limitProfile: hami                     # how a shared GPU's limits reach the container
+
+A later config for the same request overrides an earlier one, field by field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deviceplugin.dra.devices import DraDevice
+from deviceplugin.dra.taints import Taint
+from gpuwire import limits, nvidia
+
+CONFIG_API_VERSION = "gpu.gpuwire.io/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+CONFIG_FIELDS = ("driverCapabilities", "limitProfile")
+
+
+class ClaimError(ValueError):
+    """Why a claim cannot be prepared on this node."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    capabilities: tuple[str, ...] = tuple(sorted(nvidia.DEFAULT_CAPABILITIES))
+    limit_profile: str = limits.DEFAULT_PROFILE
+
+
+@dataclass(frozen=True)
+class Result:
+    """One allocated device of this node: the request it serves (the base name, as the
+    kubelet matches containers' `resources.claims[].request` against it), the device, and
+    for a shared GPU its share and what the share consumes."""
+
+    request: str
+    device: DraDevice
+    share_id: str | None = None
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    config: GpuConfig = GpuConfig()
+
+
+def _tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Taint) -> bool:
+    """The allocator's rule: effect empty or equal; key empty or equal; Equal compares the
+    value, Exists ignores it (an empty key needs Exists)."""
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint["effect"]):
+            continue
+        if t.get("key") not in (None, "", taint["key"]):
+            continue
+        if t.get("operator", "Equal") == "Exists" or t.get("value", "") == taint["value"]:
+            return True
+    return False
+
+
+def _parameters(opaque: Mapping[str, Any], where: str) -> dict[str, Any]:
+    params = opaque.get("parameters")
+    if not isinstance(params, dict):
+        raise ClaimError(f"{where}: parameters must be an object")
+    version, kind = params.get("apiVersion"), params.get("kind")
+    if (version, kind) != (CONFIG_API_VERSION, CONFIG_KIND):
+        raise ClaimError(
+            f"{where}: {version}/{kind} is not a gpuwire config: "
+            f"expected apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}"
+        )
+    unknown = sorted(set(params) - {"apiVersion", "kind", *CONFIG_FIELDS})
+    if unknown:
+        raise ClaimError(
+            f"{where}: unknown field {unknown[0]!r}; known: {', '.join(CONFIG_FIELDS)}"
+        )
+    return {k: v for k, v in params.items() if k in CONFIG_FIELDS}
+
+
+def _config(fields: Mapping[str, Any], where: str) -> GpuConfig:
+    config = GpuConfig()
+    if "driverCapabilities" in fields:
+        value = fields["driverCapabilities"]
+        try:
+            if not isinstance(value, str):
+                raise nvidia.CapabilityError("expected a string, e.g. compute,utility")
+            config = GpuConfig(nvidia.parse_capabilities(value), config.limit_profile)
+        except nvidia.CapabilityError as exc:
+            raise ClaimError(f"{where}: driverCapabilities {value!r}: {exc}") from None
+    if "limitProfile" in fields:
+        profile = fields["limitProfile"]
+        if profile not in limits.PROFILES:
+            known = ", ".join(limits.PROFILES)
+            raise ClaimError(f"{where}: limitProfile {profile!r}: accepted are {known}")
+        config = GpuConfig(config.capabilities, str(profile))
+    return config
+
+
+def _configs(allocation: Mapping[str, Any], driver: str, ref: ClaimRef) -> list[tuple[Any, Any]]:
+    """(requests it covers — empty for all, parameters) of each of this driver's configs."""
+    out = []
+    for i, entry in enumerate(allocation.get("devices", {}).get("config") or ()):
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        where = f"claim {ref}: config {i} ({entry.get('source', 'FromClaim')})"
+        out.append((tuple(entry.get("requests") or ()), _parameters(opaque, where)))
+    return out
+
+
+def _covers(requests: tuple[str, ...], request: str) -> bool:
+    return not requests or request in requests or request.split("/")[0] in requests
+
+
+def results(
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, DraDevice],
+    taints: Mapping[str, Sequence[Taint]],
+) -> list[Result]:
+    """The claim's devices on this node, with their configuration; ClaimError if the claim
+    is not one this node can prepare."""
+    meta = claim.get("metadata") or {}
+    if meta.get("uid") != ref.uid:
+        raise ClaimError(
+            f"claim {ref} has UID {meta.get('uid')}, the kubelet asked for {ref.uid} "
+            "(deleted and created again?)"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {ref} is not allocated")
+    mine = [
+        r for r in allocation.get("devices", {}).get("results") or () if r.get("driver") == driver
+    ]
+    if not mine:
+        raise ClaimError(f"claim {ref} has no device of driver {driver}")
+    configs = _configs(allocation, driver, ref)
+    out = []
+    for r in mine:
+        where = f"claim {ref}: request {r.get('request')}"
+        if r.get("pool") != pool:
+            raise ClaimError(
+                f"{where}: device {r.get('device')} is in pool {r.get('pool')}, "
+                f"not this node's ({pool})"
+            )
+        device = devices.get(str(r.get("device")))
+        if device is None:
+            have = ", ".join(sorted(devices)) or "none"
+            raise ClaimError(
+                f"{where}: this node has no device {r.get('device')!r} (it has {have})"
+            )
+        for taint in taints.get(device.gpu.uuid, ()):
+            if not _tolerates(r.get("tolerations") or (), taint):
+                raise ClaimError(
+                    f"{where}: {device.name} (GPU {device.gpu.uuid}) is unhealthy: taint "
+                    f"{taint['key']}={taint['value']}:{taint['effect']}, not tolerated"
+                )
+        request = str(r.get("request", ""))
+        fields: dict[str, Any] = {}
+        for requests, params in configs:
+            if _covers(requests, request):
+                fields.update(params)
+        out.append(
+            Result(
+                request=request.split("/")[0],
+                device=device,
+                share_id=r.get("shareID"),
+                consumed=dict(r.get("consumedCapacity") or {}),
+                config=_config(fields, where),
+            )
+        )
+    return out

@@ -1,0 +1,189 @@
+"""The node's GPUs as DRA devices: one ResourceSlice `devices[]` entry per GPU. Pure.
+
+Attribute names are NVIDIA's DRA driver's (`productName`, `uuid`, `architecture`, `brand`,
+`cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `type`; kubernetes-sigs/
+dra-driver-nvidia-gpu `cmd/gpu-kubelet-plugin/deviceinfo.go`), unprefixed and so in this
+driver's own domain: a CEL selector written against `device.attributes["gpu.nvidia.com"]`
+selects the same GPUs here with only the domain changed. The standard ones are
+`resource.kubernetes.io/pciBusID`, `pcieRoot` and `numaNode` (k8s.io/dynamic-resource-
+allocation `deviceattribute`). gpuwire adds `model` (the model token the node labels use:
+`a100`, `h100`, `rtx-4090`), `nvlinkIsland` (the lowest index among the GPUs this one reaches
+over NVLink, itself included: equal exactly for GPUs a multi-GPU job can use together) and
+`shared`; a shared GPU also says which enforced limit profiles hold a claim to its share
+there (`hamiLimits`, `mpsLimits`: what the node labels `gpuwire.io/limits.*` say for the
+device plugin's path). Capacity `memory` is the GPU's memory.
+
+A GPU marked shared in the node's config allows multiple allocations (consumable capacity,
+KEP-5075): its `memory` and `cores` (percent of its streaming multiprocessors) are handed out
+per claim under a request policy, so the scheduler packs claims onto it by memory itself.
+
+Device kinds are data: `KINDS` lists the functions that turn the node into devices, and a new
+kind (MIG devices) is one more entry; the slice builder takes whatever they return.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.labels import model_token
+from gpuwire import limits, nvidia
+from gpuwire.devices import Device
+from gpuwire.quantity import canonical_mib
+
+DRIVER = "gpu.gpuwire.io"
+STANDARD = "resource.kubernetes.io/"
+GPU_TYPE = "gpu"
+
+# Consumable capacity of a shared GPU: memory in whole GiB (a claim that names none gets
+# 1 GiB), cores as a percentage (a claim that names none reserves none: it time-slices).
+MEMORY_STEP = "1Gi"
+CORES = 100
+
+Entry = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """Which GPUs are shared: UUIDs (`GPU-…`) or product-name globs (`*A100*`), any case;
+    and the enforced limit profiles whose mechanism holds a claim to its share there."""
+
+    selectors: tuple[str, ...] = ()
+    enforced: tuple[str, ...] = ()
+
+    def shares(self, device: Device) -> bool:
+        for selector in self.selectors:
+            if selector.lower().startswith("gpu-"):
+                if selector.lower() == device.uuid.lower():
+                    return True
+            elif fnmatch.fnmatchcase(device.product.lower(), selector.lower()):
+                return True
+        return False
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One published device: its name, the physical GPU it lives on (whose health it shares
+    and whose device node a container gets), and its slice entry without taints."""
+
+    name: str
+    gpu: Device
+    entry: Entry = field(compare=False)
+    shared: bool = False
+
+
+def string(value: str) -> dict[str, str]:
+    return {"string": value[:64]}
+
+
+def version(text: str) -> dict[str, str] | None:
+    """A dotted version as strict semver: `535.104.05` → `535.104.5`, `12.4` → `12.4.0`
+    (what NVIDIA's driver publishes after its lenient parse); None if it is not one."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    return {"version": ".".join(str(int(p)) for p in [*parts, "0", "0"][:3])}
+
+
+def islands(devices: Sequence[Device]) -> dict[int, int]:
+    """Index → the lowest index of its NVLink-connected component."""
+    parent = {d.index: d.index for d in devices}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for d in devices:
+        for peer, count in d.nvlinks:
+            if count > 0 and peer in parent:
+                a, b = root(d.index), root(peer)
+                parent[max(a, b)] = min(a, b)
+    return {i: root(i) for i in parent}
+
+
+def _capacity(gpu: Device, shared: bool) -> Entry:
+    memory = canonical_mib(gpu.memory_mib)
+    if not shared:
+        return {"memory": {"value": memory}}
+    step = {"default": MEMORY_STEP, "validRange": {"min": MEMORY_STEP, "step": MEMORY_STEP}}
+    cores = {"default": "0", "validRange": {"min": "0", "max": str(CORES), "step": "1"}}
+    return {
+        "memory": {"value": memory, "requestPolicy": step},
+        "cores": {"value": str(CORES), "requestPolicy": cores},
+    }
+
+
+def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, sharing: Sharing) -> Entry:
+    d = gpu.device
+    shared = sharing.shares(d)
+    major, minor = gpu.compute_capability
+    attributes: Entry = {
+        "type": string(GPU_TYPE),
+        "uuid": string(d.uuid),
+        "productName": string(d.product),
+        "brand": string(gpu.brand or nvidia.brand_of(d.product)),
+        "architecture": string(nvidia.architecture(major, minor)),
+        "model": string(model_token(d.product)),
+        "nvlinkIsland": {"int": island},
+        "shared": {"bool": shared},
+        STANDARD + "pciBusID": string(d.pci_bus_id),
+    }
+    for name, text in (
+        ("cudaComputeCapability", f"{major}.{minor}"),
+        ("driverVersion", node.driver_version),
+        ("cudaDriverVersion", node.cuda_version),
+    ):
+        value = version(text)
+        if value is not None:
+            attributes[name] = value
+    if gpu.pcie_root:
+        attributes[STANDARD + "pcieRoot"] = string(gpu.pcie_root)
+    if d.numa_node >= 0:
+        attributes[STANDARD + "numaNode"] = {"int": d.numa_node}
+    if shared:
+        for profile in limits.ENFORCED:
+            attributes[limits.enforcement_attribute(profile)] = {
+                "bool": profile in sharing.enforced
+            }
+    entry: Entry = {"name": device_name(d), "attributes": attributes}
+    entry["capacity"] = _capacity(d, shared)
+    if shared:
+        entry["allowMultipleAllocations"] = True
+    return entry
+
+
+def device_name(gpu: Device) -> str:
+    """`gpu-<minor>`, as NVIDIA's driver names a whole GPU."""
+    return f"gpu-{gpu.minor}"
+
+
+def gpu_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
+    """One device per GPU, in index order; not a GPU in MIG mode, which a container can use
+    only through its MIG devices (NVIDIA's driver publishes none for it either)."""
+    island = islands(node.devices)
+    out = []
+    for gpu in sorted(node.gpus, key=lambda g: g.device.index):
+        if gpu.mig_enabled:
+            continue
+        entry = gpu_entry(gpu, node, island[gpu.device.index], sharing)
+        out.append(DraDevice(entry["name"], gpu.device, entry, sharing.shares(gpu.device)))
+    return out
+
+
+Kind = Callable[[NodeGpus, Sharing], list[DraDevice]]
+KINDS: tuple[Kind, ...] = (gpu_devices,)
+
+
+def devices(node: NodeGpus, sharing: Sharing, kinds: Sequence[Kind] = KINDS) -> list[DraDevice]:
+    """Every device of every kind, in kind order; names are unique within the pool."""
+    out = [device for kind in kinds for device in kind(node, sharing)]
+    names = [d.name for d in out]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"device names must be unique in a pool: {', '.join(duplicates)}")
+    return out

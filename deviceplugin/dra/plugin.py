@@ -1,0 +1,144 @@
+"""`gpuwire dra serve` put together: discovery and health (shared with the device plugin), the
+published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer, and
+the kubelet's sockets; optionally the node's labels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import kubeclient
+from deviceplugin import labeler, state
+from deviceplugin.backend import open_discovery
+from deviceplugin.config import Config
+from deviceplugin.discovery import Discovery
+from deviceplugin.dra import devices, taints
+from deviceplugin.dra.cdi import CdiWriter
+from deviceplugin.dra.claims import ClaimError
+from deviceplugin.dra.devices import DRIVER, DraDevice, Sharing
+from deviceplugin.dra.endpoint import Endpoint, Sockets
+from deviceplugin.dra.prepared import Preparer
+from deviceplugin.dra.publisher import Publisher
+from deviceplugin.dra.service import RegistrationService, add_services
+from deviceplugin.dra.shares import Holders
+from deviceplugin.health import HealthBook, HealthPolicy
+from gpuwire import hamicore
+from gpuwire.nvidia import Roots
+
+log = logging.getLogger(__name__)
+
+
+def claim_reader(api_client: Any) -> Any:
+    """Reads a ResourceClaim as the API server has it; ClaimError when there is none."""
+    client: Any = importlib.import_module("kubernetes.client")
+    api = client.ResourceV1Api(api_client)
+
+    def read(namespace: str, name: str) -> Mapping[str, Any]:
+        try:
+            response = api.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                raise ClaimError(f"claim {namespace}/{name} does not exist") from None
+            raise
+        return dict(json.loads(response.data))
+
+    return read
+
+
+class DraPlugin:
+    """Everything the DRA plugin runs, built from the config; `run` serves until stopped."""
+
+    def __init__(
+        self, config: Config, discovery: Discovery | None = None, api_client: Any = None
+    ) -> None:
+        self.config = config
+        self.discovery = discovery or open_discovery(config.sim)
+        self.node = labeler.node_name(config.node_name)
+        self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
+        gpus = self.discovery.discover()
+        self.sockets = Sockets(config.kubelet_root, DRIVER)
+        holders = Holders(
+            config.hami_library if "hami" in labeler.enforced(config) else None,
+            str(self.sockets.plugin_dir),
+        )
+        if holders.hami_library:
+            hamicore.write_preload(holders.state)
+        sharing = Sharing(config.shared_gpus, holders.enforced)
+        self.devices: list[DraDevice] = devices.devices(gpus, sharing)
+        self.by_name = {d.name: d for d in self.devices}
+        policy = HealthPolicy(config.ignored_xids, config.recover_after)
+        uuids = frozenset(d.uuid for d in gpus.devices)
+        self.health = state.HealthState(HealthBook(policy, uuids), self.discovery.alive)
+        root = config.driver_root or config.sim or config.host_root
+        writer = CdiWriter(
+            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root, holders
+        )
+        self.preparer = Preparer(
+            DRIVER,
+            self.node,
+            claim_reader(self.api_client),
+            lambda: self.by_name,
+            self.taints,
+            writer,
+            str(self.sockets.plugin_dir),
+        )
+        self.publisher = Publisher(
+            self.api_client, DRIVER, self.node, lambda: self.devices, self.taints
+        )
+        closing = threading.Event()
+        self.endpoint = Endpoint(
+            self.sockets,
+            lambda server: add_services(
+                server, self.preparer, self.health, self.node, lambda: self.devices, closing
+            ),
+            RegistrationService(DRIVER, str(self.sockets.dra)),
+            closing,
+        )
+        log.info(
+            "DRA driver %s on node %s: %d device(s), %d shared",
+            DRIVER,
+            self.node,
+            len(self.devices),
+            sum(d.shared for d in self.devices),
+        )
+
+    def taints(self) -> dict[str, Sequence[taints.Taint]]:
+        return dict(taints.taints(self.health.causes()))
+
+    def _publish_on_change(self, stop: threading.Event) -> None:
+        """Wake the publisher the moment health changes (a fault, a recovery)."""
+        for _ in self.health.watch(stop.is_set, poll=0.25):
+            self.publisher.wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until `stop` is set; the sockets are gone when this returns."""
+        jobs = [
+            threading.Thread(
+                target=state.monitor, args=(self.discovery, self.health, stop), name="health"
+            ),
+            threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
+            threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
+        ]
+        if self.config.labels:
+            jobs.append(
+                threading.Thread(
+                    target=labeler.run,
+                    args=(self.config, self.discovery, stop, self.health.unhealthy),
+                    name="labels",
+                )
+            )
+        for job in jobs:
+            job.daemon = True
+            job.start()
+        try:
+            self.endpoint.run(stop)
+        finally:
+            stop.set()
+            for job in jobs:
+                job.join(timeout=10)
+            self.discovery.close()

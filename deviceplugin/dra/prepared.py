@@ -1,0 +1,137 @@
+"""NodePrepareResources and NodeUnprepareResources, behind the gRPC layer: the claims this
+node has prepared, kept in the checkpoint, and the per-claim outcome of each call.
+
+Both calls are idempotent, as the kubelet needs (it repeats them after its own restart): a
+claim already prepared is answered from the checkpoint without reading the API again, and
+unpreparing one that is not prepared succeeds. Each claim succeeds or fails alone; a failed
+prepare removes what it wrote, so it leaves no file and no checkpoint entry behind. Calls are
+serialised (one lock), as the Go kubelet-plugin helper does by default: claims are few per
+pod and a prepare takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from deviceplugin.dra import checkpoint
+from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+from deviceplugin.dra.claims import ClaimError, ClaimRef, Result, results
+from deviceplugin.dra.devices import DraDevice
+from deviceplugin.dra.taints import Taint
+
+log = logging.getLogger(__name__)
+
+
+class Writer(Protocol):
+    """What a prepared claim leaves on the node for the container runtime."""
+
+    def write(
+        self, ref: ClaimRef, results: Sequence[Result]
+    ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+        """Write the claim's files; returns the CDI device ids per device name, and the
+        files written (all removed again if it raises)."""
+        ...
+
+    def remove(self, files: Sequence[str]) -> None: ...
+
+    def orphans(self, known: set[str]) -> list[str]:
+        """Files of this writer's kind on the node that no prepared claim lists."""
+        ...
+
+
+ReadClaim = Callable[[str, str], Mapping[str, Any]]
+
+
+class Preparer:
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        read_claim: ReadClaim,
+        devices: Callable[[], Mapping[str, DraDevice]],
+        taints: Callable[[], Mapping[str, Sequence[Taint]]],
+        writer: Writer,
+        directory: str,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.read_claim = read_claim
+        self.devices = devices
+        self.taints = taints
+        self.writer = writer
+        self.directory = directory
+        self._lock = threading.Lock()
+        self.prepared = checkpoint.load(directory)
+        known = {f for claim in self.prepared.values() for f in claim.files}
+        stale = writer.orphans(known)
+        if stale:  # a plugin that died between writing a claim's files and the checkpoint
+            log.warning("removing %d file(s) of no prepared claim: %s", len(stale), stale)
+            writer.remove(stale)
+
+    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Claim UID → the prepared claim, or why it could not be prepared."""
+        with self._lock:
+            return {ref.uid: self._prepare(ref) for ref in refs}
+
+    def _prepare(self, ref: ClaimRef) -> PreparedClaim | str:
+        done = self.prepared.get(ref.uid)
+        if done is not None:
+            return done
+        files: tuple[str, ...] = ()
+        try:
+            found = results(
+                self.read_claim(ref.namespace, ref.name),
+                ref,
+                self.driver,
+                self.pool,
+                self.devices(),
+                self.taints(),
+            )
+            cdi_ids, files = self.writer.write(ref, found)
+            answered = tuple(
+                PreparedDevice(
+                    (r.request,), self.pool, r.device.name, cdi_ids[r.device.name], r.share_id
+                )
+                for r in found
+            )
+            gpus = tuple(sorted({r.device.gpu.uuid for r in found}))
+            claim = PreparedClaim(ref.namespace, ref.name, ref.uid, answered, files, gpus)
+            checkpoint.save(self.directory, {**self.prepared, ref.uid: claim})
+        except ClaimError as exc:
+            return self._failed(ref, str(exc), files)
+        except Exception as exc:  # the API, the disk: this claim fails, the call goes on
+            return self._failed(ref, f"claim {ref}: {exc}", files)
+        self.prepared[ref.uid] = claim
+        log.info(
+            "prepared claim %s (%s): %s", ref, ref.uid, ", ".join(d.device for d in claim.devices)
+        )
+        return claim
+
+    def _failed(self, ref: ClaimRef, why: str, files: Sequence[str]) -> str:
+        if files:
+            self.writer.remove(files)
+        log.warning("cannot prepare %s (%s): %s", ref, ref.uid, why)
+        return why
+
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
+        """Claim UID → None when it is unprepared (or never was), else why not."""
+        with self._lock:
+            return {ref.uid: self._unprepare(ref) for ref in refs}
+
+    def _unprepare(self, ref: ClaimRef) -> str | None:
+        claim = self.prepared.get(ref.uid)
+        if claim is None:
+            return None
+        try:
+            self.writer.remove(claim.files)
+            rest = {uid: c for uid, c in self.prepared.items() if uid != ref.uid}
+            checkpoint.save(self.directory, rest)
+        except OSError as exc:
+            log.warning("cannot unprepare %s (%s): %s", ref, ref.uid, exc)
+            return f"claim {ref}: {exc}"
+        self.prepared = rest
+        log.info("unprepared claim %s (%s)", ref, ref.uid)
+        return None

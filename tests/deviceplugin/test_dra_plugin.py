@@ -1,0 +1,365 @@
+"""The DRA plugin against the kubelet DRA stand-in over real unix sockets, and the API stand-in
+serving resource.k8s.io/v1 (every write validated against the 1.34 schema): registration
+through the plugin watcher, prepare and unprepare with their per-claim errors, kubelet and
+plugin restarts, health as taints in the next slice update, slices made again after the
+kubelet wipes them."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.config import Config
+from deviceplugin.dra import cdi, checkpoint
+from deviceplugin.dra.devices import DRIVER
+from deviceplugin.dra.plugin import DraPlugin
+from gpuwire import sim
+from testbed.apiserver import ApiServer
+from testbed.kubelet_dra import KUBELET_1_33, DraKubelet
+from testbed.waiting import until
+
+NODE = "gpu-node-1"
+HOOK = "/opt/gpuwire/current/libexec/gpuwire-hook"
+
+
+@dataclass
+class Cluster:
+    api: ApiServer
+    kubelet: DraKubelet
+    config: Config
+    machine: sim.Machine
+    root: Path
+    plugin: DraPlugin | None = None
+    stop: threading.Event | None = None
+    thread: threading.Thread | None = None
+
+    def start_plugin(self, **changes: Any) -> DraPlugin:
+        self.plugin = DraPlugin(replace(self.config, **changes), api_client=self.api.client())
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.plugin.run, args=(self.stop,), daemon=True)
+        self.thread.start()
+        return self.plugin
+
+    def stop_plugin(self) -> None:
+        if self.stop is not None and self.thread is not None:
+            self.stop.set()
+            self.thread.join(timeout=20)
+            assert not self.thread.is_alive()
+
+    def slices(self) -> list[dict[str, Any]]:
+        return [s for s in self.api.objects("resourceslices") if s["spec"]["nodeName"] == NODE]
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
+
+
+def put_claim(
+    api: ApiServer,
+    name: str,
+    devices: list[str],
+    namespace: str = "default",
+    pool: str = NODE,
+    config: list[dict[str, Any]] | None = None,
+    allocated: bool = True,
+) -> tuple[str, str, str]:
+    """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node."""
+    uid = str(uuid.uuid4())
+    spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+    obj: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": spec,
+    }
+    if allocated:
+        results = [{"request": "gpus", "driver": DRIVER, "pool": pool, "device": d}
+                   for d in devices]  # fmt: skip
+        allocation: dict[str, Any] = {"devices": {"results": results}}
+        if config:
+            allocation["devices"]["config"] = config
+        obj["status"] = {"allocation": allocation}
+    stored = api.put(obj)
+    return namespace, name, stored["metadata"]["uid"]
+
+
+@pytest.fixture(name="c")
+def cluster(tmp_path: Path, socket_dir: Path) -> Iterator[Cluster]:
+    root = tmp_path / "node"
+    machine = sim.make_machine(gpus=4)
+    sim.write_node(root, machine)
+    config = Config(
+        sim=str(root),
+        kubelet_root=str(socket_dir / "kubelet"),
+        cdi_dir=str(tmp_path / "cdi"),
+        hook=HOOK,
+        node_name=NODE,
+        recover_after=0.5,
+        shared_gpus=(machine.devices[3].uuid,),
+    )
+    with ApiServer(schema="1.34") as api:
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        with DraKubelet(socket_dir / "kubelet", NODE, api=api.client(), wipe_delay=0.5) as kubelet:
+            c = Cluster(api, kubelet, config, machine, root)
+            try:
+                yield c
+            finally:
+                c.stop_plugin()
+
+
+def cdi_files(c: Cluster) -> list[str]:
+    directory = Path(c.config.cdi_dir)
+    return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+
+def test_registers_through_the_plugin_watcher_and_publishes_every_gpu(c: Cluster) -> None:
+    c.start_plugin()
+    plugin = c.kubelet.wait_registered(DRIVER)
+    assert plugin.version == "v1"
+    assert plugin.endpoint == f"{c.config.kubelet_root}/plugins/{DRIVER}/dra.sock"
+    assert list(c.kubelet.infos[-1].supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"
+    ]  # fmt: skip
+    until(lambda: len(c.devices()) == 4)
+    (obj,) = c.slices()
+    assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert obj["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert c.devices()["gpu-3"]["allowMultipleAllocations"] is True
+    until(lambda: set(c.kubelet.device_health(DRIVER).values()) == {"Healthy"})
+    assert len(c.kubelet.device_health(DRIVER)) == 4
+
+
+def test_a_node_with_hami_core_publishes_its_shared_gpus_as_held_by_it(c: Cluster) -> None:
+    """hami.library named and there: the shared GPU says hamiLimits (a claim can select it),
+    and the preload list its claims' containers mount is in the plugin's directory."""
+    c.start_plugin(hami_library=str(c.root / sim.HAMI_LIBRARY))
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert c.devices()["gpu-3"]["attributes"]["hamiLimits"] == {"bool": True}
+    assert c.devices()["gpu-3"]["attributes"]["mpsLimits"] == {"bool": False}
+    preload = Path(c.config.kubelet_root, "plugins", DRIVER, "ld.so.preload")
+    assert preload.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+def test_without_hami_core_no_shared_gpu_claims_a_holder(c: Cluster) -> None:
+    c.start_plugin(hami_library=str(c.root / "no/libvgpu.so"))  # named, not there
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert c.devices()["gpu-3"]["attributes"]["hamiLimits"] == {"bool": False}
+
+
+def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "trainer", ["gpu-1", "gpu-2"])
+    uid = ref[2]
+    (answer,) = c.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    ids = [(d.device_name, list(d.cdi_device_ids)) for d in answer.devices]
+    assert ids == [("gpu-1", [f"k8s.gpu.gpuwire.io/claim={uid}-gpu-1"]),
+                   ("gpu-2", [f"k8s.gpu.gpuwire.io/claim={uid}-gpu-2"])]  # fmt: skip
+    assert [list(d.request_names) for d in answer.devices] == [["gpus"], ["gpus"]]
+    spec = json.loads((Path(c.config.cdi_dir) / cdi.spec_file(uid)).read_text())
+    assert spec["kind"] == "k8s.gpu.gpuwire.io/claim"
+    nodes = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]]
+             for d in spec["devices"]}  # fmt: skip
+    assert nodes == {f"{uid}-gpu-1": ["/dev/nvidia1"], f"{uid}-gpu-2": ["/dev/nvidia2"]}
+    common = spec["containerEdits"]
+    assert {n["path"] for n in common["deviceNodes"]} == {
+        "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"
+    }  # fmt: skip
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in common["env"]
+    assert [h["hookName"] for h in common["hooks"]] == ["createRuntime"]
+    assert common["hooks"][0]["path"] == HOOK
+    assert all(m["hostPath"].startswith(str(c.root)) for m in common["mounts"])
+    prepared = checkpoint.load(Path(c.config.kubelet_root) / "plugins" / DRIVER)
+    assert set(prepared) == {uid}
+
+    assert c.kubelet.unprepare(DRIVER, [ref]) == {uid: ""}
+    assert cdi_files(c) == []
+    assert checkpoint.load(Path(c.config.kubelet_root) / "plugins" / DRIVER) == {}
+    assert c.kubelet.unprepare(DRIVER, [ref]) == {uid: ""}  # unpreparing again: still fine
+
+
+def test_prepare_and_unprepare_are_idempotent(c: Cluster) -> None:
+    plugin = c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "once", ["gpu-0"])
+    first = plugin.preparer.prepare([_ref(ref)])
+    reads = len([r for r in c.api.requests if r.path.endswith("/resourceclaims/once")])
+    again = plugin.preparer.prepare([_ref(ref)])
+    assert again == first
+    assert len([r for r in c.api.requests if r.path.endswith("/resourceclaims/once")]) == reads
+    assert len(cdi_files(c)) == 1
+
+
+def _ref(ref: tuple[str, str, str]) -> Any:
+    from deviceplugin.dra.claims import ClaimRef
+
+    return ClaimRef(*ref)
+
+
+def test_each_claim_fails_alone_naming_what_is_wrong(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    good = put_claim(c.api, "good", ["gpu-0"])
+    unallocated = put_claim(c.api, "pending", ["gpu-1"], allocated=False)
+    elsewhere = put_claim(c.api, "elsewhere", ["gpu-1"], pool="gpu-node-2")
+    unknown = put_claim(c.api, "unknown", ["gpu-9"])
+    bad_config = put_claim(c.api, "bad-config", ["gpu-2"], config=[{
+        "source": "FromClaim", "requests": [],
+        "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.gpuwire.io/v1alpha1", "kind": "GpuConfig",
+            "driverCapabilities": "compute,cuda"}}}])  # fmt: skip
+    missing = ("default", "gone", str(uuid.uuid4()))
+    recreated = (good[0], good[1], str(uuid.uuid4()))
+    claims = [good, unallocated, elsewhere, unknown, bad_config, missing]
+    answers = c.kubelet.prepare(DRIVER, claims)
+    errors = {name: answers[uid].error for _, name, uid in claims}
+    assert errors["good"] == ""
+    assert errors["pending"] == "claim default/pending is not allocated"
+    assert "in pool gpu-node-2, not this node's (gpu-node-1)" in errors["elsewhere"]
+    assert "no device 'gpu-9' (it has gpu-0, gpu-1, gpu-2, gpu-3)" in errors["unknown"]
+    assert "driverCapabilities 'compute,cuda'" in errors["bad-config"]
+    assert "unknown driver capability cuda" in errors["bad-config"]
+    assert errors["gone"] == "claim default/gone does not exist"
+    (mismatch,) = c.kubelet.prepare(DRIVER, [recreated]).values()
+    assert "the kubelet asked for" in mismatch.error
+    assert cdi_files(c) == [cdi.spec_file(good[2])]  # nothing of the failed claims stays
+
+
+def test_an_unhealthy_gpu_fails_a_claim_that_does_not_tolerate_its_taint(c: Cluster) -> None:
+    c.start_plugin(recover_after=60.0)
+    c.kubelet.wait_registered(DRIVER)
+    sim.inject_fault(c.root, c.machine.devices[1].uuid, 79)
+    until(lambda: "taints" in c.devices().get("gpu-1", {}))
+    (answer,) = c.kubelet.prepare(DRIVER, [put_claim(c.api, "on-bad", ["gpu-1"])]).values()
+    assert "gpu-1 (GPU " in answer.error
+    assert "gpu.gpuwire.io/xid=79:NoExecute, not tolerated" in answer.error
+
+
+def test_a_1_33_kubelet_speaks_v1beta1(c: Cluster) -> None:
+    c.kubelet.versions = KUBELET_1_33
+    c.start_plugin()
+    plugin = c.kubelet.wait_registered(DRIVER)
+    assert plugin.version == "v1beta1"
+    assert plugin.health_version is None
+    ref = put_claim(c.api, "old", ["gpu-0"])
+    (answer,) = c.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    assert list(answer.devices[0].cdi_device_ids) == [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-0"]
+
+
+def test_kubelet_restart_registers_the_plugin_again(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "kept", ["gpu-0"])
+    c.kubelet.prepare(DRIVER, [ref])
+    before = len(c.kubelet.infos)
+    c.kubelet.restart()
+    c.kubelet.wait_registered(DRIVER)
+    assert len(c.kubelet.infos) == before + 1
+    assert ref[2] in c.kubelet.prepared  # from the kubelet's own state: not prepared again
+    until(lambda: len(c.devices()) == 4)  # the kubelet wiped the node's slices at start
+    assert c.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
+    assert cdi_files(c) == []
+
+
+def test_plugin_restart_keeps_prepared_claims_and_unprepares_deleted_ones(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "survivor", ["gpu-2"])
+    (first,) = c.kubelet.prepare(DRIVER, [ref]).values()
+    c.stop_plugin()
+    assert not (Path(c.config.kubelet_root) / "plugins_registry" / f"{DRIVER}-reg.sock").exists()
+    c.api.delete("resourceclaims", "survivor", "default")  # gone from the API meanwhile
+    plugin = c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    assert plugin.preparer.prepare([_ref(ref)])[ref[2]] == plugin.preparer.prepared[ref[2]]
+    assert [d.cdi_ids for d in plugin.preparer.prepared[ref[2]].devices] == [
+        tuple(first.devices[0].cdi_device_ids)
+    ]
+    assert c.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
+    assert cdi_files(c) == []
+
+
+def test_orphaned_specs_are_removed_at_start(c: Cluster) -> None:
+    Path(c.config.cdi_dir).mkdir(parents=True)
+    stray = Path(c.config.cdi_dir) / cdi.spec_file(str(uuid.uuid4()))
+    stray.write_text("{}")
+    other = Path(c.config.cdi_dir) / "nvidia.yaml"
+    other.write_text("kind: nvidia.com/gpu\n")
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    assert cdi_files(c) == ["nvidia.yaml"]
+
+
+def test_a_fault_taints_the_gpu_in_the_next_slice_update_and_recovery_clears_it(
+    c: Cluster,
+) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    generation = c.slices()[0]["spec"]["pool"]["generation"]
+    sim.inject_fault(c.root, c.machine.devices[2].uuid, 74)
+    until(lambda: "taints" in c.devices()["gpu-2"])
+    (taint,) = c.devices()["gpu-2"]["taints"]
+    assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.gpuwire.io/xid", "74",
+                                                                "NoSchedule")  # fmt: skip
+    assert taint["timeAdded"]
+    assert c.slices()[0]["spec"]["pool"]["generation"] == generation + 1
+    until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Unhealthy")
+    until(lambda: "taints" not in c.devices()["gpu-2"])  # quiet for recover_after (0.5 s)
+    until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Healthy")
+    assert c.slices()[0]["spec"]["pool"]["generation"] == generation + 2
+
+
+def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(
+    tmp_path: Path, socket_dir: Path
+) -> None:
+    root = tmp_path / "node"
+    machine = sim.make_machine(gpus=2)
+    sim.write_node(root, machine)
+    config = Config(sim=str(root), kubelet_root=str(socket_dir / "k"), cdi_dir=str(tmp_path / "c"),
+                    hook=HOOK, node_name=NODE, recover_after=0.5)  # fmt: skip
+    with ApiServer(schema="1.34", device_taints=False) as api:
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        c = Cluster(api, DraKubelet(socket_dir / "k", NODE), config, machine, root)
+        c.start_plugin()
+        try:
+            until(lambda: len(c.devices()) == 2)
+            sim.inject_fault(root, machine.devices[0].uuid, 48)
+            until(lambda: set(c.devices()) == {"gpu-1"})
+            until(lambda: set(c.devices()) == {"gpu-0", "gpu-1"})  # recovered
+            assert c.plugin is not None
+            assert c.plugin.publisher.taints_dropped
+        finally:
+            c.stop_plugin()
+
+
+def test_slices_the_kubelet_wipes_are_published_again(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    for s in c.slices():
+        c.api.delete("resourceslices", s["metadata"]["name"])
+    until(lambda: len(c.devices()) == 4)
+
+
+def test_removed_sockets_are_served_and_registered_again(c: Cluster) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    registered = len(c.kubelet.infos)
+    (Path(c.config.kubelet_root) / "plugins_registry" / f"{DRIVER}-reg.sock").unlink()
+    until(lambda: len(c.kubelet.infos) > registered)
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "after", ["gpu-0"])
+    (answer,) = c.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""

@@ -1,0 +1,177 @@
+"""A prepared claim's CDI ids reach a container through a real containerd's CRI plugin, on
+each generation a node may run: the kubelet DRA stand-in prepares the claim with the DRA
+plugin (its CDI spec in containerd's CDI spec dir, its ld-cache hook served by the resident
+gpuwire), the CRI kubelet stand-in
+(testbed/kuberuntime.py) sends the ids in `CDI_devices` (field 17), containerd applies
+gpuwire's edits for exactly the claim's GPUs. 1.6 drops the field: no GPU. A container
+without the claim sees none; unprepare leaves no spec, and the ids then name nothing.
+
+`cdi.k8s.io/*` pod annotations: what containerd makes of one as a pod author wrote it, and
+of the same pod as the webhook admits it (outside trusted namespaces: removed).
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from deviceplugin.config import Config
+from deviceplugin.dra import cdi, checkpoint
+from deviceplugin.dra.devices import DRIVER
+from deviceplugin.dra.plugin import DraPlugin
+from gpuwire import grant
+from runtime_hook.setup import launcher
+from testbed.apiserver import ApiServer
+from testbed.containerd import Containerd
+from testbed.containerds import Generation
+from testbed.image import NAME
+from testbed.kubelet_dra import DraKubelet
+from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
+from testbed.lab import Lab, served_launchers
+from testbed.view import VIEW_SCRIPT, granted_view, shown, view
+from tests.conftest import requires_binary, requires_root
+from tests.system.test_containerd import SHIM, generation, lab, node_containerd
+from webhook.fleet import Fleet
+from webhook.mutation import mutate
+from webhook.policy import Policy
+
+pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
+__all__ = ["generation", "lab"]  # the module's fixtures, shared with test_containerd
+
+NODE = "gpu-node-1"
+CONTROL = "nvidia-uvm nvidia-uvm-tools"  # a claim's default capabilities: compute, utility
+
+
+@dataclass
+class DraNode:
+    containerd: Containerd
+    api: ApiServer
+    kubelet: DraKubelet
+    plugin: DraPlugin
+
+    @property
+    def cdi_dir(self) -> Path:
+        return Path(self.plugin.config.cdi_dir)
+
+
+@pytest.fixture(scope="module")
+def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
+    """A containerd with CDI on (from 1.7), and the DRA plugin writing claims' specs into its
+    CDI spec dir, registered with the kubelet DRA stand-in."""
+    cdi_flag = ["--cdi"] if generation.cdi else []
+    sockets = Path(tempfile.mkdtemp(prefix="gw-dra-"))
+    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
+            ApiServer(schema="1.34") as api, DraKubelet(sockets, NODE) as kubelet:  # fmt: skip
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        # the claims' ld-cache hook: a launcher only the resident can serve (its Python
+        # fallback does not exist), so every GPU start here shows the resident serving it
+        served = str(served_launchers() / launcher.HOOK)
+        config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=served,
+                        cdi_dir=str(containerd.home / "cdi"), node_name=NODE)  # fmt: skip
+        plugin = DraPlugin(config, api_client=api.client())
+        stop = threading.Event()
+        thread = threading.Thread(target=plugin.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            kubelet.wait_registered(DRIVER)
+            yield DraNode(containerd, api, kubelet, plugin)
+        finally:
+            stop.set()
+            thread.join(timeout=20)
+
+
+@pytest.fixture
+def kubelet(dra_node: DraNode) -> Iterator[KubeRuntime]:
+    with dra_node.containerd.kuberuntime() as runtime:
+        yield runtime
+
+
+def put_claim(api: ApiServer, devices: list[str]) -> tuple[str, str, str]:
+    name = f"claim-{uuid.uuid4().hex[:6]}"
+    results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+    spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+    stored = api.put({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a"}, "spec": spec,
+        "status": {"allocation": {"devices": {"results": results}}},
+    })  # fmt: skip
+    return "team-a", name, stored["metadata"]["uid"]
+
+
+def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"p-{uuid.uuid4().hex[:6]}", "namespace": "team-a",
+                            "uid": str(uuid.uuid4())}  # fmt: skip
+    if annotations:
+        meta["annotations"] = annotations
+    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", VIEW_SCRIPT]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [container]}}  # fmt: skip
+
+
+def _image(obj: dict[str, Any]) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    obj["spec"]["containers"][0]["image"] = NAME
+    return obj
+
+
+def run_view(kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = None) -> Any:
+    _, (cid,) = run_pod(kubelet, _image(obj), "", claims={"trainer": ids or []})
+    status = kubelet.exited(cid)
+    assert status.exit_code == 0, kubelet.logs(cid)
+    return view(kubelet.logs(cid))
+
+
+def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
+    generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
+) -> None:
+    ref = put_claim(dra_node.api, ["gpu-1", "gpu-3"])
+    (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    ids = dra_node.kubelet.cdi_ids(ref[2], "gpus")
+    assert ids == [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-{i}" for i in (1, 3)]
+    seen = run_view(kubelet, pod(), ids)
+    if not generation.cdi:  # 1.6: no CDI, the field is dropped
+        assert seen["devices"] == ["nvidia*"]
+    else:
+        expected = granted_view(lab.machine.devices, (1, 3), CONTROL)
+        assert shown(seen, expected) == expected
+        assert seen["env"] == ["void"]  # no NVIDIA-style runtime below injects again
+    assert run_view(kubelet, pod())["devices"] == ["nvidia*"]  # no claim: no GPU
+
+    assert dra_node.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
+    assert not (dra_node.cdi_dir / cdi.spec_file(ref[2])).exists()
+    assert checkpoint.load(dra_node.plugin.sockets.plugin_dir) == {}
+    if generation.cdi:  # the ids name nothing any more: the start fails, naming them
+        with pytest.raises(CRIError, match=f"claim={ref[2]}-gpu-1"):
+            run_view(kubelet, pod(), ids)
+
+
+def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(
+    dra_node: DraNode, kubelet: KubeRuntime
+) -> None:
+    """A pod author's `cdi.k8s.io/*` annotation naming every GPU: containerd (1.6, 1.7 and
+    2.x alike) applies CDI annotations of the container config only, which the kubelet fills
+    from device plugins, not the pod's (containerd issue #7329), so through CRI it gives no
+    GPU; runtimes that read them from the OCI spec (a handler passing `cdi.k8s.io/*` pod
+    annotations through, NVIDIA's runtime in CDI mode) would. The webhook removes them
+    outside trusted namespaces: the pod it admits names no CDI device anywhere."""
+    written = pod({"cdi.k8s.io/mine": "nvidia.com/gpu=all"})
+    assert run_view(kubelet, written)["devices"] == ["nvidia*"]
+    outcome = mutate(written, "team-a", Policy(), Fleet(), grant.KeyRing({}))
+    assert outcome.allowed
+    admitted = jsonpatch.apply_patch(written, list(outcome.patch))
+    assert "cdi.k8s.io/mine" not in admitted["metadata"].get("annotations", {})
+    admitted["metadata"] |= {"name": f"{written['metadata']['name']}-2", "uid": str(uuid.uuid4())}
+    _, (cid,) = run_pod(kubelet, _image(admitted), "")
+    kubelet.exited(cid)
+    assert not any(k.startswith("cdi.k8s.io/") for k in kubelet.spec(cid).get("annotations", {}))
