@@ -9,9 +9,9 @@ MIG device its parent's and its own two capability nodes (`gpuwire.edits.gpu_nod
 the shim), and a read-only mount of the claim's token at that device's place
 (`gpuwire.claimtoken`: the proof gpuwire's runtime accepts), and the claim's common edits
 (`gpuwire.cdi.common_edits`: control devices, the driver's files for the claim's
-capabilities, the ld-cache hook) with the claim's limits env and `NVIDIA_VISIBLE_DEVICES`
-naming the claim's devices. The same naming as NVIDIA's and AMD's drivers (`k8s.<driver>`, a
-class, `<claim UID>-<device>`).
+capabilities, the ld-cache hook) with `NVIDIA_VISIBLE_DEVICES` naming the claim's devices,
+the claim's limits env and what holds it (`shares.hold`). The same naming as NVIDIA's and
+AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
 
 The token is written before the spec and removed with it, so a spec never names a token
 that is not there; both are the prepared claim's files (what unprepare removes).
@@ -31,7 +31,7 @@ from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DRIVER, DraDevice
-from deviceplugin.dra.shares import limits_env
+from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import atomicfile, cdi, claimtoken, driver, edits, nvidia
 from gpuwire.grant import KeyRing
 from gpuwire.nvidia import Roots
@@ -111,9 +111,11 @@ def claim_spec(
     ldconfig: str,
     token: str,
     host_root: str = "/",
+    holders: Holders = NOTHING,
 ) -> dict[str, Any]:
     """The spec for a claim's results (pure, given the discovered driver); `token`: where its
-    claim token is, as the host names it."""
+    claim token is, as the host names it. ClaimError where nothing here holds the claim to
+    its share."""
     devices = []
     for r in {r.device.name: r for r in results}.values():
         device = cdi.device(
@@ -125,7 +127,9 @@ def claim_spec(
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
     common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in claim_devices(results))
-    common.env.update(limits_env(results))
+    env, mounts = hold(results, holders)
+    common.env.update(env)
+    common.mounts += mounts
     return _host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
 
 
@@ -142,6 +146,7 @@ class CdiWriter:
         allocation_dir: str,
         key_dir: str,
         host_root: str = "/",
+        holders: Holders = NOTHING,
     ) -> None:
         self.directory = directory
         self.roots = roots
@@ -150,6 +155,7 @@ class CdiWriter:
         self.allocation_dir = allocation_dir
         self.key_dir = key_dir
         self.host_root = host_root
+        self.holders = holders
 
     def write(
         self, ref: ClaimRef, results: Sequence[Result], owner: str | None
@@ -165,7 +171,7 @@ class CdiWriter:
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
             found, ref, results, self.hook, self.ldconfig, on_host(token, self.host_root),
-            self.host_root,
+            self.host_root, self.holders,
         )  # fmt: skip
         keys = KeyRing.load(self.key_dir)
         if not keys.keys:

@@ -1,14 +1,15 @@
 """From a container spec to what the container gets: the front half of shim and hook.
 
 `make(spec, bundle, config)` decides (`runtime_hook.start.trust`), and for a granted request
-discovers the driver, probes the rootfs's distro and computes the edits. `summary` is the
-one log line that says what was decided and why.
+discovers the driver, probes the rootfs's distro, computes the edits and joins the limits it
+asks for to this node's mechanisms (`runtime_hook.start.enforcement`), writing the host files
+they need. `summary` is the one log line that says what was decided and why.
 
 A request that prepared DRA claims prove came with their CDI specs, which the engine has
-applied already (devices, mounts, env; the spec's own hook makes the links and ld cache):
+applied already (devices, mounts, env, and what holds a share's limits: `deviceplugin.dra`):
 its edits are laid out as a CDI spec lays them out (`gpuwire.edits.host_layout`), so that
-writing them into `config.json` again adds nothing the engine wrote, and `by_engine` tells
-the shim and the prestart hook to inject nothing else.
+writing them into `config.json` again adds nothing the engine wrote, no limit is joined
+again, and `by_engine` tells the shim and the prestart hook to inject nothing else.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 import os
 
 from gpuwire.edits import Edits, Layout, container_edits, host_layout
+from runtime_hook.start import enforcement, trust
 from runtime_hook.start import spec as ocispec
-from runtime_hook.start import trust
 from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
@@ -26,14 +27,20 @@ if TYPE_CHECKING:
 
 
 class Plan:
-    __slots__ = ("by_engine", "edits", "outcome", "rootfs")
+    __slots__ = ("by_engine", "edits", "joined", "outcome", "rootfs")
 
     def __init__(
-        self, outcome: trust.Outcome, rootfs: str, edits: Edits | None, by_engine: bool = False
+        self,
+        outcome: trust.Outcome,
+        rootfs: str,
+        edits: Edits | None,
+        joined: enforcement.Joined | None = None,
+        by_engine: bool = False,
     ) -> None:
         self.outcome = outcome
         self.rootfs = rootfs
         self.edits = edits  # None: nothing to inject
+        self.joined = joined  # the mechanisms that hold its limits, if it asked for any
         self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
 
 
@@ -49,8 +56,10 @@ def is_debian(rootfs: str) -> bool:
         os.close(root_fd)
 
 
-def make(spec: Spec, bundle: str, config: Config) -> Plan:
-    """Decide on `spec` and compute its edits; claims allocation tokens (a real start)."""
+def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> Plan:
+    """Decide on `spec` and compute its edits; claims allocation tokens (a real start).
+    `sets_env`: whether the edits' environment reaches the process (not from a prestart
+    hook: the process is made)."""
     outcome = trust.evaluate(spec, config, claim=True)
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
@@ -65,7 +74,21 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
         outcome.mig,
         outcome.mig_controls,
     )
-    return Plan(outcome, rootfs, edits, by_engine)
+    if by_engine:
+        return Plan(outcome, rootfs, edits, by_engine=True)
+    try:
+        entries = ocispec.env_entries(spec)
+        share = outcome.verdict.share
+        joined = enforcement.join(entries, outcome.devices, config, share, sets_env=sets_env)
+        if joined is not None:
+            enforcement.prepare(joined, config)
+    except (enforcement.EnforcementError, OSError) as exc:
+        outcome.error = str(exc)
+        return Plan(outcome, rootfs, None)
+    if joined is not None:
+        edits.mounts += joined.mounts
+        edits.env.update(joined.env)
+    return Plan(outcome, rootfs, edits, joined)
 
 
 def summary(plan: Plan) -> str | None:
@@ -84,4 +107,6 @@ def summary(plan: Plan) -> str | None:
     mig = "".join(f", MIG {m.place} ({m.name})" for m in outcome.mig)
     controls = "".join(f", MIG {c}" for c in outcome.mig_controls)
     caps = ",".join(outcome.capabilities)
-    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}: {verdict.basis}"
+    held = f", limits held by {' and '.join(plan.joined.mechanisms)}" if plan.joined else ""
+    unchecked = f" (not checked here: {'; '.join(outcome.unchecked)})" if outcome.unchecked else ""
+    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}{held}: {verdict.basis}{unchecked}"

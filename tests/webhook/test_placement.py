@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuwire import annotations as a
 from gpuwire.annotations import parse
-from tests.webhook.support import H100, NODES
+from tests.webhook.support import EXAMPLES, H100, NODES
 from webhook import fleet
 from webhook.fleet import GPUS_ANNOTATION, Fleet, node_from_object
 from webhook.placement import Unplaceable, place
@@ -31,7 +32,8 @@ def test_a_model_is_a_case_insensitive_substring_of_the_product() -> None:
 def test_exclusions_apply_to_includes() -> None:
     assert products({a.MODEL: "A100,!40GB"}) == ["NVIDIA-A100-SXM4-80GB"]
     assert products({a.HAMI_USE_TYPE: "NVIDIA", a.HAMI_NOUSE_TYPE: "a100"}) == [
-        "NVIDIA-H100-80GB-HBM3"
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-L4",
     ]
 
 
@@ -40,7 +42,7 @@ def test_an_unknown_model_is_denied_listing_the_models_that_exist() -> None:
         place(parse({a.MODEL: "B200,!T4"}), NODES)
     assert str(caught.value) == (
         "gpuwire.io/gpu-model: 'B200,!T4' matches no GPU node; models present: "
-        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3"
+        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, NVIDIA-L4"
     )
 
 
@@ -68,7 +70,7 @@ def test_min_memory_filters_the_chosen_models() -> None:
 
 def test_decimal_gigabytes_include_cards_sold_as_80_gb() -> None:
     placement = place(parse({a.MIN_MEMORY: "80G"}), NODES)
-    assert [n.name for n in placement.nodes] == ["gpu-a100-80g-0", "gpu-h100-0"]
+    assert [n.name for n in placement.nodes] == ["gpu-a100-80g-0", "gpu-h100-0", "gpu-mixed-0"]
 
 
 def test_explicit_gpus_conflicting_with_the_model_are_denied() -> None:
@@ -130,3 +132,15 @@ def test_the_nodes_file_must_be_a_node_list(tmp_path: Any) -> None:
         fleet.load(path)
     with pytest.raises(fleet.FleetFileError, match="No such file"):
         fleet.load(tmp_path / "missing.yaml")
+    path.write_text('{"kind": "List", "items": [')
+    with pytest.raises(fleet.FleetFileError, match=r"nodes\.yaml: unexpected end of data"):
+        fleet.load(path)
+
+
+def test_a_nodes_file_in_json_is_the_same_fleet_as_in_yaml(tmp_path: Any) -> None:
+    """`kubectl get nodes -o json` and `-o yaml` of one cluster: one fleet."""
+    listing = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text())
+    as_json = tmp_path / "nodes.json"
+    as_json.write_text("\n  " + json.dumps(listing, indent=2))
+    assert fleet.load(as_json) == fleet.load(EXAMPLES / "nodes.yaml")
+    assert len(fleet.load(as_json).nodes) == 5
