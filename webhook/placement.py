@@ -55,7 +55,7 @@ class Placement:
         return max((c for n in self.nodes if (c := n.gpu_count)), default=None)
 
 
-def _listing(items: Sequence[str], most: int = 12) -> str:
+def listing(items: Sequence[str], most: int = 12) -> str:
     shown = ", ".join(items[:most]) or "none"
     return shown + (f" and {len(items) - most} more" if len(items) > most else "")
 
@@ -105,7 +105,7 @@ class _Placer:
             if not chosen:
                 self.unresolved(
                     (keys.MODEL, keys.HAMI_USE_TYPE),
-                    f"matches no GPU node; models present: {_listing(allowed)}",
+                    f"matches no GPU node; models present: {listing(allowed)}",
                 )
                 return
             self.expressions.append({"key": PRODUCT_LABEL, "operator": "In", "values": chosen})
@@ -129,7 +129,7 @@ class _Placer:
             self.unresolved(
                 (keys.MIN_MEMORY,),
                 f"(= {least} MiB) fits no GPU node{' of that model' if self.request.models else ''}"
-                f"; GPUs present: {_listing(sizes)}",
+                f"; GPUs present: {listing(sizes)}",
             )
             return
         self.expressions.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
@@ -145,7 +145,7 @@ class _Placer:
             present = [g.uuid for n in self.fleet.nodes for g in n.gpus]
             self.unresolved(
                 (keys.UUID, keys.HAMI_USE_UUID),
-                f"names {_listing(missing)}, which no node has; GPUs present: {_listing(present)}",
+                f"names {listing(missing)}, which no node has; GPUs present: {listing(present)}",
             )
             return
         holders = {h[0].name: h[0] for h in found.values() if h}
@@ -186,7 +186,7 @@ class _Placer:
         offering = [n for n in self.nodes if profile in n.offers()]
         if not offering:
             of_model = " of that model" if self.request.models else ""
-            present = _listing(self.fleet.mig_profiles())
+            present = listing(self.fleet.mig_profiles())
             if self.plugin:
                 self.unresolved(
                     (keys.MIG_PROFILE,),

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.shares import limits_env
 from gpuwire import atomicfile, cdi, driver, edits
+from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 
 VENDOR = f"k8s.{DRIVER}"

@@ -26,9 +26,9 @@ import pytest
 
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import grant
+from gpuwire.dra import DRIVER
 from runtime_hook.setup import launcher
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd

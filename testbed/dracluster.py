@@ -1,0 +1,92 @@
+"""Hand-built DRA clusters: GPU nodes as gpuwire's DRA plugin publishes them, without running
+one per node.
+
+A node is a simulated machine (`gpuwire.sim.make_machine`: models, NVLink topology); its
+ResourceSlices are what `gpuwire dra serve` writes for it (`deviceplugin.dra.devices` and
+`slices`, the same functions), at generation 1, with the shared GPUs its config would name.
+`install` puts the Nodes, their slices and the DeviceClasses of `deploy/overlays/dra` into a
+kube-apiserver stand-in, as a cluster with the DRA plugin on every GPU node holds them.
+What it leaves out: the PCIe roots sysfs would give (the simulated node's tree is not
+written), health taints, and MIG devices.
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.dra import devices, slices
+from deviceplugin.dra.devices import Sharing
+from gpuwire import dra, nvidia, sim
+from testbed.apiserver import ApiServer
+
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_CLASSES = ROOT / "deploy/overlays/dra/deviceclasses.yaml"
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DraNode:
+    name: str
+    machine: sim.Machine
+    shared: tuple[str, ...] = ()  # the node config's dra.sharedGpus: UUIDs or product globs
+
+    @property
+    def uid(self) -> str:
+        return str(uuidlib.uuid5(uuidlib.NAMESPACE_URL, f"gpuwire-test/node/{self.name}"))
+
+    def gpus(self) -> NodeGpus:
+        """What discovery would find on it (NVML's brand for each GPU)."""
+        m = self.machine
+        found = tuple(
+            Gpu(g.device, g.compute_capability, None, brand=nvidia.brand_of(g.device.product))
+            for g in m.gpus
+        )
+        return NodeGpus(m.driver_version, m.cuda_version, found)
+
+    def slices(self) -> list[Obj]:
+        pool = slices.Pool(dra.DRIVER, self.name, self.uid)
+        wanted = slices.wanted(pool, devices.devices(self.gpus(), Sharing(self.shared)), {})
+        return slices.plan(wanted, [], "").create
+
+    def node(self) -> Obj:
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux"}
+        meta = {"name": self.name, "uid": self.uid, "labels": labels}
+        return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+
+
+def node(
+    name: str,
+    gpus: int = 4,
+    products: tuple[str, ...] = (sim.DEFAULT_PRODUCT,),
+    nvlink: str = "pairs",
+    shared: tuple[str, ...] = (),
+) -> DraNode:
+    """A DRA node of `gpus` GPUs (products cycling over them), its GPU UUIDs its own."""
+    machine = sim.make_machine(gpus=gpus, products=products, nvlink=nvlink, seed=name)
+    return DraNode(name, machine, shared)
+
+
+def all_slices(nodes: Iterable[DraNode]) -> list[Obj]:
+    return [s for n in nodes for s in n.slices()]
+
+
+def device_classes() -> list[Obj]:
+    return list(yaml.safe_load_all(DEVICE_CLASSES.read_text()))
+
+
+def install(api: ApiServer, nodes: Sequence[DraNode]) -> None:
+    """The Nodes, their ResourceSlices and gpuwire's DeviceClasses, in the API server."""
+    for n in nodes:
+        api.put(n.node())
+        for s in n.slices():
+            api.put(s)
+    for c in device_classes():
+        api.put(c)
