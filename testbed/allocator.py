@@ -80,6 +80,9 @@ class Features:
     consumable_capacity: bool = True  # DRAConsumableCapacity, beta on from 1.36
 
 
+ALL_ON = Features()
+
+
 @dataclass
 class InUse:
     """What the cluster's allocated claims hold: devices whole, and shares of shared ones."""
@@ -564,7 +567,7 @@ def allocate(
     classes: Mapping[str, Obj],
     slices: Sequence[Obj],
     in_use: InUse | None = None,
-    features: Features = Features(),
+    features: Features = ALL_ON,
 ) -> list[Obj] | None:
     """Each claim's allocation on `node` (in claim order), or None where it cannot have them
     all; AllocationError stops the pod's scheduling attempt. `classes`: DeviceClasses by
