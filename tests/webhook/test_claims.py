@@ -19,6 +19,7 @@ from testbed import dracel, dracluster
 from testbed.apiserver import ApiServer
 from testbed.dracluster import DraNode
 from testbed.scheduler import CANNOT_ALLOCATE, Decision, Scheduler
+from tests.webhook.support import admit
 from webhook.fleet import Fleet
 from webhook.mutation import Outcome, mutate
 from webhook.policy import Policy
@@ -334,3 +335,85 @@ def test_a_template_is_named_by_its_request_and_shared_by_pods_asking_alike(
     other = cluster.admit(asks | {"gpuwire.io/gpu-count": "1"})
     assert other.templates[0]["metadata"]["name"] != first.templates[0]["metadata"]["name"]
     assert first.templates[0]["metadata"]["name"].startswith("gpuwire-")
+
+
+# --- the patch: what the pod gets, and a second pass changes nothing
+
+
+def test_each_gpu_container_gets_its_own_claim_from_one_shared_template(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "1"})
+    raw["spec"]["containers"].append({"name": "helper", "image": "busybox"})
+    admitted, outcome = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    (template,) = outcome.templates  # one request, one template
+    entries = admitted["spec"]["resourceClaims"]
+    assert entries == [
+        {"name": "gpuwire-trainer", "resourceClaimTemplateName": template["metadata"]["name"]},
+        {"name": "gpuwire-helper", "resourceClaimTemplateName": template["metadata"]["name"]},
+    ]
+    for c in admitted["spec"]["containers"]:
+        assert c["resources"]["claims"] == [{"name": f"gpuwire-{c['name']}"}]
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in c["env"]
+
+
+def test_the_pods_own_claims_and_env_are_left_as_they_are_but_for_gpu_env(cluster: Cluster) -> None:
+    raw = pod(
+        {"gpuwire.io/containers": "trainer"},
+        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "X", "value": "1"}],
+        resources={"claims": [{"name": "mine"}], "limits": {"nvidia.com/gpu": "2", "cpu": "1"}},
+    )
+    raw["spec"]["resourceClaims"] = [{"name": "mine", "resourceClaimName": "their-nic"}]
+    admitted, outcome = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert admitted["spec"]["resourceClaims"][0] == {
+        "name": "mine",
+        "resourceClaimName": "their-nic",
+    }
+    assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["mine", "gpuwire-trainer"]
+    c = admitted["spec"]["containers"][0]
+    assert c["resources"] == {"claims": [{"name": "mine"}, {"name": "gpuwire-trainer"}],
+                              "limits": {"cpu": "1"}}  # fmt: skip
+    assert c["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        {"name": "X", "value": "1"},
+    ]
+    assert "hand-written" not in " ".join(outcome.warnings)
+    assert any("NVIDIA_VISIBLE_DEVICES=all replaced by void" in w for w in outcome.warnings)
+    requests = outcome.templates[0]["spec"]["spec"]["devices"]["requests"][0]
+    assert requests["firstAvailable"][0]["count"] == 2  # the resource's count
+
+
+def test_a_pod_entry_of_gpuwires_name_is_not_taken_over(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/gpu-count": "1"})
+    raw["spec"]["resourceClaims"] = [{"name": "gpuwire-trainer", "resourceClaimName": "mine"}]
+    outcome = mutate(raw, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert outcome.denial is not None
+    assert "already has an entry 'gpuwire-trainer'" in outcome.denial.message
+
+
+def test_an_init_container_named_by_the_annotation_gets_its_claim(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/containers": "warmup", "gpuwire.io/gpu-count": "1"})
+    raw["spec"]["initContainers"] = [{"name": "warmup", "image": "busybox"}]
+    admitted, _ = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert admitted["spec"]["initContainers"][0]["resources"]["claims"] == [
+        {"name": "gpuwire-warmup"}
+    ]
+    assert "claims" not in admitted["spec"]["containers"][0].get("resources", {})
+
+
+@pytest.mark.parametrize("annotations", TEMPLATES)
+def test_a_second_pass_over_an_admitted_pod_changes_nothing(
+    cluster: Cluster, annotations: dict[str, str]
+) -> None:
+    raw = pod(annotations)
+    raw["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    admit(raw, NAMESPACE, DRA, pools=cluster.pools)  # asserts the second pass is a no-op
+
+
+def test_a_resource_claimed_container_keeps_its_count_on_a_second_pass(cluster: Cluster) -> None:
+    """The second pass no longer sees `nvidia.com/gpu: 3` (the first removed it): the claim
+    it gave stays, and no other container gets one."""
+    raw = pod({"gpuwire.io/gpu-model": "H100"}, resources={"limits": {"nvidia.com/gpu": "3"}})
+    raw["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    admitted, _ = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["gpuwire-trainer"]
+    again = mutate(admitted, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert again.templates == ()  # nothing to create: the claim is the first pass's
