@@ -33,7 +33,7 @@ CLASSES = {c["metadata"]["name"]: c for c in dracluster.device_classes()}
 UUIDS = [g.uuid for n in CLUSTER for g in n.machine.devices]
 WORDS = ["a100", "h100", "t4", "pcie", "sxm4", "80gb", "v100"]
 
-annotations = st.fixed_dictionaries(
+asks = st.fixed_dictionaries(
     {},
     optional={
         keys.MODEL: st.lists(st.sampled_from(WORDS), min_size=1, max_size=3, unique=True).flatmap(
@@ -64,7 +64,7 @@ ENTRIES = {(s["spec"]["nodeName"], d["name"]): d for s in SLICES for d in s["spe
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(annotations, st.sampled_from(["required", "preferred"]))
+@given(asks, st.sampled_from(["required", "preferred"]))
 def test_an_admitted_pod_gets_what_it_asked_for(asked: dict[str, str], nvlink: str) -> None:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": asked},
            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
