@@ -1,19 +1,29 @@
 """What the plugin learns about a node's GPUs, from NVML or from the simulated node.
 
 Both sources answer the same three questions through one small interface: which GPUs and
-MIG devices are there (as `gpuwire.devices.Device` and `MigDevice`, plus what labels need),
-which health events happened, and whether a device still answers. Everything above this
-module is source-agnostic. A MIG device's capability minors are procfs's in both
+MIG devices are there (as `gpuwire.devices.Device` and `MigDevice`, plus what labels and DRA
+devices need), which health events happened, and whether a device still answers. Everything
+above this module is source-agnostic. A MIG device's capability minors are procfs's in both
 (`gpuwire.mig.read_instances`, as NVIDIA's plugin reads them): NVML does not give them.
+`follow` is how every long-running part keeps up with MIG changes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwire.devices import Device, MigDevice
+
+log = logging.getLogger(__name__)
+
+LOOK = 1.0  # seconds between looks at the MIG layout
+REDISCOVER = 60.0  # seconds after which the node is discovered again anyway
 
 
 @dataclass(frozen=True)
@@ -27,12 +37,22 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Mig:
-    """A MIG device with what GPU Feature Discovery labels of it (NVML's device attributes)."""
+    """A MIG device with what GPU Feature Discovery labels of it (NVML's device attributes)
+    and where its GPU instance sits: its profile ID (what `nvidia-smi mig -lgip` lists, and
+    `nvmlDeviceCreateGpuInstance` takes) and its placement (start and size, in memory
+    slices), which NVIDIA's DRA driver names it by."""
 
     device: MigDevice
     multiprocessors: int = 0
     ci_slices: int = 0  # the compute instance's slices (the C of `<C>c.<G>g.<GB>gb`)
     engines: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # copy, decoder, encoder, jpeg, ofa
+    profile_id: int = -1  # -1: NVML did not say (it asks for privilege)
+    placement: tuple[int, int] = (0, 0)  # (start, size) in memory slices
+
+    @property
+    def whole(self) -> bool:
+        """Whether its compute instance spans its GPU instance (`1g.10gb`, not `1c.3g.40gb`)."""
+        return self.ci_slices == self.device.slices
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,15 @@ class NodeGpus:
     def mig_of(self, uuid: str) -> tuple[Mig, ...]:
         """The MIG devices of the GPU `uuid`."""
         return tuple(m for m in self.mig if m.device.parent_uuid == uuid)
+
+    def watched(self) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+        """The devices whose health is kept (GPUs and MIG devices), and each GPU's MIG
+        devices (an event on a GPU concerns them too)."""
+        children = {
+            d.uuid: frozenset(m.device.uuid for m in self.mig_of(d.uuid)) for d in self.devices
+        }
+        uuids = {d.uuid for d in self.devices} | {m.uuid for m in self.mig_devices}
+        return frozenset(uuids), children
 
 
 @dataclass(frozen=True)
@@ -86,6 +115,27 @@ class Discovery(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def follow(
+    discovery: Discovery,
+    changed: Callable[[NodeGpus], None],
+    stop: threading.Event,
+) -> None:
+    """Hand `changed` the node discovered again each time the MIG instances procfs lists
+    change (looked at every LOOK seconds: instances created or destroyed) and every
+    REDISCOVER seconds anyway, until `stop` is set."""
+    layout = discovery.layout()
+    due = time.monotonic() + REDISCOVER
+    while not stop.wait(LOOK):
+        try:
+            if discovery.layout() == layout and time.monotonic() < due:
+                continue
+            node = discovery.discover()
+            layout, due = discovery.layout(), time.monotonic() + REDISCOVER
+            changed(node)
+        except Exception:
+            log.exception("rediscovery failed; trying again")
 
 
 def pcie_root(sysfs: str | os.PathLike[str], bus_id: str) -> str | None:

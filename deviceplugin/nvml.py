@@ -9,7 +9,9 @@ MIG devices of a GPU in MIG mode: the handles of `nvmlDeviceGetMigDeviceHandleBy
 to `nvmlDeviceGetMaxMigDeviceCount` (empty slots answer NotFound), their GPU and compute
 instance ids, UUIDs and attributes; the profile is named as NVIDIA's go-nvlib names it
 (`gpuwire.mig.profile_name`), its `+me`-style suffix from the GPU instance's profile
-(`nvmlGpuInstanceGetInfo`'s `profileId` among `nvmlDeviceGetGpuInstanceProfileInfo`'s).
+(`nvmlGpuInstanceGetInfo`'s `profileId` among `nvmlDeviceGetGpuInstanceProfileInfo`'s); the
+same `nvmlGpuInstanceGetInfo` gives the profile ID and placement NVIDIA's DRA driver names a
+MIG device by.
 An XID event that names a GPU and compute instance concerns that MIG device; one that names
 none (0xFFFFFFFF) the GPU and all its MIG devices, as in NVIDIA's plugin
 (`internal/rm/health.go`).
@@ -104,7 +106,7 @@ class NvmlDiscovery:
         self, handle: Any, parent: Device, caps: dict[tuple[str, int, int], MigDevice]
     ) -> list[Mig]:
         nv = self.nvml
-        suffixes = _Suffixes(nv, handle)
+        instances = _GpuInstances(nv, handle)
         found = []
         for slot in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
@@ -120,7 +122,8 @@ class NvmlDiscovery:
             a = nv.nvmlDeviceGetAttributes(h)
             gb = mig.memory_gb(parent.memory_mib, int(a.memorySizeMB))
             g, c = int(a.gpuInstanceSliceCount), int(a.computeInstanceSliceCount)
-            name = mig.profile_name(g, c, gb, suffixes.of(gi))
+            profile_id, placement, suffix = instances.of(gi)
+            name = mig.profile_name(g, c, gb, suffix)
             device = procfs.identified(nv.nvmlDeviceGetUUID(h), name, int(a.memorySizeMB), g)
             engines = (
                 int(a.sharedCopyEngineCount),
@@ -129,7 +132,7 @@ class NvmlDiscovery:
                 int(a.sharedJpegCount),
                 int(a.sharedOfaCount),
             )
-            found.append(Mig(device, int(a.multiprocessorCount), c, engines))
+            found.append(Mig(device, int(a.multiprocessorCount), c, engines, profile_id, placement))
         return found
 
     def _cuda_version(self) -> str:
@@ -242,35 +245,34 @@ class NvmlDiscovery:
         self.nvml.nvmlShutdown()
 
 
-class _Suffixes:
-    """A GPU's MIG profile suffixes (`+me`, ...) by GPU instance: the instance's profile ID
-    looked up among the GPU's profiles, which are read once."""
+class _GpuInstances:
+    """A GPU's instances by GPU instance id: profile ID, placement (start, size) and profile
+    name suffix (`+me`, ...): the instance's profile ID looked up among the GPU's profiles,
+    which are read once."""
 
     def __init__(self, nvml: Any, handle: Any) -> None:
         self.nvml = nvml
         self.handle = handle
         self._by_id: dict[int, str] | None = None
 
-    def of(self, gi: int) -> str:
+    def of(self, gi: int) -> tuple[int, tuple[int, int], str]:
         nv = self.nvml
         try:
-            profile_id = int(
-                nv.nvmlGpuInstanceGetInfo(
-                    nv.nvmlDeviceGetGpuInstanceById(self.handle, gi)
-                ).profileId
-            )
+            info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(self.handle, gi))
         except nv.NVMLError as exc:  # NoPermission: the plugin does not run as root
             log.warning("MIG GI %d: profile unknown (%s); named without suffix", gi, exc)
-            return ""
+            return -1, (0, 0), ""
+        profile_id = int(info.profileId)
+        placement = (int(info.placement.start), int(info.placement.size))
         if self._by_id is None:
             self._by_id = {}
             for enum in range(nv.NVML_GPU_INSTANCE_PROFILE_COUNT):
                 try:
-                    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, enum)
+                    profile = nv.nvmlDeviceGetGpuInstanceProfileInfo(self.handle, enum)
                 except nv.NVMLError:  # a profile this GPU does not have
                     continue
-                self._by_id[int(info.id)] = mig.SUFFIXES.get(enum, "")
-        return self._by_id.get(profile_id, "")
+                self._by_id[int(profile.id)] = mig.SUFFIXES.get(enum, "")
+        return profile_id, placement, self._by_id.get(profile_id, "")
 
 
 def _bus(value: str) -> str:

@@ -2,11 +2,11 @@
 resource under the supervisor, and the background jobs (health events, token sweep, labels,
 holders, and following MIG changes).
 
-MIG changes are followed while serving: every second the MIG instances procfs lists are
-compared with the last ones (`Discovery.layout`), and on a change (or every minute) the node
-is discovered again; resources then get their new devices (ListAndWatch sends them), a
-resource that appears gets an endpoint of its own, and one whose devices are all gone stays
-registered with none. The node side's MIG map is written from the same discovery.
+MIG changes are followed while serving (`discovery.follow`): every second the MIG instances
+procfs lists are compared with the last ones (`Discovery.layout`), and on a change (or every
+minute) the node is discovered again; resources then get their new devices (ListAndWatch
+sends them), a resource that appears gets an endpoint of its own, and one whose devices are
+all gone stays registered with none. The node side's MIG map is written from the same discovery.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import dataclasses
 import logging
 import os
 import threading
-import time
+from collections.abc import Callable
 
 from deviceplugin import agent, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus
+from deviceplugin.discovery import Discovery, NodeGpus, follow
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.labeler import write_mig_map
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 CONTROL_NODES = tuple(
     name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
 )
-LOOK = 1.0  # seconds between looks at the MIG layout
-REDISCOVER = 60.0  # seconds after which the node is discovered again anyway
 
 
 def resources(config: Config, node: NodeGpus) -> list[Resource]:
@@ -53,13 +51,6 @@ def resources(config: Config, node: NodeGpus) -> list[Resource]:
     for problem in advertised.problems:
         log.warning("MIG (strategy %s): %s", config.mig_strategy, problem)
     return found
-
-
-def watched(node: NodeGpus) -> tuple[frozenset[str], dict[str, frozenset[str]]]:
-    """The devices whose health is kept (GPUs and MIG devices), and each GPU's MIG devices."""
-    children = {g.uuid: frozenset(m.device.uuid for m in node.mig_of(g.uuid)) for g in node.devices}
-    uuids = {d.uuid for d in node.devices} | {m.uuid for m in node.mig_devices}
-    return frozenset(uuids), children
 
 
 class Endpoints:
@@ -112,7 +103,7 @@ class Endpoints:
 def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.HealthState, NodeGpus]:
     node = discovery.discover()
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
-    uuids, children = watched(node)
+    uuids, children = node.watched()
     health = state.HealthState(HealthBook(policy, uuids, children=children), discovery.alive)
     write_mig_map(config.mig_map, node)
     endpoints = Endpoints(config, health)
@@ -122,29 +113,18 @@ def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.Health
     return endpoints, health, node
 
 
-def follow(
-    config: Config,
-    discovery: Discovery,
-    endpoints: Endpoints,
-    supervisor: Supervisor,
-    stop: threading.Event,
-) -> None:
-    """Keep resources, health and the MIG map to what the node has, until `stop`."""
-    layout = discovery.layout()
-    due = time.monotonic() + REDISCOVER
-    while not stop.wait(LOOK):
-        try:
-            now = discovery.layout()
-            if now == layout and time.monotonic() < due:
-                continue
-            node = discovery.discover()
-            layout, due = discovery.layout(), time.monotonic() + REDISCOVER
-            write_mig_map(config.mig_map, node)  # first: the node side must know what is allocated
-            for endpoint in endpoints.update(resources(config, node)):
-                supervisor.add(endpoint)
-            endpoints.health.changed(*watched(node))
-        except Exception:
-            log.exception("rediscovery failed; trying again")
+def rediscovered(
+    config: Config, endpoints: Endpoints, supervisor: Supervisor
+) -> Callable[[NodeGpus], None]:
+    """What a MIG change does: resources, health and the MIG map follow what the node has."""
+
+    def changed(node: NodeGpus) -> None:
+        write_mig_map(config.mig_map, node)  # first: the node side must know what is allocated
+        for endpoint in endpoints.update(resources(config, node)):
+            supervisor.add(endpoint)
+        endpoints.health.changed(*node.watched())
+
+    return changed
 
 
 def run(
@@ -172,7 +152,9 @@ def run(
             name="sweep",
         ),
         threading.Thread(
-            target=follow, args=(config, discovery, endpoints, supervisor, stop), name="mig"
+            target=follow,
+            args=(discovery, rediscovered(config, endpoints, supervisor), stop),
+            name="mig",
         ),
     ]
     if config.labels:

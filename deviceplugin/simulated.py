@@ -63,7 +63,8 @@ class SimDiscovery:
             p = migprofiles.profile(gpu.device.product, instance.profile)
             engines = (p.copy, p.decoder, p.encoder, p.jpeg, p.ofa)
             named_device = device.identified(instance.uuid, p.name, p.memory_mib, p.slices)
-            found.append(Mig(named_device, p.multiprocessors, p.slices, engines))
+            placement = (instance.start, p.memory_slices)
+            found.append(Mig(named_device, p.multiprocessors, p.slices, engines, p.id, placement))
         return tuple(found)
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:

@@ -12,10 +12,12 @@ DRIVER = "gpu.gpuwire.io"
 # memory and cores are consumable capacity.
 WHOLE_CLASS = "gpu.gpuwire.io"
 SHARED_CLASS = "shared.gpu.gpuwire.io"
+MIG_CLASS = "mig.gpu.gpuwire.io"
 
 # Device attributes.
 TYPE = "type"
 GPU_TYPE = "gpu"
+MIG_TYPE = "mig"
 UUID = "uuid"
 PRODUCT = "productName"
 MODEL = "model"

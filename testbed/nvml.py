@@ -9,9 +9,10 @@ which imports without a driver.
 MIG (`StandIn.of_machine`: a simulated node's GPUs and MIG devices): MIG mode, MIG device
 handles by slot (empty slots answer NotFound), their instance ids, UUIDs, attributes and
 memory, the GPU's instance profiles (`gpuwire.migprofiles`) and its GPU instances' profile
-IDs, as nvidia-ml-py 13 returns them (reference mig-mps-cri.md 2). Left out: creating and
-destroying instances (the simulated node does that: `gpuwire.sim`), compute-instance
-profiles, placements, and the privilege NVML asks for GPU-instance lookups.
+IDs and placements, as nvidia-ml-py 13 returns them (reference mig-mps-cri.md 2). Left out:
+creating and destroying instances (the simulated node does that: `gpuwire.sim`),
+compute-instance profiles, possible placements, and the privilege NVML asks for GPU-instance
+lookups.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ ANY_INSTANCE = 0xFFFFFFFF
 
 @dataclass
 class FakeMig:
-    """A MIG device: compute instance `ci` over all of GPU instance `gi`."""
+    """A MIG device: compute instance `ci` over all of GPU instance `gi`, which starts at
+    memory slice `start`."""
 
     parent: FakeGpu
     gi: int
     ci: int
     uuid: str
     profile: migprofiles.Profile
+    start: int = 0
 
 
 @dataclass
@@ -92,7 +95,9 @@ class StandIn:
                 enabled = g.mig is not None
                 gpu.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else 0
                 gpu.mig = [
-                    FakeMig(gpu, m.gi, m.ci, m.uuid, migprofiles.profile(d.product, m.profile))
+                    FakeMig(
+                        gpu, m.gi, m.ci, m.uuid, migprofiles.profile(d.product, m.profile), m.start
+                    )
                     for m in g.mig or ()
                 ]
             gpus.append(gpu)
@@ -305,6 +310,7 @@ class StandIn:
         m = self._mig(gpuInstance)
         info = pynvml.c_nvmlGpuInstanceInfo_t()
         info.id, info.profileId = m.gi, m.profile.id
+        info.placement.start, info.placement.size = m.start, m.profile.memory_slices
         return info
 
     def nvmlEventSetCreate(self) -> object:

@@ -1,13 +1,14 @@
-"""A prepared claim's CDI spec: gpuwire's container edits for exactly the claim's GPUs.
+"""A prepared claim's CDI spec: gpuwire's container edits for exactly the claim's devices.
 
 One transient spec per claim in the runtime's dynamic spec dir (`/var/run/cdi`, which
 shadows `/etc/cdi`), named as the CDI producer API names transient specs
 (`<vendor>-<class>_<id>`): `k8s.gpu.gpuwire.io-claim_<claim UID>.json`, kind
-`k8s.gpu.gpuwire.io/claim`, one device `<claim UID>-<device>` per allocated device holding its
-`/dev/nvidiaN` (so an id is never reused by another claim: runtimes cache specs), and the
-claim's common edits (`gpuwire.cdi.common_edits`: control devices, the driver's files for the
-claim's capabilities, the ld-cache hook) with the claim's limits env. The same naming as
-NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
+`k8s.gpu.gpuwire.io/claim`, one device `<claim UID>-<device>` per allocated device (so an id
+is never reused by another claim: runtimes cache specs) holding its `/dev/nvidiaN`, or for a
+MIG device its parent's and its own two capability nodes (`gpuwire.edits.gpu_nodes`, as for
+the shim), and the claim's common edits (`gpuwire.cdi.common_edits`: control devices, the
+driver's files for the claim's capabilities, the ld-cache hook) with the claim's limits env.
+The same naming as NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
 is discovered there, and every host path in the spec is written as the host sees it.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
+from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import limits_env
 from gpuwire import atomicfile, cdi, driver, edits
 from gpuwire.dra import DRIVER
@@ -58,6 +60,29 @@ def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     return spec
 
 
+def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[driver.CharDevice]:
+    """A device's nodes as the driver has them now: a GPU's `/dev/nvidiaN`; a MIG device's
+    parent's and its two capability nodes, if procfs still lists its instance (a MIG change
+    may have destroyed it since it was allocated)."""
+    gpu = next((d for d in found.devices if d.uuid == device.gpu.uuid), None)
+    if gpu is None:
+        raise ClaimError(
+            f"claim {ref}: GPU {device.gpu.uuid} ({device.name}) is not in the driver's "
+            f"list under {found.roots.proc}"
+        )
+    if device.mig is None:
+        return edits.gpu_nodes(found, (gpu,))
+    want = (device.mig.gi, device.mig.ci)
+    instance = next((m for m in found.mig_of(gpu) if (m.gi, m.ci) == want), None)
+    if instance is None:
+        raise ClaimError(
+            f"claim {ref}: MIG device {device.mig.uuid} ({device.name}: GPU instance "
+            f"{want[0]}, compute instance {want[1]} of GPU {gpu.index}) does not exist any "
+            f"more under {found.roots.proc}"
+        )
+    return edits.gpu_nodes(found, (), (instance,))
+
+
 def claim_spec(
     found: driver.Driver,
     ref: ClaimRef,
@@ -67,16 +92,9 @@ def claim_spec(
     host_root: str = "/",
 ) -> dict[str, Any]:
     """The spec for a claim's results (pure, given the discovered driver)."""
-    by_uuid = {d.uuid: d for d in found.devices}
     devices = []
     for r in {r.device.name: r for r in results}.values():
-        gpu = by_uuid.get(r.device.gpu.uuid)
-        if gpu is None:
-            raise ClaimError(
-                f"claim {ref}: GPU {r.device.gpu.uuid} ({r.device.name}) is not in the driver's "
-                f"list under {found.roots.proc}"
-            )
-        nodes = cdi.device_nodes(edits.gpu_nodes(found, (gpu,)))
+        nodes = cdi.device_nodes(_nodes(found, ref, r.device))
         devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)

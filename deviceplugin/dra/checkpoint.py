@@ -45,7 +45,7 @@ class PreparedClaim:
     uid: str
     devices: tuple[PreparedDevice, ...]
     files: tuple[str, ...] = ()  # what unprepare removes (the claim's CDI spec, its token)
-    gpus: tuple[str, ...] = field(default=())  # the physical GPUs' UUIDs
+    gpus: tuple[str, ...] = field(default=())  # the GPUs' and MIG devices' UUIDs
 
 
 def _claim(raw: Mapping[str, Any]) -> PreparedClaim:

@@ -7,7 +7,8 @@ The kubelet sends only a claim's namespace, name and UID; the allocation is in t
 device, shareID, consumedCapacity, tolerations) and `devices.config[]` (opaque parameters per
 driver, class configs first, then the claim's, each for some or all requests). Only results
 for this driver and this node's pool are this plugin's; a result naming a device this node
-does not publish, or an unhealthy GPU whose taint the claim does not tolerate, fails the claim.
+does not publish, or an unhealthy GPU or MIG device whose taint the claim does not tolerate,
+fails the claim.
 
 The opaque configuration gpuwire reads (`driver: gpu.gpuwire.io`):
 
@@ -171,10 +172,10 @@ def results(
             raise ClaimError(
                 f"{where}: this node has no device {r.get('device')!r} (it has {have})"
             )
-        for taint in taints.get(device.gpu.uuid, ()):
+        for taint in taints.get(device.uuid, ()):
             if not _tolerates(r.get("tolerations") or (), taint):
                 raise ClaimError(
-                    f"{where}: {device.name} (GPU {device.gpu.uuid}) is unhealthy: taint "
+                    f"{where}: {device.name} ({device.uuid}) is unhealthy: taint "
                     f"{taint['key']}={taint['value']}:{taint['effect']}, not tolerated"
                 )
         request = str(r.get("request", ""))

@@ -1,10 +1,11 @@
-"""The node's GPUs as DRA devices: one ResourceSlice `devices[]` entry per GPU. Pure.
+"""The node's GPUs and MIG devices as DRA devices: one ResourceSlice `devices[]` entry each.
+Pure.
 
 Attribute names are NVIDIA's DRA driver's (`productName`, `uuid`, `architecture`, `brand`,
 `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `type`; kubernetes-sigs/
 dra-driver-nvidia-gpu `cmd/gpu-kubelet-plugin/deviceinfo.go`), unprefixed and so in this
 driver's own domain: a CEL selector written against `device.attributes["gpu.nvidia.com"]`
-selects the same GPUs here with only the domain changed. The standard ones are
+selects the same devices here with only the domain changed. The standard ones are
 `resource.kubernetes.io/pciBusID`, `pcieRoot` and `numaNode` (k8s.io/dynamic-resource-
 allocation `deviceattribute`). gpuwire adds `model` (the model token the node labels use:
 `a100`, `h100`, `rtx-4090`), `nvlinkIsland` (the lowest index among the GPUs this one reaches
@@ -15,8 +16,21 @@ A GPU marked shared in the node's config allows multiple allocations (consumable
 KEP-5075): its `memory` and `cores` (percent of its streaming multiprocessors) are handed out
 per claim under a request policy, so the scheduler packs claims onto it by memory itself.
 
-Device kinds are data: `KINDS` lists the functions that turn the node into devices, and a new
-kind (MIG devices) is one more entry; the slice builder takes whatever they return.
+A GPU in MIG mode is published as its MIG devices, as NVIDIA's driver publishes them (its
+`mig.go`): named `gpu-<parent minor>-mig-<profile without dots>-<GPU instance profile
+ID>-<placement start>` (what the instance is, not which one: the same name after it is
+destroyed and made again in the same place), `type` `mig`, their own `uuid`, `parentUUID`,
+`profile`, the parent's product, architecture, versions and PCI attributes, and capacities
+`multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`,
+`memory` and one `memorySlice<i>` of 1 per memory slice the instance occupies. gpuwire adds
+the parent's `model`; not `nvlinkIsland` (a MIG device does no GPU-to-GPU peer-to-peer, over
+NVLink or PCIe: NVIDIA MIG user guide, "Deployment Considerations") nor `shared` (a MIG
+device is allocated whole). A compute instance smaller than its GPU instance (`1c.3g.40gb`)
+is not published: NVIDIA's naming cannot tell two of them apart, and neither NVIDIA's DRA
+driver nor the mixed strategy offers them.
+
+Device kinds are data: `KINDS` lists the functions that turn the node into devices; the
+slice builder takes whatever they return.
 """
 
 from __future__ import annotations
@@ -26,12 +40,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.discovery import Gpu, Mig, NodeGpus
 from deviceplugin.labels import model_token
 from gpuwire import nvidia
-from gpuwire.devices import Device
+from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import CORES as CORES_CAPACITY
-from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB
+from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE
 from gpuwire.quantity import canonical_mib
 
 STANDARD = "resource.kubernetes.io/"
@@ -62,13 +76,19 @@ class Sharing:
 
 @dataclass(frozen=True)
 class DraDevice:
-    """One published device: its name, the physical GPU it lives on (whose health it shares
-    and whose device node a container gets), and its slice entry without taints."""
+    """One published device: its name, the physical GPU it lives on (whose device node a
+    container gets), the MIG device it is if it is one, and its slice entry without taints."""
 
     name: str
     gpu: Device
     entry: Entry = field(compare=False)
     shared: bool = False
+    mig: MigDevice | None = None
+
+    @property
+    def uuid(self) -> str:
+        """Whose health it has: the MIG device's, or the GPU's."""
+        return self.mig.uuid if self.mig is not None else self.gpu.uuid
 
 
 def string(value: str) -> dict[str, str]:
@@ -114,18 +134,15 @@ def _capacity(gpu: Device, shared: bool) -> Entry:
     }
 
 
-def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, shared: bool) -> Entry:
+def parent_attributes(gpu: Gpu, node: NodeGpus) -> Entry:
+    """What a GPU and each of its MIG devices say of the GPU."""
     d = gpu.device
     major, minor = gpu.compute_capability
     attributes: Entry = {
-        "type": string(GPU_TYPE),
-        "uuid": string(d.uuid),
         "productName": string(d.product),
         "brand": string(gpu.brand or nvidia.brand_of(d.product)),
         "architecture": string(nvidia.architecture(major, minor)),
         "model": string(model_token(d.product)),
-        "nvlinkIsland": {"int": island},
-        "shared": {"bool": shared},
         STANDARD + "pciBusID": string(d.pci_bus_id),
     }
     for name, text in (
@@ -140,6 +157,18 @@ def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, shared: bool) -> Entry:
         attributes[STANDARD + "pcieRoot"] = string(gpu.pcie_root)
     if d.numa_node >= 0:
         attributes[STANDARD + "numaNode"] = {"int": d.numa_node}
+    return attributes
+
+
+def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, shared: bool) -> Entry:
+    d = gpu.device
+    attributes: Entry = {
+        "type": string(GPU_TYPE),
+        "uuid": string(d.uuid),
+        "nvlinkIsland": {"int": island},
+        "shared": {"bool": shared},
+        **parent_attributes(gpu, node),
+    }
     entry: Entry = {"name": device_name(d), "attributes": attributes}
     entry["capacity"] = _capacity(d, shared)
     if shared:
@@ -166,8 +195,67 @@ def gpu_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
     return out
 
 
+def mig_name(gpu: Device, m: Mig) -> str:
+    """`gpu-0-mig-1g10gb-19-0`, `gpu-0-mig-1g10gb-me-20-0`: NVIDIA's name (its profile made a
+    DNS label: dots dropped, anything else outside `[a-z0-9-]` a dash)."""
+    profile = "".join(c if c.isalnum() else "-" for c in m.device.profile.lower().replace(".", ""))
+    return f"gpu-{gpu.minor}-mig-{profile.strip('-')}-{m.profile_id}-{m.placement[0]}"
+
+
+def mig_entry(gpu: Gpu, m: Mig, node: NodeGpus) -> Entry:
+    start, size = m.placement
+    copy, decoders, encoders, jpeg, ofa = m.engines
+    counts = {
+        "multiprocessors": m.multiprocessors,
+        "copyEngines": copy,
+        "decoders": decoders,
+        "encoders": encoders,
+        "jpegEngines": jpeg,
+        "ofaEngines": ofa,
+    }
+    capacity: Entry = {name: {"value": str(n)} for name, n in counts.items()}
+    capacity[MEMORY] = {"value": canonical_mib(m.device.memory_mib)}
+    capacity |= {f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)}
+    attributes: Entry = {
+        "type": string(MIG_TYPE),
+        "uuid": string(m.device.uuid),
+        "parentUUID": string(gpu.device.uuid),
+        "profile": string(m.device.profile),
+        **parent_attributes(gpu, node),
+    }
+    return {"name": mig_name(gpu.device, m), "attributes": attributes, "capacity": capacity}
+
+
+def unpublished(m: Mig) -> str | None:
+    """Why a MIG device is not published, if it is not."""
+    if not m.whole:
+        return "its compute instance is smaller than its GPU instance"
+    if m.profile_id < 0 or not m.device.uuid:
+        return "NVML did not say its GPU instance's profile (does the plugin run as root?)"
+    return None
+
+
+def _smallest_first(m: Mig) -> tuple[int, int, int]:
+    return m.device.slices, m.device.memory_mib, m.placement[0]
+
+
+def mig_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
+    """Each MIG device of each GPU in MIG mode (`unpublished` ones left out): GPUs in index
+    order, each GPU's smallest first, as NVIDIA's names sort, because the allocator takes the
+    first device that fits in slice order. Sharing is for whole GPUs only."""
+    out = []
+    for gpu in sorted(node.gpus, key=lambda g: g.device.index):
+        if not gpu.mig_enabled:
+            continue
+        for m in sorted(node.mig_of(gpu.device.uuid), key=_smallest_first):
+            if unpublished(m) is None:
+                entry = mig_entry(gpu, m, node)
+                out.append(DraDevice(entry["name"], gpu.device, entry, mig=m.device))
+    return out
+
+
 Kind = Callable[[NodeGpus, Sharing], list[DraDevice]]
-KINDS: tuple[Kind, ...] = (gpu_devices,)
+KINDS: tuple[Kind, ...] = (gpu_devices, mig_devices)
 
 
 def devices(node: NodeGpus, sharing: Sharing, kinds: Sequence[Kind] = KINDS) -> list[DraDevice]:

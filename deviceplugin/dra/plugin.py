@@ -1,6 +1,10 @@
 """`gpuwire dra serve` put together: discovery and health (shared with the device plugin), the
 published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer, and
 the kubelet's sockets; optionally the node's labels.
+
+MIG changes are followed as the device plugin follows them (`discovery.follow`): within a
+second of instances being created or destroyed the devices, their health and the slices (at
+a new pool generation) are the node's again, without a restart.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import kubeclient
 from deviceplugin import labeler, state
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery
+from deviceplugin.discovery import Discovery, NodeGpus, follow
 from deviceplugin.dra import devices, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
@@ -59,12 +63,15 @@ class DraPlugin:
         self.discovery = discovery or open_discovery(config.sim)
         self.node = labeler.node_name(config.node_name)
         self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
-        gpus = self.discovery.discover()
-        self.devices: list[DraDevice] = devices.devices(gpus, Sharing(config.shared_gpus))
-        self.by_name = {d.name: d for d in self.devices}
+        node = self.discovery.discover()
+        self.devices: list[DraDevice] = []
+        self.by_name: dict[str, DraDevice] = {}
+        self._left_out: dict[str, str | None] = {}
+        self._publish(node)
         policy = HealthPolicy(config.ignored_xids, config.recover_after)
-        uuids = frozenset(d.uuid for d in gpus.devices)
-        self.health = state.HealthState(HealthBook(policy, uuids), self.discovery.alive)
+        uuids, children = node.watched()
+        book = HealthBook(policy, uuids, children=children)
+        self.health = state.HealthState(book, self.discovery.alive)
         self.sockets = Sockets(config.kubelet_root, DRIVER)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
@@ -91,13 +98,31 @@ class DraPlugin:
             RegistrationService(DRIVER, str(self.sockets.dra)),
             closing,
         )
-        log.info(
-            "DRA driver %s on node %s: %d device(s), %d shared",
-            DRIVER,
-            self.node,
-            len(self.devices),
-            sum(d.shared for d in self.devices),
-        )
+        log.info("DRA driver %s on node %s", DRIVER, self.node)
+
+    def _publish(self, node: NodeGpus) -> None:
+        """Make the node's devices the ones published and prepared (each swapped whole); say
+        what changed, and which MIG devices are left out and why."""
+        found = devices.devices(node, Sharing(self.config.shared_gpus))
+        left = {m.device.name: devices.unpublished(m) for m in node.mig}
+        for name, why in sorted(left.items()):
+            if why is not None and self._left_out.get(name) != why:
+                log.warning("MIG device %s is not published: %s", name, why)
+        if [d.name for d in found] != [d.name for d in self.devices]:
+            log.info(
+                "%d device(s): %d GPU(s), %d shared, %d MIG device(s)",
+                len(found),
+                sum(d.mig is None for d in found),
+                sum(d.shared for d in found),
+                sum(d.mig is not None for d in found),
+            )
+        self.devices, self.by_name, self._left_out = found, {d.name: d for d in found}, left
+
+    def _rediscovered(self, node: NodeGpus) -> None:
+        """A MIG change: new devices, their health, and the slices at once."""
+        self._publish(node)
+        self.health.changed(*node.watched())
+        self.publisher.wake.set()
 
     def taints(self) -> dict[str, Sequence[taints.Taint]]:
         return dict(taints.taints(self.health.causes()))
@@ -115,6 +140,9 @@ class DraPlugin:
             ),
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
             threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
+            threading.Thread(
+                target=follow, args=(self.discovery, self._rediscovered, stop), name="mig"
+            ),
         ]
         if self.config.labels:
             jobs.append(

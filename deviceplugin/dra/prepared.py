@@ -97,7 +97,7 @@ class Preparer:
                 )
                 for r in found
             )
-            gpus = tuple(sorted({r.device.gpu.uuid for r in found}))
+            gpus = tuple(sorted({r.device.uuid for r in found}))
             claim = PreparedClaim(ref.namespace, ref.name, ref.uid, answered, files, gpus)
             checkpoint.save(self.directory, {**self.prepared, ref.uid: claim})
         except ClaimError as exc:

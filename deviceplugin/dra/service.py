@@ -90,7 +90,7 @@ class DraPluginService:
 
 
 def health_message(device: DraDevice, causes: Mapping[str, Sequence[HealthEvent]]) -> str:
-    events = causes.get(device.gpu.uuid, ())
+    events = causes.get(device.uuid, ())
     if not events:
         return ""
     text = "; ".join(e.detail for e in events)
@@ -122,7 +122,7 @@ class HealthService:
             devices=[
                 self.pb.DeviceHealth(
                     device=self.pb.DeviceIdentifier(pool_name=self.pool, device_name=d.name),
-                    health=self.pb.UNHEALTHY if d.gpu.uuid in causes else self.pb.HEALTHY,
+                    health=self.pb.UNHEALTHY if d.uuid in causes else self.pb.HEALTHY,
                     last_updated_time=now,
                     health_check_timeout_seconds=HEALTH_TIMEOUT,
                     message=health_message(d, causes),

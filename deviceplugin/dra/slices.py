@@ -57,15 +57,15 @@ def wanted(
     taints: Mapping[str, Sequence[Taint]],
     omit: Collection[str] = (),
 ) -> list[Obj]:
-    """The pool's slices, generation 0 (`plan` sets it). `taints`: GPU UUID → its taints;
-    `omit`: UUIDs whose devices are left out (for API servers that drop taints)."""
+    """The pool's slices, generation 0 (`plan` sets it). `taints`: GPU or MIG device UUID →
+    its taints; `omit`: UUIDs whose devices are left out (for API servers that drop taints)."""
     entries = []
     for device in devices:
-        if device.gpu.uuid in omit:
+        if device.uuid in omit:
             continue
         entry = copy.deepcopy(device.entry)
-        if taints.get(device.gpu.uuid):
-            entry["taints"] = [dict(t) for t in taints[device.gpu.uuid]]
+        if taints.get(device.uuid):
+            entry["taints"] = [dict(t) for t in taints[device.uuid]]
         entries.append(entry)
     chunks = [entries[i : i + MAX_DEVICES] for i in range(0, len(entries), MAX_DEVICES)]
     owner = {"apiVersion": "v1", "kind": "Node", "name": pool.node, "uid": pool.node_uid}

@@ -43,5 +43,5 @@ def taint(events: Sequence[HealthEvent]) -> Taint:
 
 
 def taints(causes: Mapping[str, Sequence[HealthEvent]]) -> dict[str, list[Taint]]:
-    """GPU UUID → its taints (none for a healthy GPU)."""
+    """GPU or MIG device UUID → its taints (none for a healthy one)."""
     return {uuid: [taint(events)] for uuid, events in causes.items() if events}

@@ -466,7 +466,7 @@ def test_overlays_change_what_they_say() -> None:
     assert policy(dra)["devicePlugin"] is False
     assert find(dra, "ConfigMap", "gpuwire-node")["data"]["containerd-configure-args"] == "--cdi"
     names = {o["metadata"]["name"] for o in dra if o["kind"] == "DeviceClass"}
-    assert names == {"gpu.gpuwire.io", "shared.gpu.gpuwire.io"}
+    assert names == {"gpu.gpuwire.io", "shared.gpu.gpuwire.io", "mig.gpu.gpuwire.io"}
 
 
 def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:

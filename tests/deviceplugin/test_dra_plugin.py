@@ -6,6 +6,7 @@ kubelet wipes them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -68,11 +69,12 @@ def put_claim(
     pool: str = NODE,
     config: list[dict[str, Any]] | None = None,
     allocated: bool = True,
+    device_class: str = "gpu.gpuwire.io",
 ) -> tuple[str, str, str]:
     """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node."""
     uid = str(uuid.uuid4())
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
-        "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+        "deviceClassName": device_class, "count": len(devices)}}]}}  # fmt: skip
     obj: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -90,28 +92,38 @@ def put_claim(
     return namespace, name, stored["metadata"]["uid"]
 
 
-@pytest.fixture(name="c")
-def cluster(tmp_path: Path, socket_dir: Path) -> Iterator[Cluster]:
+@contextlib.contextmanager
+def cluster_of(
+    machine: sim.Machine, tmp_path: Path, socket_dir: Path, **config: Any
+) -> Iterator[Cluster]:
+    """`machine` as a simulated node, the API stand-in with its Node, the kubelet DRA
+    stand-in, and the plugin's config (started by the test)."""
     root = tmp_path / "node"
-    machine = sim.make_machine(gpus=4)
     sim.write_node(root, machine)
-    config = Config(
+    settings = Config(
         sim=str(root),
         kubelet_root=str(socket_dir / "kubelet"),
         cdi_dir=str(tmp_path / "cdi"),
         hook=HOOK,
         node_name=NODE,
         recover_after=0.5,
-        shared_gpus=(machine.devices[3].uuid,),
+        **config,
     )
     with ApiServer(schema="1.34") as api:
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         with DraKubelet(socket_dir / "kubelet", NODE, api=api.client(), wipe_delay=0.5) as kubelet:
-            c = Cluster(api, kubelet, config, machine, root)
+            c = Cluster(api, kubelet, settings, machine, root)
             try:
                 yield c
             finally:
                 c.stop_plugin()
+
+
+@pytest.fixture(name="c")
+def cluster(tmp_path: Path, socket_dir: Path) -> Iterator[Cluster]:
+    machine = sim.make_machine(gpus=4)
+    with cluster_of(machine, tmp_path, socket_dir, shared_gpus=(machine.devices[3].uuid,)) as c:
+        yield c
 
 
 def cdi_files(c: Cluster) -> list[str]:
@@ -222,7 +234,7 @@ def test_an_unhealthy_gpu_fails_a_claim_that_does_not_tolerate_its_taint(c: Clus
     sim.inject_fault(c.root, c.machine.devices[1].uuid, 79)
     until(lambda: "taints" in c.devices().get("gpu-1", {}))
     (answer,) = c.kubelet.prepare(DRIVER, [put_claim(c.api, "on-bad", ["gpu-1"])]).values()
-    assert "gpu-1 (GPU " in answer.error
+    assert f"gpu-1 ({c.machine.devices[1].uuid}) is unhealthy" in answer.error
     assert "gpu.gpuwire.io/xid=79:NoExecute, not tolerated" in answer.error
 
 

@@ -4,7 +4,6 @@ with consumable capacity, taints from health, and ResourceSlices that the Kubern
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,21 @@ def four(tmp_path: Path) -> NodeGpus:
     return node(tmp_path / "node", gpus=4)
 
 
+# What the simulated node's GPU 0 says of itself, and each of its MIG devices says of it.
+GPU_0 = {
+    "productName": "NVIDIA A100-SXM4-80GB",
+    "brand": "Nvidia",
+    "architecture": "Ampere",
+    "cudaComputeCapability": "8.0.0",
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": "12.4.0",
+    "model": "a100",
+    "resource.kubernetes.io/pciBusID": "0000:07:00.0",
+    "resource.kubernetes.io/pcieRoot": "pci0000:00",
+    "resource.kubernetes.io/numaNode": 0,
+}
+
+
 def attrs(device: DraDevice) -> dict[str, Any]:
     return {k: next(iter(v.values())) for k, v in device.entry["attributes"].items()}
 
@@ -47,22 +61,8 @@ def test_every_gpu_is_a_device_with_nvidias_attribute_names(four: NodeGpus) -> N
     assert [d.name for d in published] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     first = attrs(published[0])
     gpu = four.gpus[0].device
-    assert first == {
-        "type": "gpu",
-        "uuid": gpu.uuid,
-        "productName": "NVIDIA A100-SXM4-80GB",
-        "brand": "Nvidia",
-        "architecture": "Ampere",
-        "cudaComputeCapability": "8.0.0",
-        "driverVersion": "550.54.15",
-        "cudaDriverVersion": "12.4.0",
-        "model": "a100",
-        "nvlinkIsland": 0,
-        "shared": False,
-        "resource.kubernetes.io/pciBusID": "0000:07:00.0",
-        "resource.kubernetes.io/pcieRoot": "pci0000:00",
-        "resource.kubernetes.io/numaNode": 0,
-    }
+    assert first == {"type": "gpu", "uuid": gpu.uuid, "nvlinkIsland": 0, "shared": False,
+                     **GPU_0}  # fmt: skip
     assert published[0].entry["capacity"] == {"memory": {"value": "80Gi"}}
     assert "allowMultipleAllocations" not in published[0].entry
 
@@ -76,12 +76,6 @@ def test_nvlink_island_is_equal_exactly_for_gpus_linked_together(
 ) -> None:
     published = devices.devices(node(tmp_path, gpus=4, nvlink=topology), Sharing())
     assert [attrs(d)["nvlinkIsland"] for d in published] == expected
-
-
-def test_a_gpu_in_mig_mode_is_no_whole_gpu_device(four: NodeGpus) -> None:
-    gpus = (four.gpus[0], replace(four.gpus[1], mig_enabled=True), *four.gpus[2:])
-    published = devices.devices(replace(four, gpus=gpus), Sharing())
-    assert [d.name for d in published] == ["gpu-0", "gpu-2", "gpu-3"]
 
 
 def test_versions_are_strict_semver() -> None:
@@ -281,7 +275,7 @@ def test_device_classes_select_whole_and_shared_gpus_apart(four: NodeGpus) -> No
         for name, expressions in classes().items()
     }  # fmt: skip
     assert chosen == {"gpu.gpuwire.io": ["gpu-0", "gpu-2", "gpu-3"],
-                      "shared.gpu.gpuwire.io": ["gpu-1"]}  # fmt: skip
+                      "shared.gpu.gpuwire.io": ["gpu-1"], "mig.gpu.gpuwire.io": []}  # fmt: skip
 
 
 def test_device_classes_leave_other_drivers_devices_alone(four: NodeGpus) -> None:

@@ -16,7 +16,6 @@ from deviceplugin.config import Config
 from deviceplugin.discovery import HealthEvent, NodeGpus
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.nvml import NvmlDiscovery
-from deviceplugin.plugin import watched
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, mig, sim
 from gpuwire.driver import discover
@@ -103,7 +102,7 @@ def test_an_xid_on_a_gpu_marks_its_mig_devices_and_one_on_a_mig_device_only_it(
     tmp_path: Path,
 ) -> None:
     node = found(node_with(tmp_path, {0: ("1g.10gb", "2g.20gb")}))
-    uuids, children = watched(node)
+    uuids, children = node.watched()
     a, b = node.mig_devices
     book = HealthBook(HealthPolicy(), uuids, children=children)
     assert book.record([HealthEvent(b.uuid, 79, "")], 0.0) == {b.uuid}

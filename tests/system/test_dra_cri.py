@@ -12,6 +12,7 @@ of the same pod as the webhook admits it (outside trusted namespaces: removed).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import tempfile
 import threading
@@ -63,30 +64,39 @@ class DraNode:
         return Path(self.plugin.config.cdi_dir)
 
 
-@pytest.fixture(scope="module")
-def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
-    """A containerd with CDI on (from 1.7), and the DRA plugin writing claims' specs into its
-    CDI spec dir, registered with the kubelet DRA stand-in."""
-    cdi_flag = ["--cdi"] if generation.cdi else []
-    sockets = Path(tempfile.mkdtemp(prefix="gw-dra-"))
-    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
-            ApiServer(schema="1.34") as api, DraKubelet(sockets, NODE) as kubelet:  # fmt: skip
+@contextlib.contextmanager
+def dra_plugin(lab: Lab, cdi_dir: Path) -> Iterator[tuple[ApiServer, DraKubelet, DraPlugin]]:
+    """The DRA plugin on the lab's node, writing claims' specs into `cdi_dir` (a containerd's
+    CDI spec dir), registered with the kubelet DRA stand-in. The claims' ld-cache hook is a
+    launcher only the resident can serve (its Python fallback does not exist), so every GPU
+    start shows the resident serving it."""
+    with tempfile.TemporaryDirectory(prefix="gw-dra-") as sockets, \
+            ApiServer(schema="1.34") as api, \
+            DraKubelet(Path(sockets), NODE) as kubelet:  # fmt: skip
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        # the claims' ld-cache hook: a launcher only the resident can serve (its Python
-        # fallback does not exist), so every GPU start here shows the resident serving it
-        served = str(served_launchers() / launcher.HOOK)
-        config = Config(sim=str(lab.node), kubelet_root=str(sockets), hook=served,
-                        cdi_dir=str(containerd.home / "cdi"), node_name=NODE)  # fmt: skip
+        hook = str(served_launchers() / launcher.HOOK)
+        config = Config(sim=str(lab.node), kubelet_root=sockets, hook=hook, cdi_dir=str(cdi_dir),
+                        node_name=NODE)  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())
         stop = threading.Event()
         thread = threading.Thread(target=plugin.run, args=(stop,), daemon=True)
         thread.start()
         try:
             kubelet.wait_registered(DRIVER)
-            yield DraNode(containerd, api, kubelet, plugin)
+            yield api, kubelet, plugin
         finally:
             stop.set()
             thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def dra_node(generation: Generation, lab: Lab) -> Iterator[DraNode]:
+    """A containerd with CDI on (from 1.7), and the DRA plugin writing claims' specs into its
+    CDI spec dir."""
+    cdi_flag = ["--cdi"] if generation.cdi else []
+    with node_containerd(generation, lab, ["--runtime-path", SHIM, *cdi_flag]) as containerd, \
+            dra_plugin(lab, containerd.home / "cdi") as (api, kubelet, plugin):  # fmt: skip
+        yield DraNode(containerd, api, kubelet, plugin)
 
 
 @pytest.fixture

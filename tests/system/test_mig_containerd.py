@@ -1,6 +1,8 @@
 """MIG pods through containerd's own CRI plugin, on every containerd generation: the shim's
-handler, the device plugin's Allocate answer for a MIG device of the mixed strategy, and
-CDI (containerd applies gpuwire's spec, whose MIG devices carry their own nodes).
+handler, the device plugin's Allocate answer for a MIG device of the mixed strategy, CDI
+(containerd applies gpuwire's spec, whose MIG devices carry their own nodes), and a DRA claim
+allocated a MIG device (the DRA plugin publishes it, prepares the claim through the kubelet
+DRA stand-in, and containerd applies the claim's spec from the ids in CRI's `CDI_devices`).
 
 The node is tests/system/test_mig_runc.py's: GPU 0 all-balanced, GPU 1 in MIG mode without
 MIG devices, GPUs 2 and 3 without MIG, and the MIG map the node agent writes.
@@ -13,12 +15,16 @@ from collections.abc import Iterator
 import pytest
 
 from deviceplugin.allocate import Strategies, response
+from deviceplugin.dra import devices
 from deviceplugin.resources import as_device
+from deviceplugin.simulated import SimDiscovery
 from gpuwire import allocation
+from gpuwire.dra import DRIVER
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
-from testbed.kuberuntime import KubeRuntime
+from testbed.kuberuntime import KubeRuntime, run_pod
 from testbed.lab import Lab
+from testbed.view import view
 from tests.conftest import requires_binary, requires_root
 from tests.system.test_containerd import (  # noqa: F401 - `generation` is a fixture
     HANDLER,
@@ -29,6 +35,7 @@ from tests.system.test_containerd import (  # noqa: F401 - `generation` is a fix
     pod,
     run_view,
 )
+from tests.system.test_dra_cri import NODE, dra_plugin
 from tests.system.test_mig_runc import EPERM, sibling_script
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
@@ -107,3 +114,41 @@ def test_a_mig_device_through_cdi(generation: Generation, lab: Lab, kubelet: Kub
         return
     assert seen["caps"] == expected_caps(lab, 3)
     assert seen["smi"] == smi(lab, 3)
+
+
+def test_a_dra_claim_allocated_a_mig_device_sees_that_mig_device_only(
+    generation: Generation,  # noqa: F811
+    lab: Lab,
+    node: Containerd,
+    kubelet: KubeRuntime,
+) -> None:
+    """The claim names the device as the scheduler would (`mig.gpu.gpuwire.io`); its container
+    gets the parent's node and that MIG device's capability nodes, a sibling's is refused."""
+    target, sibling = lab.mig[1], lab.mig[3]
+    published = devices.devices(SimDiscovery(lab.node).discover(), devices.Sharing())
+    (name,) = [d.name for d in published if d.mig == target]
+    with dra_plugin(lab, node.home / "cdi") as (api, dra, _):
+        result = {"request": "mig", "driver": DRIVER, "pool": NODE, "device": name}
+        spec = {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": "mig.gpu.gpuwire.io"}}]}}  # fmt: skip
+        claim = api.put({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "one-mig", "namespace": "team-a"}, "spec": spec,
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        })  # fmt: skip
+        ref = ("team-a", "one-mig", claim["metadata"]["uid"])
+        (answer,) = dra.prepare(DRIVER, [ref]).values()
+        assert answer.error == ""
+        ids = {"trainer": dra.cdi_ids(ref[2], "mig")}
+        _, (cid,) = run_pod(kubelet, pod(command=sibling_script(sibling.ci_cap)), "", claims=ids)
+        assert kubelet.exited(cid).exit_code == 0, kubelet.logs(cid)
+        seen = view(kubelet.logs(cid))
+        assert dra.unprepare(DRIVER, [ref]) == {ref[2]: ""}
+    if not generation.cdi:  # containerd 1.6 drops CRI's CDI devices
+        assert seen["devices"] == ["nvidia*"]
+        return
+    assert seen["devices"] == ["nvidia-caps nvidia-uvm nvidia-uvm-tools nvidia0 nvidiactl"]
+    assert seen["caps"] == expected_caps(lab, 1)
+    assert seen["smi"] == smi(lab, 1)
+    assert seen["sibling"] == [EPERM]
+    assert seen["env"] == ["void"]
