@@ -23,6 +23,7 @@ PRODUCT = "productName"
 MODEL = "model"
 ISLAND = "nvlinkIsland"
 SHARED = "shared"
+PROFILE = "profile"  # of a MIG device
 
 # Capacities: a GPU's memory; on a shared GPU also its cores, in percent of its SMs.
 MEMORY = "memory"

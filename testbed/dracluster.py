@@ -1,19 +1,23 @@
 """Hand-built DRA clusters: GPU nodes as gpuwire's DRA plugin publishes them, without running
 one per node.
 
-A node is a simulated machine (`gpuwire.sim.make_machine`: models, NVLink topology); its
-ResourceSlices are what `gpuwire dra serve` writes for it (`deviceplugin.dra.devices` and
-`slices`, the same functions), at generation 1, with the shared GPUs its config would name.
+A node is a simulated machine (`gpuwire.sim.make_machine`: models, NVLink topology, GPUs in
+MIG mode with their MIG devices); its ResourceSlices are what `gpuwire dra serve` writes for
+it (`deviceplugin.dra.devices` and `slices`, the same functions), at generation 1, with the
+shared GPUs its config would name. A machine with MIG devices is discovered as the plugin
+discovers it on a simulated node (written to a temporary directory for it: procfs says
+which MIG devices exist).
 `install` puts the Nodes, their slices and the DeviceClasses of `deploy/overlays/dra` into a
 kube-apiserver stand-in, as a cluster with the DRA plugin on every GPU node holds them.
-What it leaves out: the PCIe roots sysfs would give (the simulated node's tree is not
-written), health taints, and MIG devices.
+What it leaves out: the PCIe roots sysfs would give (the simulated node's tree is written only
+for MIG), and health taints.
 """
 
 from __future__ import annotations
 
+import tempfile
 import uuid as uuidlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ import yaml
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.dra import devices, slices
 from deviceplugin.dra.devices import Sharing
+from deviceplugin.simulated import SimDiscovery
 from gpuwire import dra, nvidia, sim
 from testbed.apiserver import ApiServer
 
@@ -45,6 +50,10 @@ class DraNode:
     def gpus(self) -> NodeGpus:
         """What discovery would find on it (NVML's brand for each GPU)."""
         m = self.machine
+        if any(g.mig for g in m.gpus):
+            with tempfile.TemporaryDirectory(prefix="gw-dra-node-") as root:
+                sim.write_node(Path(root), m)
+                return SimDiscovery(root).discover()
         found = tuple(
             Gpu(g.device, g.compute_capability, None, brand=nvidia.brand_of(g.device.product))
             for g in m.gpus
@@ -68,9 +77,13 @@ def node(
     products: tuple[str, ...] = (sim.DEFAULT_PRODUCT,),
     nvlink: str = "pairs",
     shared: tuple[str, ...] = (),
+    mig: Mapping[int, tuple[str, ...]] | None = None,
 ) -> DraNode:
-    """A DRA node of `gpus` GPUs (products cycling over them), its GPU UUIDs its own."""
+    """A DRA node of `gpus` GPUs (products cycling over them), its GPU UUIDs its own; `mig`:
+    GPU index → the MIG profiles made on it (`("balanced",)`: mig-parted's all-balanced)."""
     machine = sim.make_machine(gpus=gpus, products=products, nvlink=nvlink, seed=name)
+    for index, profiles in (mig or {}).items():
+        machine = sim.with_mig(machine, index, profiles)
     return DraNode(name, machine, shared)
 
 

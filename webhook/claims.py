@@ -18,6 +18,8 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
   consumable capacity (KEP-5075): `capacity.requests` per GPU, memory in whole GiB (the DRA
   plugin's request policy), a share of the GPU taken against the smallest shared GPU that
   fits; the DRA plugin turns what was consumed into the limit profile's env at prepare;
+* a MIG profile (`mig-profile`, or a container's `nvidia.com/mig-<profile>`) → the MIG class
+  and a selector on `profile`, counted by the count; named MIG devices by their `uuid`;
 * capabilities and the limit profile → the claim's opaque `GpuConfig`.
 
 The template is named by its content (`gpuwire-<hash of its spec>`), so every pod of a
@@ -85,6 +87,7 @@ class Ask:
     capabilities: str  # canonical
     profile: str | None  # the limit profile, where the request has limits
     nvlink: NVLink
+    mig: str | None = None  # the MIG profile asked for
 
 
 def _quoted(words: Sequence[str]) -> str:
@@ -109,10 +112,18 @@ class _Translation:
         self.ask = ask
         self.request = ask.request
         self.pools = pools
+        self.kind = dra.MIG_TYPE if ask.mig or self._named_mig() else dra.GPU_TYPE
         self.selectors: list[str] = []
         self.warnings: list[str] = []
         self.capacity: dict[str, str] = {}
         self.share_mib: int | None = None  # the memory share asked of each shared GPU
+
+    def _named_mig(self) -> bool:
+        named = {u[:4].upper() for u in self.request.uuids}
+        if len(named) > 1:
+            raise self.fail((keys.UUID, keys.HAMI_USE_UUID), "names GPUs and MIG devices; a "
+                            "claim takes one kind: accepted: GPUs, or MIG devices")  # fmt: skip
+        return named == {"MIG-"}
 
     def fail(self, sources: tuple[str, ...], reason: str) -> Unplaceable:
         key, value = self.request.source(*sources)
@@ -267,7 +278,7 @@ class _Translation:
                 f"{self.count_source()} asks for {want} GPUs of one node; the most any node "
                 f"has that fit the request: {most}"
             )
-        if want > 1 and self.ask.nvlink == "required":
+        if want > 1 and self.ask.nvlink == "required" and self.kind == dra.GPU_TYPE:
             island = max(
                 sum(1 for d in found if d.island == i and i is not None)
                 for found in by_node.values()
@@ -291,8 +302,9 @@ class _Translation:
     def nothing_left(self) -> str:
         asked = ", ".join(f"{k}={v}" for k, v in sorted(self.request.given.items()))
         products = listing(sorted(self.pools.products)) if self.pools.products else "none"
+        what = "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
         return (
-            f"no GPU in the cluster's ResourceSlices fits the request ({asked or 'a GPU'}); "
+            f"no {what} in the cluster's ResourceSlices fits the request ({asked or 'a GPU'}); "
             f"models present: {products}"
         )
 
@@ -310,29 +322,55 @@ class _Translation:
             entry["capacity"] = {"requests": dict(sorted(self.capacity.items()))}
         return entry
 
-    def claim(self) -> Claimed:
-        gpus = [d for d in self.pools.devices if d.kind == dra.GPU_TYPE]
-        if not gpus:
+    def mig(self, devices: list[PoolDevice]) -> tuple[str, list[PoolDevice]]:
+        """The MIG class, and the MIG devices of the profile asked (or named)."""
+        if self.request.wants_limits:
+            raise self.fail((keys.MEMORY_LIMIT, keys.CORES_LIMIT),
+                            "asks for a share, and a MIG device is allocated whole")  # fmt: skip
+        profile = self.ask.mig
+        if profile is None:
+            return dra.MIG_CLASS, devices
+        offered = sorted(
+            {d.profile for d in self.pools.devices if d.kind == dra.MIG_TYPE and d.profile}
+        )
+        of = [d for d in devices if d.profile == profile]
+        if not of:
             raise Unplaceable(
-                f"no GPU is published for DRA in this cluster (no ResourceSlice of driver "
-                f"{dra.DRIVER}): the policy sends this namespace's GPU pods the DRA way"
+                f"MIG profile {profile} is offered by no MIG device in the cluster's "
+                f"ResourceSlices{' of that model' if self.request.models else ''}; "
+                f"MIG profiles present: {listing(offered)}"
+            )
+        self.selectors.append(f"{_ATTRIBUTES}.{dra.PROFILE} == {json.dumps(profile)}")
+        return dra.MIG_CLASS, of
+
+    def claim(self) -> Claimed:
+        gpus = [d for d in self.pools.devices if d.kind == self.kind]
+        if not gpus:
+            what = "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
+            raise Unplaceable(
+                f"no {what} is published for DRA in this cluster (no ResourceSlice of driver "
+                f"{dra.DRIVER} has one): the policy sends this namespace's GPU pods the DRA way"
             )
         devices = self.uuids(self.memory(self.models(gpus)))
         if not devices:
             raise Unplaceable(self.nothing_left())
-        class_name, devices = self.sharing(devices)
+        if self.kind == dra.MIG_TYPE:
+            class_name, devices = self.mig(devices)
+        else:
+            class_name, devices = self.sharing(devices)
         most = self.count(devices)
         count = self.ask.count
         request: Obj = {"name": REQUEST}
         constraints: list[Obj] = []
         island = {"matchAttribute": dra.qualified(dra.ISLAND)}
-        if isinstance(count, int) and count > 1 and self.ask.nvlink == "preferred":
+        linked = self.kind == dra.GPU_TYPE and isinstance(count, int) and count > 1
+        if linked and self.ask.nvlink == "preferred":
             sub = self.exactly(class_name, count)
             request["firstAvailable"] = [{"name": LINKED, **sub}, {"name": ANY, **sub}]
             constraints.append({"requests": [f"{REQUEST}/{LINKED}"], **island})
         else:
             request["exactly"] = self.exactly(class_name, count)
-            if isinstance(count, int) and count > 1:
+            if linked:
                 constraints.append({"requests": [REQUEST], **island})
         parameters: Obj = {
             "apiVersion": dra.CONFIG_API_VERSION,

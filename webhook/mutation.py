@@ -252,21 +252,23 @@ class _Mutation:
 
     def ask(self, c: Container, request: GpuRequest) -> Ask | None:
         """What the container's claim must give; None where it takes the device-plugin way
-        (MIG devices, which are no DRA devices yet; a kept nvidia.com/gpu resource; under
-        `auto`, driver files without a GPU)."""
+        (a GPU resource the policy keeps; under `auto`, driver files without a GPU)."""
         dra_only = self.allocation == "dra"
-        if c.mig is not None or request.mig_profile:
-            if dra_only:
-                self.warnings.append(
-                    f"container {c.name!r}: MIG devices are not published for DRA; they come "
-                    "the device-plugin way"
-                )
-            return None
-        if c.gpus is not None:
+        mig = request.mig_profile
+        count: dra_claims.Count
+        if c.mig is not None:
+            if not self.policy.claim_gpu_resources:
+                return None
+            self.mig_resource(c, request, *c.mig)
+            mig = nvidia.mig_profile_of(c.mig[0].removeprefix(MIG_RESOURCE_PREFIX))
+            count = c.mig[1]
+        elif c.gpus is not None:
             if not self.policy.claim_gpu_resources or c.gpus == 0:
                 return None
             self.check_plugin(c, request, c.gpus)
-            count: dra_claims.Count = c.gpus
+            count = c.gpus
+        elif mig is not None:
+            count = request.count if isinstance(request.count, int) else 1
         elif request.uuids:
             count = len(request.uuids)
         else:
@@ -298,7 +300,7 @@ class _Mutation:
                     f"{', '.join(limits.PROFILES)}",
                 )
             profile = profiles[0]
-        return Ask(request, count, self.capabilities(request), profile, self.policy.nvlink)
+        return Ask(request, count, self.capabilities(request), profile, self.policy.nvlink, mig)
 
     def claim_container(self, c: Container, claimed: Claimed | None) -> list[Op]:
         """Its claim in `resources.claims`, its GPU resource gone, and no GPU by env: the
@@ -306,10 +308,15 @@ class _Mutation:
         ops: list[Op] = []
         if claimed is not None:
             resources = c.raw.get("resources") or {}
+            claimed_away = {nvidia.RESOURCE, *(c.mig[:1] if c.mig else ())}
             for section in ("limits", "requests"):
-                if nvidia.RESOURCE in (resources.get(section) or {}):
-                    path = pointer(c.path, "resources", section, nvidia.RESOURCE)
-                    ops.append({"op": "remove", "path": path})
+                held = resources.get(section) or {}
+                gone = [n for n in held if n in claimed_away]
+                if gone and len(gone) == len(held):  # nothing else left: the section goes
+                    ops.append({"op": "remove", "path": pointer(c.path, "resources", section)})
+                    continue
+                ops += [{"op": "remove", "path": pointer(c.path, "resources", section, n)}
+                        for n in gone]  # fmt: skip
             entry = {"name": _entry(c.name)}
             if not isinstance(resources.get("claims"), list):
                 op = set_path(c.raw, c.path, ("resources", "claims"), [entry])

@@ -7,7 +7,8 @@ highest `pool.generation`, and only once all `pool.resourceSliceCount` of them a
 scheduler's allocator reads pools the same way (k8s.io/dynamic-resource-allocation
 `structured/pools.go`), so a pool being rewritten is neither half-seen nor seen twice. Of a
 device the webhook keeps what a request can ask about (product, UUID, memory, NVLink island,
-whether it is shared and its capacity consumable), in slots: a cluster has one per GPU.
+whether it is shared and its capacity consumable, a MIG device's profile), in slots: a
+cluster has one per GPU.
 Where the slices come from (a watch, a file) is `watch.py`'s and the CLI's business.
 """
 
@@ -43,6 +44,7 @@ class PoolDevice:
     shared: bool  # the shared attribute: selected by the shared class
     consumable: bool  # allowMultipleAllocations as stored: its capacity is handed out in shares
     kind: str = dra.GPU_TYPE  # the type attribute
+    profile: str | None = None  # a MIG device's
 
 
 def _attribute(entry: Obj, name: str) -> Any:
@@ -74,6 +76,7 @@ def _device(node: str, entry: Obj) -> PoolDevice | None:
         shared=_attribute(entry, dra.SHARED) is True,
         consumable=entry.get("allowMultipleAllocations") is True,
         kind=sys.intern(str(_attribute(entry, dra.TYPE) or "")),
+        profile=_attribute(entry, dra.PROFILE),
     )
 
 

@@ -45,7 +45,7 @@ from deviceplugin.labels import model_token
 from gpuwire import nvidia
 from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import CORES as CORES_CAPACITY
-from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE
+from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE, PROFILE
 from gpuwire.quantity import canonical_mib
 
 STANDARD = "resource.kubernetes.io/"
@@ -220,7 +220,7 @@ def mig_entry(gpu: Gpu, m: Mig, node: NodeGpus) -> Entry:
         "type": string(MIG_TYPE),
         "uuid": string(m.device.uuid),
         "parentUUID": string(gpu.device.uuid),
-        "profile": string(m.device.profile),
+        PROFILE: string(m.device.profile),
         **parent_attributes(gpu, node),
     }
     return {"name": mig_name(gpu.device, m), "attributes": attributes, "capacity": capacity}

@@ -417,3 +417,63 @@ def test_a_resource_claimed_container_keeps_its_count_on_a_second_pass(cluster: 
     assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["gpuwire-trainer"]
     again = mutate(admitted, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
     assert again.templates == ()  # nothing to create: the claim is the first pass's
+
+
+# --- MIG devices (published by the DRA plugin for GPUs in MIG mode)
+
+MIG_CLUSTER = (
+    dracluster.node("mig", 2, (A100,), mig={0: ("balanced",), 1: ("3g.40gb", "3g.40gb")}),
+    dracluster.node("h100", 2, (H100,)),
+)
+
+
+@pytest.fixture
+def mig_cluster() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, MIG_CLUSTER)
+        yield Cluster(api, MIG_CLUSTER)
+
+
+def test_a_mig_profile_is_that_many_mig_devices_of_it(mig_cluster: Cluster) -> None:
+    placed = mig_cluster.run({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-count": "2"})
+    assert placed.decision.node == "mig"
+    assert placed.attribute("profile") == ["1g.10gb", "1g.10gb"]
+    assert set(placed.attribute("type")) == {"mig"}
+
+
+def test_a_mig_resource_becomes_a_claim_of_its_profile(mig_cluster: Cluster) -> None:
+    placed = mig_cluster.run({}, resources={"limits": {"nvidia.com/mig-3g.40gb": "2"}})
+    assert placed.attribute("profile") == ["3g.40gb", "3g.40gb"]
+    stored = mig_cluster.api.get("pods", placed.pod, NAMESPACE)
+    assert stored is not None
+    assert "limits" not in stored["spec"]["containers"][0]["resources"]
+
+
+def test_a_named_mig_device_is_exactly_that_one(mig_cluster: Cluster) -> None:
+    mig = [
+        d for d in Pools.of(mig_cluster.api.objects("resourceslices")).devices if d.kind == "mig"
+    ]
+    placed = mig_cluster.run({"gpuwire.io/gpu-uuid": mig[2].uuid})
+    assert placed.attribute("uuid") == [mig[2].uuid]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "why"),
+    [
+        ({"gpuwire.io/mig-profile": "7g.80gb"},
+         "offered by no MIG device in the cluster's ResourceSlices; MIG profiles present: "
+         "1g.10gb, 2g.20gb, 3g.40gb"),
+        ({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-model": "H100"},
+         "no MIG device in the cluster's ResourceSlices fits the request"),
+        ({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-memory-limit": "2Gi"},
+         "a MIG device is allocated whole"),
+        ({"gpuwire.io/mig-profile": "3g.40gb", "gpuwire.io/gpu-count": "4"},
+         "the most any node has that fit the request: 3"),
+    ],
+)  # fmt: skip
+def test_mig_requests_no_pool_can_satisfy_are_denied(
+    mig_cluster: Cluster, annotations: dict[str, str], why: str
+) -> None:
+    outcome = mig_cluster.admit(annotations)
+    assert outcome.denial is not None
+    assert why in outcome.denial.message
