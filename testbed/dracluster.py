@@ -27,6 +27,7 @@ import yaml
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.dra import devices, slices
 from deviceplugin.dra.devices import Sharing
+from deviceplugin.labels import GPUS_ANNOTATION, gpus_annotation
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import dra, nvidia, sim
 from testbed.apiserver import ApiServer
@@ -66,8 +67,11 @@ class DraNode:
         return slices.plan(wanted, [], "").create
 
     def node(self) -> Obj:
+        """The Node, with what the node agent beside the DRA plugin writes on it: its GPUs
+        in the `gpuwire.io/gpus` annotation (the inventory reads them)."""
         labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux"}
-        meta = {"name": self.name, "uid": self.uid, "labels": labels}
+        annotations = {GPUS_ANNOTATION: gpus_annotation(self.gpus())}
+        meta = {"name": self.name, "uid": self.uid, "labels": labels, "annotations": annotations}
         return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
 
 

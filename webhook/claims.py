@@ -88,6 +88,7 @@ class Ask:
     profile: str | None  # the limit profile, where the request has limits
     nvlink: NVLink
     mig: str | None = None  # the MIG profile asked for
+    counted: str = ""  # where the count comes from, where no annotation says it
 
 
 def _quoted(words: Sequence[str]) -> str:

@@ -256,21 +256,25 @@ class _Mutation:
         dra_only = self.allocation == "dra"
         mig = request.mig_profile
         count: dra_claims.Count
+        counted = ""
         if c.mig is not None:
             if not self.policy.claim_gpu_resources:
                 return None
             self.mig_resource(c, request, *c.mig)
             mig = nvidia.mig_profile_of(c.mig[0].removeprefix(MIG_RESOURCE_PREFIX))
             count = c.mig[1]
+            counted = f"container {c.name!r}'s {c.mig[0]}: {count}"
         elif c.gpus is not None:
             if not self.policy.claim_gpu_resources or c.gpus == 0:
                 return None
             self.check_plugin(c, request, c.gpus)
             count = c.gpus
+            counted = f"container {c.name!r}'s {nvidia.RESOURCE}: {count}"
         elif mig is not None:
             count = request.count if isinstance(request.count, int) else 1
         elif request.uuids:
             count = len(request.uuids)
+            counted = f"{len(request.uuids)} named GPU(s)"
         else:
             wanted = request.count if request.count is not None else self.policy.gpu_count
             if wanted == "none":
@@ -300,7 +304,8 @@ class _Mutation:
                     f"{', '.join(limits.PROFILES)}",
                 )
             profile = profiles[0]
-        return Ask(request, count, self.capabilities(request), profile, self.policy.nvlink, mig)
+        caps = self.capabilities(request)
+        return Ask(request, count, caps, profile, self.policy.nvlink, mig, counted)
 
     def claim_container(self, c: Container, claimed: Claimed | None) -> list[Op]:
         """Its claim in `resources.claims`, its GPU resource gone, and no GPU by env: the
