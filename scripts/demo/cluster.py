@@ -29,9 +29,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
-import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,57 +43,23 @@ from certs.grantkey import key_id
 from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import nvidia, sim
 from gpuwire.devices import Device
+from scripts.demo.base import GPUWIRE, ROOT, Handler, Step, handlers_of, import_images, run, until
 from testbed import containerds
 from testbed.apiserver import ApiServer
-from testbed.containerd import CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
+from testbed.containerd import Containerd
 from testbed.containerds import Generation
 from testbed.host import LabError, stop
-from testbed.image import write_layout_tar
 from testbed.kubelet import Kubelet
 from testbed.kuberuntime import KubeRuntime
 from testbed.podresources import PodResourcesKubelet
 from testbed.resident import Resident, command
-from testbed.view import VIEW_SCRIPT
 from testbed.webhook import serving
 
-ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples/policy.yaml"
 RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"
-BIN = Path(sys.executable).parent
-GPUWIRE = str(BIN / "gpuwire")
 NODE = "gpu-node-0"
 POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /var/lib/kubelet
 RESOURCE = nvidia.RESOURCE
-
-# The demo's images: busybox whose command prints what the container sees of the GPUs
-# (testbed.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
-# ends. `cuda` also bakes in the env NVIDIA's CUDA images carry.
-IMAGE = "docker.io/gpuwire/demo:latest"
-CUDA_IMAGE = "docker.io/gpuwire/demo:cuda"
-CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
-VIEWED = "viewed: yes"
-JOB = "/usr/bin/gpu-job"
-SCRIPTS = {
-    "/usr/bin/gpu-view": "#!/bin/sh" + VIEW_SCRIPT,
-    JOB: f"#!/bin/sh\ngpu-view\necho '{VIEWED}'\nexec sleep 86400\n",
-}
-
-
-@dataclass(frozen=True)
-class Step:
-    """A command the demo ran (or started), for the list of commands to run by hand."""
-
-    what: str
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Handler:
-    """A containerd runtime handler, as the CRI plugin reads it from its config."""
-
-    name: str
-    runtime_type: str
-    binary: str | None  # options.BinaryName: what the runc shim runs instead of runc
 
 
 @dataclass
@@ -131,18 +95,6 @@ def webhook_client(url: str, ca: Path) -> httpx.Client:
     return httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca))
 
 
-def run(
-    steps: list[Step], what: str, argv: Sequence[str], env: dict[str, str] | None = None
-) -> None:
-    """Run a command to completion (LabError if it fails) and add it to `steps`."""
-    out = subprocess.run(
-        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env
-    )
-    if out.returncode != 0:
-        raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
-    steps.append(Step(what, tuple(argv)))
-
-
 def generation() -> Generation | str:
     """The containerd the demo runs (GPUWIRE_DEMO_CONTAINERD names a Debian suite; the
     system's by default), or why there is none."""
@@ -167,15 +119,6 @@ def containers_unavailable(chosen: Generation | str) -> str:
     if missing:
         return f"{', '.join(missing)} not installed (`make demo` installs them as root)"
     return ""
-
-
-def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Wait for something another process does; LabError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
@@ -291,16 +234,6 @@ def start_webhook(
     return served.url, tls / pki.CA_FILE
 
 
-def handlers_of(dump: str, config_version: int) -> tuple[dict[str, Handler], str]:
-    """The CRI plugin's runtime handlers and its default, from `containerd config dump`."""
-    section = tomllib.loads(dump)["plugins"][RUNTIME_PLUGIN[config_version]]["containerd"]
-    handlers = {
-        name: Handler(name, entry["runtime_type"], entry.get("options", {}).get("BinaryName"))
-        for name, entry in section["runtimes"].items()
-    }
-    return handlers, section["default_runtime_name"]
-
-
 def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation) -> None:
     """A private containerd with the gpuwire handler as its default runtime (as the nvidia
     runtime is on many GPU nodes), so that every container, asked-for or not, meets the shim:
@@ -322,10 +255,7 @@ def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation)
     cluster.handlers, cluster.default_handler = handlers_of(
         containerd.dump(), generation.config_version
     )
-    for name, env in ((IMAGE, None), (CUDA_IMAGE, CUDA_ENV)):
-        tar = write_layout_tar(cluster.workdir / f"{name.rsplit(':', 1)[1]}.tar", name,
-                               env=env, cmd=(JOB,), scripts=SCRIPTS)  # fmt: skip
-        containerd.import_image(tar, CRI_NAMESPACE)
+    import_images(containerd, cluster.workdir)
     cluster.containerd = containerd
     cluster.runtime = stack.enter_context(containerd.kuberuntime())
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from gpuwire import holders
 from gpuwire.devices import Device
-from scripts.demo.cluster import GPUWIRE, Cluster, Step, until
+from scripts.demo.base import GPUWIRE, Step, until
+from scripts.demo.cluster import Cluster
 from scripts.demo.scenarios import Outcome, Verdict, gpus
 from testbed.host import LabError
 

@@ -25,7 +25,8 @@ from typing import Any
 import grpc
 
 from deviceplugin.api import api_pb2
-from scripts.demo.cluster import VIEWED, Cluster, Handler, until
+from scripts.demo.base import VIEWED, Handler, until
+from scripts.demo.cluster import Cluster
 from testbed.cri import api_pb2 as cri
 from testbed.kubelet import KubeletError
 from testbed.kuberuntime import CRIError, Sandbox

@@ -18,7 +18,8 @@ from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import grant
 from gpuwire.devices import Device
 from gpuwire.holders import ANNOTATION
-from scripts.demo.cluster import BIN, NODE, RESOURCE, ROOT, Cluster, Step
+from scripts.demo.base import BIN, ROOT, Step
+from scripts.demo.cluster import NODE, RESOURCE, Cluster
 from scripts.demo.holders import Inventory
 from scripts.demo.kubelet import Allocation, Started
 from scripts.demo.scenarios import Outcome, Scenario, Verdict, capabilities, variables

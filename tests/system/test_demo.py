@@ -20,7 +20,8 @@ import pytest
 from deviceplugin.api import api_pb2
 from gpuwire import grant
 from scripts.demo import holders
-from scripts.demo.cluster import NODE, RESOURCE, ROOT, Cluster, up
+from scripts.demo.base import ROOT
+from scripts.demo.cluster import NODE, RESOURCE, Cluster, up
 from scripts.demo.controlplane import unfit
 from scripts.demo.kubelet import Allocation
 from scripts.demo.scenarios import SCENARIOS, Outcome, capabilities, gpus, play, variables
