@@ -1,14 +1,19 @@
-"""DRA plugin speed on a simulated 8-GPU node, the plugin running as `gpuwire dra serve` in
-its own process, driven over its DRA socket as the kubelet drives it, against the API
-stand-in (in this process) for its claims and slices.
+"""DRA plugin speed on a simulated node of 8 GPUs and a ninth in MIG mode (a 1g.10gb and a
+3g.40gb), the plugin running as `gpuwire dra serve` in its own process, driven over its
+DRA socket as the kubelet drives it, against the API stand-in (in this process) for its
+claims and slices.
 
 Figures (each a ratio to the baseline, an empty NodePrepareResources on the same socket):
-- NodePrepareResources of a new claim with 1 GPU and with 8 GPUs (the claim read from the
-  API, checked, the driver discovered, its CDI spec and the checkpoint written), and of a
-  claim prepared already (answered from the checkpoint);
+- NodePrepareResources of a new claim with 1 GPU, with 8 GPUs and with 1 MIG device (the
+  claim read from the API, checked, the driver discovered, its CDI spec and the checkpoint
+  written), and of a claim prepared already (answered from the checkpoint);
 - NodeUnprepareResources (spec removed, checkpoint written);
 - health: from a fault appended to the node's event file to the ResourceSlice in the API
-  server carrying the device's taint (and back, after recovery, untimed).
+  server carrying the device's taint (and back, after recovery, untimed);
+- MIG change: from a MIG device created on the node (as `gpuwire sim mig` makes it) to the
+  ResourceSlice in the API server listing it (then destroyed, untimed), made at a random
+  moment: the plugin looks at procfs's instances every second (LOOK), so this figure is
+  mostly that wait, by design.
 
     .venv/bin/python -m bench.dra [--calls N]
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -30,6 +36,7 @@ import grpc
 
 from bench.common import Summary, report, summarise
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
+from deviceplugin.discovery import LOOK
 from gpuwire import sim
 from gpuwire.dra import DRIVER
 from testbed.apiserver import ApiServer
@@ -37,6 +44,7 @@ from testbed.kubelet_dra import DraKubelet
 from testbed.waiting import until
 
 GPUS = 8
+MIG_GPU = GPUS  # the ninth GPU, in MIG mode
 NODE = "bench-node"
 
 
@@ -64,8 +72,9 @@ def claim(api: ApiServer, devices: list[str]) -> Any:
     """A new claim allocated to `devices`, and the kubelet's message naming it."""
     name = f"c-{uuid.uuid4().hex[:10]}"
     results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
+    kind = "mig.gpu.gpuwire.io" if "-mig-" in devices[0] else "gpu.gpuwire.io"
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
-        "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+        "deviceClassName": kind, "count": len(devices)}}]}}  # fmt: skip
     stored = api.put({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default"}, "spec": spec,
@@ -91,19 +100,19 @@ def prepare_and_unprepare(stub: Any, api: ApiServer, devices: list[str], n: int)
     return prepare, unprepare
 
 
+def published(api: ApiServer) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in api.objects("resourceslices") for d in s["spec"]["devices"]}
+
+
 def tainted(api: ApiServer, device: str) -> bool:
-    for s in api.objects("resourceslices"):
-        for d in s["spec"]["devices"]:
-            if d["name"] == device and d.get("taints"):
-                return True
-    return False
+    return bool(published(api).get(device, {}).get("taints"))
 
 
 def taint_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> list[float]:
     """Fault → the slice in the API server has the device's taint; then wait for recovery."""
     samples = []
     for i in range(n):
-        gpu = machine.devices[i % len(machine.devices)]
+        gpu = machine.devices[i % GPUS]
         name = f"gpu-{gpu.minor}"
         start = time.perf_counter()
         sim.inject_fault(root, gpu.uuid, 79)
@@ -111,6 +120,27 @@ def taint_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> l
             time.sleep(0.001)
         samples.append(time.perf_counter() - start)
         until(lambda name=name: not tainted(api, name), timeout=30)  # type: ignore[misc]
+    return samples
+
+
+def mig_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> list[float]:
+    """A MIG device created → the slice in the API server lists it; then it is destroyed."""
+    samples = []
+    for _ in range(n):
+        before = set(published(api))
+        time.sleep(random.uniform(0, LOOK))  # at any moment of the plugin's look, not just after
+        made = sim.create_mig(machine, MIG_GPU, "1g.10gb")
+        sim.write_node(root, made)  # the node's files written whole: then procfs shows it
+        start = time.perf_counter()
+        while not set(published(api)) - before:
+            time.sleep(0.001)
+        samples.append(time.perf_counter() - start)
+        (gi,) = {m.gi for m in made.gpus[MIG_GPU].mig or ()} - {
+            m.gi for m in machine.gpus[MIG_GPU].mig or ()
+        }
+        machine = sim.destroy_mig(made, MIG_GPU, gi)
+        sim.write_node(root, machine)
+        until(lambda before=before: set(published(api)) == before, timeout=30)  # type: ignore[misc]
     return samples
 
 
@@ -123,6 +153,7 @@ def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: 
         lambda: stub.NodePrepareResources(empty), calls))  # fmt: skip
     one_p, one_u = prepare_and_unprepare(stub, api, ["gpu-3"], calls)
     all_p, _ = prepare_and_unprepare(stub, api, [f"gpu-{i}" for i in range(GPUS)], calls // 2)
+    mig_p, _ = prepare_and_unprepare(stub, api, [f"gpu-{MIG_GPU}-mig-1g10gb-19-0"], calls)
     kept = claim(api, ["gpu-5"])
     again = dra_v1_pb2.NodePrepareResourcesRequest(claims=[kept])
     stub.NodePrepareResources(again)
@@ -130,11 +161,13 @@ def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: 
         baseline,
         summarise("prepare, new claim, 1 GPU", one_p),
         summarise(f"prepare, new claim, {GPUS} GPUs", all_p),
+        summarise("prepare, new claim, 1 MIG", mig_p),
         summarise(
             "prepare, prepared claim", timed(lambda: stub.NodePrepareResources(again), calls)
         ),
         summarise("unprepare, 1 GPU", one_u),
         summarise("fault → taint in the API", taint_latency(api, root, machine, 30)),
+        summarise("MIG change → slice in API", mig_latency(api, root, machine, 20)),
     ]
 
 
@@ -145,7 +178,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="gw-bench-") as name:
         tmp = Path(name)
         root = tmp / "node"
-        machine = sim.make_machine(gpus=GPUS, nvlink="mesh")
+        machine = sim.make_machine(gpus=GPUS + 1, nvlink="mesh")
+        machine = sim.with_mig(machine, MIG_GPU, ("1g.10gb", "3g.40gb"))
         sim.write_node(root, machine)
         with ApiServer() as api:
             api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
@@ -161,7 +195,10 @@ def main() -> int:
                 finally:
                     plugin.terminate()
                     plugin.wait(timeout=30)
-    title = f"DRA plugin: {GPUS} GPUs, plugin in its own process ({os.cpu_count()} CPUs)"
+    title = (
+        f"DRA plugin: {GPUS} GPUs and one in MIG mode, plugin in its own process "
+        f"({os.cpu_count()} CPUs)"
+    )
     print(report(title, baseline, figures))
     return 0
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from deviceplugin.api import api_pb2
 from deviceplugin.resources import REPLICA_SEPARATOR, Resource
-from gpuwire import allocation, mig, nvidia
+from gpuwire import allocation, hamicore, mig, mps, nvidia
+from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice
 
 CDI_NAMES = ("none", "uuid", "index")
@@ -69,6 +70,17 @@ def granted(resource: Resource, ids: Sequence[str], unhealthy: Collection[str]) 
     return sorted(gpus.values(), key=lambda g: g.index)
 
 
+def share_env(share: Share | None) -> dict[str, str]:
+    """A replica's share as the variables of the mechanism that holds it (the runtime
+    applies the token's share; these say it to the container, and to the prestart hook,
+    which cannot change a created container's environment)."""
+    if share is None:
+        return {}
+    if share.mechanism == "mps":
+        return mps.limit_env(share.memory_mib, share.cores)
+    return hamicore.limit_env(share.memory_mib, share.cores)
+
+
 def response(
     gpus: Sequence[Device],
     token: str,
@@ -76,13 +88,15 @@ def response(
     strategies: Strategies,
     control_nodes: Sequence[str] = (),
     mig_devices: Sequence[MigDevice] = (),
+    share: Share | None = None,
 ) -> api_pb2.ContainerAllocateResponse:
     """The answer for one container. `control_nodes`: names under /dev that exist on the host
     (nvidiactl, nvidia-uvm, ...), passed through as DeviceSpecs with the GPUs' own nodes.
-    `mig_devices`: those of `gpus` that are MIG devices."""
+    `mig_devices`: those of `gpus` that are MIG devices; `share`: a shared replica's, where a
+    mechanism holds it."""
     of = {m.uuid: m for m in mig_devices}
     answer = api_pb2.ContainerAllocateResponse(
-        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus)},
+        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus), **share_env(share)},
         mounts=[
             api_pb2.Mount(
                 container_path=allocation.container_path(token),

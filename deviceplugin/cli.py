@@ -72,6 +72,30 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
+    """What this node's runtime shares with its agent (the node config says the same)."""
+    absolute = _typed(settings.as_path)
+    parser.add_argument(
+        "--driver-facts",
+        type=absolute,
+        metavar="FILE",
+        help="write what NVML knows for the runtime's NVIDIA_REQUIRE_* checks here "
+        "(the node config's driver-facts)",
+    )
+    parser.add_argument(
+        "--mps-root",
+        type=absolute,
+        metavar="DIR",
+        help="run an MPS control daemon per GPU under DIR (the node config's mps-root)",
+    )
+    parser.add_argument(
+        "--hami-library",
+        type=absolute,
+        metavar="FILE",
+        help="HAMi-core's libvgpu.so on this node (the node config's hami-library)",
+    )
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
@@ -191,6 +215,9 @@ SERVE_FIELDS = (
     "label_interval",
     "node_name",
     "kubeconfig",
+    "driver_facts",
+    "mps_root",
+    "hami_library",
 )
 
 
@@ -200,6 +227,7 @@ def serve(argv: list[str]) -> int:
         description="Serve the kubelet device plugin API for this node's GPUs.",
     )
     _add_source_flags(parser)
+    _add_node_side_flags(parser)
     parser.add_argument(
         "--kubelet-dir", help=f"device plugin directory (default {settings.KUBELET_DIR})"
     )
@@ -366,6 +394,7 @@ def label(argv: list[str]) -> int:
         prog="gpuwire node label", description="Write this node's GPU labels and GPU annotation."
     )
     _add_source_flags(parser)
+    _add_node_side_flags(parser)
     _add_node_flags(parser)
     parser.add_argument("--watch", action="store_true", help="keep them up to date")
     parser.add_argument(
@@ -393,10 +422,13 @@ def label(argv: list[str]) -> int:
             "node_name",
             "kubeconfig",
             "label_interval",
+            "driver_facts",
+            "mps_root",
+            "hami_library",
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import agent, labeler, labels
+    from deviceplugin import agent, labeler, mps
     from deviceplugin.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
@@ -408,9 +440,13 @@ def label(argv: list[str]) -> int:
 
     try:
         node = discovery.discover()
+        if config.driver_facts is not None and not args.dry_run:
+            from deviceplugin.labels import driver_facts
+            from gpuwire import requirements
+
+            requirements.write_facts(config.driver_facts, driver_facts(node))
         if args.dry_run:
-            wanted = labeler.wanted(config, node)
-            wanted[labels.GPUS_ANNOTATION] = labels.gpus_annotation(node)
+            wanted = labeler.wanted(config, node) | labeler.node_annotations(config, node)
             print(json.dumps(wanted, indent=2, sort_keys=True))
             return 0
         holder_settings = _holder_settings(args)
@@ -422,7 +458,11 @@ def label(argv: list[str]) -> int:
                     holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-                jobs[0].start()
+            daemons = mps.job(config, discovery, unreachable)
+            if daemons is not None:
+                jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
+            for thread in jobs:
+                thread.start()
             try:
                 labeler.run(config, discovery, stop, unreachable)
             finally:

@@ -1,7 +1,9 @@
 """The plugin's settings: defaults, a YAML config file, then command-line flags on top.
 
 The file mirrors NVIDIA's where the idea is the same (`version: v1`, `resources` with
-`pattern`/`name`, `sharing.timeSlicing.{replicas,failRequestsGreaterThanOne,renameByDefault}`).
+`pattern`/`name`, `sharing.timeSlicing.{replicas,failRequestsGreaterThanOne,renameByDefault}`,
+`sharing.mps.replicas`), and adds what holds a replica to its share (`sharing.timeSlicing.
+limits: hami`, MPS's own daemons) and the node's mechanisms (`mps.root`, `hami.library`).
 A bad key or value is refused with the key, the value and what is accepted; nothing starts.
 """
 
@@ -16,10 +18,11 @@ from typing import Any
 import yaml
 
 from deviceplugin.allocate import CDI_NAMES
+from deviceplugin.discovery import NodeGpus
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
-from deviceplugin.migstrategy import STRATEGIES
-from deviceplugin.resources import Rule, resource_name_error
-from gpuwire import allocation, grant, mig, nvidia
+from deviceplugin.migstrategy import STRATEGIES, Advertised
+from deviceplugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
+from gpuwire import allocation, grant, mig, nvidia, quantity
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_ROOT = "/var/lib/kubelet"
@@ -57,6 +60,14 @@ class Config:
     label_interval: float = 60.0
     node_name: str | None = None
     kubeconfig: str | None = None
+    share_limits: str = "none"  # what holds each time-sliced replica to its share
+    mps_replicas: int | None = None  # GPUs shared through MPS: replicas per GPU
+    replica_memory: tuple[int | None, int | None] = (None, None)  # (MiB, percent) per replica
+    replica_cores: int | None = None  # percent per replica
+    mps_root: str | None = None  # the node agent runs an MPS control daemon per GPU there
+    hami_library: str | None = None  # HAMi-core's libvgpu.so on this node
+    driver_facts: str | None = None  # where to write what NVML knows for NVIDIA_REQUIRE_*
+
     # the DRA plugin's (gpuwire dra serve)
     kubelet_root: str = KUBELET_ROOT
     cdi_dir: str = "/var/run/cdi"
@@ -67,9 +78,37 @@ class Config:
     ldconfig: str = "/sbin/ldconfig"  # the host's static ldconfig, the hook's fallback
 
     @property
+    def sharing(self) -> Sharing:
+        """How replicas share a GPU: MPS when `sharing.mps.replicas` is set."""
+        limits = "mps" if self.mps_replicas else self.share_limits
+        mib, percent = self.replica_memory
+        return Sharing(limits, mib, percent, self.replica_cores)
+
+    @property
+    def shared_replicas(self) -> int:
+        return self.mps_replicas or self.replicas
+
+    def resources(self, node: NodeGpus) -> tuple[list[Resource], Advertised]:
+        """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy
+        (`resources.of_node`), and what the strategy made of the node. Where a mechanism
+        holds each replica to its share, a request for more than one replica is refused
+        (NVIDIA's plugin forces it for MPS): a share is one replica's of one GPU, and an MPS
+        client joins one daemon."""
+        refuse_many = self.fail_requests_greater_than_one or self.sharing.limits != "none"
+        return of_node(
+            node,
+            self.mig_strategy,
+            self.rules,
+            self.default_resource,
+            self.shared_replicas,
+            refuse_many,
+            self.sharing,
+        )
+
+    @property
     def default_resource(self) -> str:
         """The name GPUs get when no rule matches them."""
-        if self.rename_by_default and self.replicas > 1:
+        if self.rename_by_default and self.shared_replicas > 1:
             return f"{self.resource}.shared"
         return self.resource
 
@@ -119,6 +158,29 @@ def as_path(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise ValueError("expected an absolute path")
     return value
+
+
+def as_percent(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100:
+        raise ValueError("expected a percentage, a whole number from 1 to 100")
+    return value
+
+
+def as_replica_memory(value: Any) -> tuple[int | None, int | None]:
+    """A size (`20Gi`) or a share of the GPU (`25%`)."""
+    text = str(value).strip() if isinstance(value, str) else ""
+    if text.endswith("%") and text[:-1].isdigit():
+        return None, as_percent(int(text[:-1]))
+    try:
+        return quantity.mib_at_most(text), None
+    except quantity.QuantityError:
+        raise ValueError(f"expected {quantity.ACCEPTED}, or a percentage (25%)") from None
+
+
+def as_share_limits(value: Any) -> str:
+    if value not in ("none", "hami"):
+        raise ValueError("expected none (nothing holds a replica to its share) or hami")
+    return str(value)
 
 
 def as_gpus(value: Any) -> tuple[str, ...]:
@@ -171,6 +233,13 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sharing.timeSlicing.replicas": ("replicas", as_count),
     "sharing.timeSlicing.failRequestsGreaterThanOne": ("fail_requests_greater_than_one", as_flag),
     "sharing.timeSlicing.renameByDefault": ("rename_by_default", as_flag),
+    "sharing.timeSlicing.limits": ("share_limits", as_share_limits),
+    "sharing.mps.replicas": ("mps_replicas", as_count),
+    "sharing.perReplica.memory": ("replica_memory", as_replica_memory),
+    "sharing.perReplica.cores": ("replica_cores", as_percent),
+    "mps.root": ("mps_root", as_path),
+    "hami.library": ("hami_library", as_path),
+    "driverFacts": ("driver_facts", as_path),
     "migStrategy": ("mig_strategy", as_mig_strategy),
     "migMap": ("mig_map", as_text),
     "allocate.deviceSpecs": ("device_specs", as_flag),
@@ -244,8 +313,36 @@ def load(path: str | None, overrides: Mapping[str, Any]) -> Config:
         fields = parse(text, path)
     fields.update({k: v for k, v in overrides.items() if v is not None})
     config = dataclasses.replace(Config(), **fields)
-    if config.rename_by_default and config.replicas > 1:
+    if config.rename_by_default and config.shared_replicas > 1:
         error = resource_name_error(config.default_resource)
         if error:
             raise ConfigError(f"renameByDefault: {error}")
+    _check_sharing(config)
     return config
+
+
+def _check_sharing(config: Config) -> None:
+    """What holds a share must be there: MPS sharing needs the agent's daemons, HAMi-core
+    its library, both gpuwire's runtime (not a CDI device); and a GPU is time-sliced or
+    shared through MPS, not both (as NVIDIA's)."""
+    if config.mps_replicas and config.replicas > 1:
+        raise ConfigError(
+            "sharing.mps.replicas and sharing.timeSlicing.replicas: a GPU is shared one way; "
+            "accepted: one of them"
+        )
+    if config.mps_replicas and config.mps_root is None:
+        raise ConfigError(
+            "sharing.mps.replicas needs mps.root: the node agent runs the MPS control daemons "
+            "that hold each replica to its share"
+        )
+    if config.share_limits == "hami" and config.hami_library is None:
+        raise ConfigError(
+            "sharing.timeSlicing.limits: hami needs hami.library: HAMi-core holds each replica "
+            "to its share"
+        )
+    if config.sharing.limits != "none" and config.cdi != "none":
+        raise ConfigError(
+            f"allocate.cdi: {config.cdi} with replicas held to their share: containerd applies "
+            "a CDI device without gpuwire's runtime, which joins a replica to what holds its "
+            "share; accepted: allocate.cdi: none, or replicas without limits"
+        )

@@ -14,10 +14,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin import labels
+from deviceplugin import labels, mps
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus
-from deviceplugin.resources import of_node
 from gpuwire import mig
 
 log = logging.getLogger(__name__)
@@ -37,11 +36,39 @@ def node_name(given: str | None) -> str:
     return given or os.environ.get("NODE_NAME") or socket.gethostname()
 
 
+def enforced(config: Config) -> tuple[str, ...]:
+    """The limit profiles this node enforces: MPS where the agent runs its control daemons
+    (and the driver has the program), HAMi-core where its library is there."""
+    found = []
+    if config.mps_root is not None and mps.control_binary(config.sim or "/") is not None:
+        found.append("mps")
+    if config.hami_library is not None and os.path.isfile(config.hami_library):
+        found.append("hami")
+    return tuple(found)
+
+
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    resources, advertised = of_node(
-        node, config.mig_strategy, config.rules, config.default_resource, config.replicas
+    """The node's labels. A plugin that answers Allocate with CDI devices promises no limits:
+    containerd applies those without gpuwire's runtime, which joins a container to them."""
+    resources, advertised = config.resources(node)
+    return labels.labels(
+        node,
+        resources,
+        config.rename_by_default,
+        config.mig_strategy,
+        advertised,
+        enforced(config) if config.cdi == "none" else (),
     )
-    return labels.labels(node, resources, config.rename_by_default, config.mig_strategy, advertised)
+
+
+def node_annotations(
+    config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
+) -> dict[str, str]:
+    """`gpuwire.io/gpus` (none for a node without GPUs)."""
+    if not node.gpus:
+        return {}
+    value = labels.gpus_annotation(node, config.resources(node)[0], unhealthy)
+    return {labels.GPUS_ANNOTATION: value}
 
 
 def apply(
@@ -51,9 +78,7 @@ def apply(
     (None: nothing to change)."""
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
-    label_changes = labels.changes(
-        meta.labels or {}, new_labels, (*labels.GFD_KEYS, labels.MIG_PREFIX, labels.OWN_PREFIX)
-    )
+    label_changes = labels.changes(meta.labels or {}, new_labels, labels.OWNED)
     annotation_changes = labels.changes(
         meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
     )
@@ -73,12 +98,7 @@ def apply(
 def label_once(
     api: Any, name: str, config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
 ) -> dict[str, Any] | None:
-    return apply(
-        api,
-        name,
-        wanted(config, node),
-        {labels.GPUS_ANNOTATION: labels.gpus_annotation(node, unhealthy)} if node.gpus else {},
-    )
+    return apply(api, name, wanted(config, node), node_annotations(config, node, unhealthy))
 
 
 def run(

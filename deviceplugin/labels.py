@@ -27,7 +27,7 @@ from collections.abc import Collection, Sequence
 from deviceplugin.discovery import Gpu, Mig, NodeGpus
 from deviceplugin.migstrategy import Advertised
 from deviceplugin.resources import Resource
-from gpuwire import nodegpus, nvidia
+from gpuwire import limits, nodegpus, nvidia, requirements
 
 NV = nvidia.LABEL_PREFIX
 GW = "gpuwire.io/"
@@ -63,6 +63,7 @@ GFD_KEYS = tuple(
 MIG_PREFIX = NV + "mig-"  # GFD's per-profile keys of the mixed strategy
 OWN_PREFIX = GW + "gpu."  # every key under it is ours
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
+OWNED = (*GFD_KEYS, MIG_PREFIX, OWN_PREFIX, limits.LABEL_PREFIX)  # the keys the labeler manages
 
 _BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
 
@@ -104,9 +105,11 @@ def labels(
     renamed: bool = False,
     mig_strategy: str = "none",
     advertised: Advertised | None = None,
+    enforced: Collection[str] = (),
 ) -> dict[str, str]:
     """The labels a node with these GPUs and resources carries (empty: no GPUs); MIG's as
-    the strategy made of the node (`advertised`)."""
+    the strategy made of the node (`advertised`); the limit profiles this node enforces
+    (`gpuwire.io/limits.<profile>`)."""
     if not node.gpus:
         return {}
     top = primary(node.gpus)
@@ -121,7 +124,7 @@ def labels(
         NV + "gpu.compute.major": str(major),
         NV + "gpu.compute.minor": str(minor),
         NV + "gpu.replicas": str(shared.replicas if shared else 1),
-        NV + "gpu.sharing-strategy": "time-slicing" if shared else "none",
+        NV + "gpu.sharing-strategy": _strategy(shared),
         **_version(NV + "cuda.driver-version", node.driver_version, ("major", "minor", "revision")),
         **_version(NV + "cuda.runtime-version", node.cuda_version, ("major", "minor")),
     }
@@ -138,6 +141,8 @@ def labels(
         out[f"{GW}gpu.model.{model}"] = str(count)
         out[f"{GW}gpu.model.{model}.memory"] = str(memory)
     out.update(mig_labels(node, product, resources, mig_strategy, advertised or Advertised()))
+    for profile in sorted(enforced):
+        out[limits.enforcement_label(profile)] = "true"
     return out
 
 
@@ -192,8 +197,36 @@ def mig_labels(
     return out
 
 
-def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
-    """`gpuwire.io/gpus` for this node: every GPU, with its health and its MIG devices."""
+def driver_facts(node: NodeGpus) -> requirements.Facts:
+    """What the runtime checks `NVIDIA_REQUIRE_*` against, beyond what procfs says."""
+    return requirements.Facts(
+        node.driver_version,
+        node.cuda_version,
+        tuple(
+            (
+                g.device.uuid,
+                f"{g.compute_capability[0]}.{g.compute_capability[1]}",
+                nvidia.toolkit_brand(g.brand),
+            )
+            for g in node.gpus
+        ),
+    )
+
+
+def _strategy(shared: Resource | None) -> str:
+    if shared is None:
+        return "none"
+    return "mps" if shared.sharing.limits == "mps" else "time-slicing"
+
+
+def gpus_annotation(
+    node: NodeGpus, resources: Sequence[Resource] = (), unhealthy: Collection[str] = ()
+) -> str:
+    """`gpuwire.io/gpus` for this node: every GPU, with its health, its MIG devices, and the
+    resource (and how many devices of it) it is advertised as, so the webhook can ask for the
+    model a pod names; "" for a GPU not advertised whole (its MIG devices are)."""
+    unlisted = Resource("", ())
+    advertised = {g.uuid: r for r in resources for g in r.gpus}
     return nodegpus.encode(
         nodegpus.NodeGpu(
             index=g.device.index,
@@ -202,6 +235,8 @@ def gpus_annotation(node: NodeGpus, unhealthy: Collection[str] = ()) -> str:
             memory_mib=g.device.memory_mib,
             numa_node=g.device.numa_node,
             healthy=g.device.uuid not in unhealthy,
+            resource=(r := advertised.get(g.device.uuid, unlisted)).name,
+            replicas=r.replicas,
             mig=None
             if not g.mig_enabled
             else tuple(

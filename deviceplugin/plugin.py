@@ -17,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from deviceplugin import agent, state, sweep
+from deviceplugin import agent, labels, mps, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
@@ -25,10 +25,10 @@ from deviceplugin.discovery import Discovery, NodeGpus, follow
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
 from deviceplugin.labeler import write_mig_map
-from deviceplugin.resources import Resource, of_node
+from deviceplugin.resources import Resource
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
-from gpuwire import nvidia
+from gpuwire import nvidia, requirements
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,7 @@ CONTROL_NODES = tuple(
 
 def resources(config: Config, node: NodeGpus) -> list[Resource]:
     """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy."""
-    found, advertised = of_node(
-        node,
-        config.mig_strategy,
-        config.rules,
-        config.default_resource,
-        config.replicas,
-        config.fail_requests_greater_than_one,
-    )
+    found, advertised = config.resources(node)
     for problem in advertised.problems:
         log.warning("MIG (strategy %s): %s", config.mig_strategy, problem)
     return found
@@ -102,6 +95,8 @@ class Endpoints:
 
 def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.HealthState, NodeGpus]:
     node = discovery.discover()
+    if config.driver_facts is not None:
+        requirements.write_facts(config.driver_facts, labels.driver_facts(node))
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
     uuids, children = node.watched()
     health = state.HealthState(HealthBook(policy, uuids, children=children), discovery.alive)
@@ -134,7 +129,8 @@ def run(
     holders: agent.Settings | None = None,
 ) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
-    also keep the node's GPU holders (annotation, metrics) up to date."""
+    also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
+    MPS control daemon per healthy GPU."""
     discovery = discovery or open_discovery(config.sim)
     endpoints, health, _ = build(config, discovery)
     supervisor = Supervisor(list(endpoints.by_name.values()), config.kubelet_dir)
@@ -169,6 +165,9 @@ def run(
         inside = dataclasses.replace(holders, plugin=bool(endpoints.by_name))
         watch = agent.job(inside, config.node_name, config.kubeconfig, discovery, health.unhealthy)
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
+    daemons = mps.job(config, discovery, health.unhealthy)
+    if daemons is not None:
+        jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
     for job in jobs:
         job.daemon = True
         job.start()

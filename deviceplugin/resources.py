@@ -2,8 +2,10 @@
 
 A node advertises one resource (`nvidia.com/gpu`) or, for a mixed node, one per GPU model
 (the first `pattern → name` rule that matches the product name wins; unmatched GPUs keep the
-default name). With time-slicing each GPU appears `replicas` times as `<uuid>::<n>`
-(NVIDIA's ID format), so the scheduler can place that many containers on it.
+default name). With time-slicing or MPS each GPU appears `replicas` times as `<uuid>::<n>`
+(NVIDIA's ID format), so the scheduler can place that many containers on it; where a
+mechanism holds them (`Sharing.limits`: HAMi-core, MPS), each replica gets its `Share` of
+the GPU: memory/replicas and 100/replicas % of the SMs unless configured.
 
 A resource of MIG devices (`deviceplugin.migstrategy`) holds them as devices of their own
 (`as_device`): the MIG UUID as ID (NVIDIA's plugin advertises `MIG-…` too), the MIG device's
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from deviceplugin import migstrategy
 from deviceplugin.discovery import NodeGpus
 from deviceplugin.migstrategy import Advertised
+from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice
 
 REPLICA_SEPARATOR = "::"
@@ -72,11 +75,37 @@ def as_device(mig: MigDevice, parent: Device) -> Device:
 
 
 @dataclass(frozen=True)
+class Sharing:
+    """How replicas share a GPU: the mechanism that holds each to its share (none: nothing,
+    as NVIDIA's time-slicing), and the share where it is not 1/replicas."""
+
+    limits: str = "none"  # none, hami, mps
+    memory_mib: int | None = None  # per replica
+    memory_percent: int | None = None  # per replica, of the GPU's memory
+    cores: int | None = None  # per replica, percent
+
+    def share(self, gpu: Device, replicas: int) -> Share | None:
+        if self.limits == "none" or replicas <= 1:
+            return None
+        if self.memory_mib is not None:
+            memory = min(self.memory_mib, gpu.memory_mib)
+        elif self.memory_percent is not None:
+            memory = gpu.memory_mib * self.memory_percent // 100
+        else:
+            memory = gpu.memory_mib // replicas
+        return Share(self.limits, memory, self.cores or max(1, 100 // replicas))
+
+
+NOT_HELD = Sharing()
+
+
+@dataclass(frozen=True)
 class Resource:
     name: str
     gpus: tuple[Device, ...]
     replicas: int = 1
     fail_requests_greater_than_one: bool = False
+    sharing: Sharing = NOT_HELD
     mig: tuple[MigDevice, ...] = ()  # the MIG devices behind `gpus`, where they are MIG
 
     def mig_of(self, uuid: str) -> MigDevice | None:
@@ -85,6 +114,10 @@ class Resource:
     @property
     def shared(self) -> bool:
         return self.replicas > 1
+
+    def share_of(self, gpu: Device) -> Share | None:
+        """What each replica of `gpu` may use, where a mechanism holds it to that."""
+        return self.sharing.share(gpu, self.replicas)
 
     def ids_of(self, gpu: Device) -> list[str]:
         if not self.shared:
@@ -115,6 +148,7 @@ def assign(
     default_name: str,
     replicas: int = 1,
     fail_requests_greater_than_one: bool = False,
+    sharing: Sharing = NOT_HELD,
 ) -> list[Resource]:
     """Resources in the order their first GPU appears; a resource without GPUs is left out."""
     rules = list(rules)
@@ -128,7 +162,7 @@ def assign(
             name, replicas if rule is None or rule.replicas is None else rule.replicas
         )
     return [
-        Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one)
+        Resource(name, tuple(gpus), counts[name], fail_requests_greater_than_one, sharing)
         for name, gpus in groups.items()
     ]
 
@@ -140,11 +174,15 @@ def of_node(
     default_name: str,
     replicas: int = 1,
     fail_requests_greater_than_one: bool = False,
+    sharing: Sharing = NOT_HELD,
 ) -> tuple[list[Resource], Advertised]:
     """A node's resources: whole GPUs by the rules (`assign`), MIG devices by the MIG
-    strategy; with what the strategy made of the node."""
+    strategy; with what the strategy made of the node. `sharing` holds whole GPUs' replicas
+    to their share (MIG devices are not shared that way)."""
     advertised = migstrategy.advertise(node, mig_strategy, default_name)
-    out = assign(advertised.gpus, rules, default_name, replicas, fail_requests_greater_than_one)
+    out = assign(
+        advertised.gpus, rules, default_name, replicas, fail_requests_greater_than_one, sharing
+    )
     parents = {d.uuid: d for d in node.devices}
     for name, devices in advertised.mig.items():
         gpus = tuple(as_device(m, parents[m.parent_uuid]) for m in devices)

@@ -108,8 +108,9 @@ class DevicePluginService:
         try:
             for req in request.container_requests:
                 gpus = granted(resource, req.devices_ids, unhealthy)
+                share = resource.share_of(gpus[0]) if len(gpus) == 1 else None
                 token = allocation.write(
-                    self.allocation_dir, resource.name, [g.uuid for g in gpus], keys
+                    self.allocation_dir, resource.name, [g.uuid for g in gpus], keys, share
                 ).token
                 tokens.append(token)
                 answers.append(
@@ -120,6 +121,7 @@ class DevicePluginService:
                         self.strategies,
                         self.control_nodes,
                         resource.mig,
+                        share,
                     )
                 )
                 log.info(

@@ -47,17 +47,45 @@ class AllocationError(ValueError):
     """A token that does not prove an allocation."""
 
 
+class Share(Value):
+    """What one replica of a shared GPU may use, and the mechanism that holds it to that:
+    the device plugin writes it into the token of a replica, the runtime applies it."""
+
+    __slots__ = _fields = ("mechanism", "memory_mib", "cores")
+    mechanism: str  # hami, mps
+    memory_mib: int
+    cores: int  # percent of the SMs (MPS: of the active threads)
+
+    def __init__(self, mechanism: str, memory_mib: int, cores: int) -> None:
+        self._set(mechanism=mechanism, memory_mib=memory_mib, cores=cores)
+
+    def text(self) -> str:
+        return f"{self.mechanism}:{self.memory_mib}:{self.cores}"
+
+    @classmethod
+    def parse(cls, text: str) -> Share:
+        mechanism, memory, cores = text.split(":")
+        if mechanism not in ("hami", "mps"):
+            raise ValueError(f"unknown mechanism {mechanism!r}")
+        return cls(mechanism, int(memory), int(cores))
+
+
 class Allocation(Value):
-    __slots__ = _fields = ("token", "resource", "devices")
+    __slots__ = _fields = ("token", "resource", "devices", "share")
     token: str
     resource: str
     devices: tuple[str, ...]  # physical GPU UUIDs, sorted
+    share: Share | None  # a replica's share of its GPU, where a mechanism holds it
 
-    def __init__(self, token: str, resource: str, devices: tuple[str, ...]) -> None:
-        self._set(token=token, resource=resource, devices=devices)
+    def __init__(
+        self, token: str, resource: str, devices: tuple[str, ...], share: Share | None = None
+    ) -> None:
+        self._set(token=token, resource=resource, devices=devices, share=share)
 
     def message(self) -> bytes:
-        fields = ("gpuwire-alloc-v1", self.token, self.resource, ",".join(self.devices))
+        fields = ["gpuwire-alloc-v1", self.token, self.resource, ",".join(self.devices)]
+        if self.share is not None:  # signed with the rest: a pod cannot widen its share
+            fields.append(self.share.text())
         return "\0".join(fields).encode()
 
 
@@ -66,13 +94,17 @@ def _mac(keys: KeyRing, key_id: str, allocation: Allocation) -> str:
 
 
 def write(
-    directory: str | os.PathLike[str], resource: str, uuids: Iterable[str], keys: KeyRing
+    directory: str | os.PathLike[str],
+    resource: str,
+    uuids: Iterable[str],
+    keys: KeyRing,
+    share: Share | None = None,
 ) -> Allocation:
     """Record an allocation; returns it (its token names the file and the container mount)."""
     import json
     import secrets
 
-    allocation = Allocation(secrets.token_hex(16), resource, tuple(sorted(set(uuids))))
+    allocation = Allocation(secrets.token_hex(16), resource, tuple(sorted(set(uuids))), share)
     key_id = keys.signing_id
     body = {
         "resource": allocation.resource,
@@ -80,6 +112,8 @@ def write(
         "key": key_id,
         "mac": _mac(keys, key_id, allocation),
     }
+    if share is not None:
+        body["share"] = share.text()
     os.makedirs(directory, mode=0o700, exist_ok=True)
     atomicfile.replace(os.path.join(directory, allocation.token), json.dumps(body).encode(), 0o644)
     return allocation
@@ -110,7 +144,8 @@ def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Alloca
             body = lightjson.loads(f.read())
             if not isinstance(body, dict):
                 raise TypeError("not a JSON object")
-            allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]))
+            share = Share.parse(str(body["share"])) if "share" in body else None
+            allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]), share)
             key_id, mac = str(body["key"]), str(body["mac"])
         except (ValueError, KeyError, TypeError, OSError) as exc:
             raise AllocationError(f"allocation {token} is unreadable") from exc

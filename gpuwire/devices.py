@@ -188,15 +188,17 @@ class Request(Value):
 
 
 def parse_request(value: str | None) -> Request:
-    """NVIDIA_VISIBLE_DEVICES → what it asks for, with NVIDIA's precedence (void, all, none)."""
+    """NVIDIA_VISIBLE_DEVICES → what it asks for, with the toolkit's precedence where a list
+    mixes the special values with devices: void, then none, then all (`NewVisibleDevices`,
+    internal/config/image/devices.go of NVIDIA/nvidia-container-toolkit). `void` and `none`
+    are exact words; `all` in any case, as libnvidia-container matches the device list."""
     entries = tuple(e.strip() for e in (value or "").split(",") if e.strip())
     if not entries or "void" in entries:
         return Request(Kind.VOID)
-    lowered = [e.lower() for e in entries]
-    if "all" in lowered:
-        return Request(Kind.ALL)
     if "none" in entries:
         return Request(Kind.NONE)
+    if any(e.lower() == "all" for e in entries):
+        return Request(Kind.ALL)
     return Request(Kind.LIST, entries)
 
 

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
+SHARED_OPTIONS = ("rw", "nosuid", "nodev", "noexec", "bind")  # a directory shared with a daemon
 # The whole environment of every hook gpuwire adds. An absent env would make runc pass
 # its own, and runc before 1.3 passes the *image's* env to createContainer hooks
 # (CVE-2025-23266: LD_PRELOAD from the image in a privileged hook).
@@ -112,13 +113,20 @@ def device_node(node: CharDevice) -> DeviceNode:
     }
 
 
-def bind_mount(host_path: str, container_path: str) -> Mount:
+def bind_mount(
+    host_path: str, container_path: str, options: tuple[str, ...] = MOUNT_OPTIONS
+) -> Mount:
     return {
         "hostPath": host_path,
         "containerPath": container_path,
-        "options": list(MOUNT_OPTIONS),
+        "options": list(options),
         "type": "bind",
     }
+
+
+def shared_mount(host_path: str, container_path: str) -> Mount:
+    """A writable directory the container shares with a host daemon (MPS's pipes and shm)."""
+    return bind_mount(host_path, container_path, SHARED_OPTIONS)
 
 
 def visible_devices(devices: tuple[Device, ...], mig: tuple[MigDevice, ...] = ()) -> str:

@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuwire import hamicore, mps
+
 DEFAULT_PROFILE = "hami"
 
 
@@ -65,36 +67,27 @@ def _need_fraction(limits: Limits, profile: str) -> str:
 
 
 def _hami(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
-    """HAMi-core: `<MiB>m` for every device (no `_<n>` suffix), SM percent.
-
-    HAMi-core's default policy does not throttle a GPU that only one pod uses (HAMi #737),
-    so a cores limit also sets `GPU_CORE_UTILIZATION_POLICY=force`: the user asked for a cap.
-    """
-    env: dict[str, str] = {}
-    if limits.memory:
-        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{_need_mib(limits, 'hami')}m"
-    if limits.cores_percent is not None:
-        env["CUDA_DEVICE_SM_LIMIT"] = str(limits.cores_percent)
-        env["GPU_CORE_UTILIZATION_POLICY"] = "force"
-    return env
+    """HAMi-core: `<MiB>m` for every device (no `_<n>` suffix), SM percent, throttling
+    forced (`gpuwire.hamicore.limit_env`)."""
+    memory = _need_mib(limits, "hami") if limits.memory else None
+    return hamicore.limit_env(memory, limits.cores_percent)
 
 
 def _mps(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
-    """MPS client: `<ordinal>=<MiB>M` per visible device, active thread percentage."""
-    env: dict[str, str] = {}
-    if limits.memory:
-        mib = _need_mib(limits, "mps")
-        if not limits.devices:
-            raise LimitError(
-                "profile 'mps' sets a memory limit per device, and how many GPUs the container "
-                "gets is not known here; give gpuwire.io/gpu-count or pin the node"
-            )
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
-            f"{ordinal}={mib}M" for ordinal in range(limits.devices)
+    """MPS client of its GPU's control daemon: `0=<MiB>M` (its one device), thread percentage.
+
+    gpuwire runs one daemon per GPU and a client process names one pipe directory, so an MPS
+    client has exactly one GPU.
+    """
+    if limits.devices != 1:
+        seen = "an unknown number of" if limits.devices is None else str(limits.devices)
+        raise LimitError(
+            f"profile 'mps' joins a container to one GPU's MPS control daemon, and this "
+            f"container sees {seen} GPUs; give it one GPU (gpuwire.io/gpu-count: 1, or "
+            "nvidia.com/gpu: 1)"
         )
-    if limits.cores_percent is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(limits.cores_percent)
-    return env
+    memory = _need_mib(limits, "mps") if limits.memory else None
+    return mps.limit_env(memory, limits.cores_percent)
 
 
 def _jax(limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
@@ -170,3 +163,21 @@ PROFILES: dict[str, Profile] = {
 def render(profile: str, limits: Limits, existing: Mapping[str, str]) -> dict[str, str]:
     """The env `profile` writes for `limits`, given the container's current env."""
     return PROFILES[profile].render(limits, existing)
+
+
+ENFORCED = tuple(name for name, p in PROFILES.items() if p.enforced)
+ADVISORY = tuple(name for name, p in PROFILES.items() if not p.enforced)
+LABEL_PREFIX = "gpuwire.io/limits."  # the node agent owns every label under it
+
+
+def enforcement_label(profile: str) -> str:
+    """The node label (`"true"`) saying a node enforces `profile`: its node agent found the
+    mechanism (an MPS control daemon per GPU, a HAMi-core library) and the runtime applies it."""
+    return LABEL_PREFIX + profile
+
+
+def enforcement_attribute(profile: str) -> str:
+    """The DRA device attribute (a bool) saying whether a claim's share of a shared GPU is
+    held by `profile`'s mechanism there (`hamiLimits`, `mpsLimits`): the label's word, as an
+    attribute name has no dot."""
+    return profile + "Limits"

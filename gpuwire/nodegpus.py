@@ -1,17 +1,22 @@
 """`gpuwire.io/gpus`: the node annotation that lists every GPU a node agent found.
 
-The device plugin's labeler writes it; the webhook (pinning explicit-UUID requests to the node
-that holds them, naming the UUIDs that exist) and `gpuwire inventory` read it. Labels cannot
-carry a list of devices, so it is compact JSON: one object per GPU, by index. A GPU in MIG
-mode carries its MIG devices under `mig` (an empty list: MIG on, no MIG devices yet); a GPU
-without the key is not in MIG mode.
+The device plugin's labeler writes it; the webhook (every GPU of every node: mixed nodes, the
+resource each GPU is advertised under, the node that holds an explicitly named GPU) and
+`gpuwire inventory` read it. Labels cannot carry a list of devices, so it is compact JSON: one
+object per GPU, by index. A GPU in MIG mode carries its MIG devices under `mig` (an empty
+list: MIG on, no MIG devices yet); a GPU without the key is not in MIG mode. A cluster holds
+tens of thousands of GPUs and few distinct models, so decoding shares one string per
+product and resource name.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from gpuwire import nvidia
 
 ANNOTATION = "gpuwire.io/gpus"
 
@@ -28,14 +33,16 @@ class NodeMig:
     healthy: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeGpu:
     index: int
     uuid: str
-    product: str
+    product: str  # as NVML names it: NVIDIA A100-SXM4-80GB
     memory_mib: int
     numa_node: int = -1
     healthy: bool = True
+    resource: str = nvidia.RESOURCE  # the extended resource the device plugin lists it under
+    replicas: int = 1  # how many devices of that resource it is (time-slicing, MPS)
     mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
 
 
@@ -49,6 +56,8 @@ def encode(gpus: Iterable[NodeGpu]) -> str:
             "memory_mib": g.memory_mib,
             "numa_node": g.numa_node,
             "healthy": g.healthy,
+            "resource": g.resource,
+            "replicas": g.replicas,
             **({} if g.mig is None else {"mig": [_mig_entry(m) for m in g.mig]}),
         }
         for g in sorted(gpus, key=lambda g: g.index)
@@ -86,7 +95,9 @@ def _mig(entries: object) -> tuple[NodeMig, ...] | None:
 
 
 def decode(text: str) -> tuple[NodeGpu, ...]:
-    """The GPUs an annotation value lists; ValueError when a node agent wrote something else."""
+    """The GPUs an annotation value lists; ValueError when a node agent wrote something else.
+    A value written before GPUs named their resource lists them under `nvidia.com/gpu`."""
+    intern = sys.intern
     try:
         entries = json.loads(text)
         if not isinstance(entries, list):
@@ -95,10 +106,12 @@ def decode(text: str) -> tuple[NodeGpu, ...]:
             NodeGpu(
                 index=int(e["index"]),
                 uuid=str(e["uuid"]),
-                product=str(e["product"]),
+                product=intern(str(e["product"])),
                 memory_mib=int(e["memory_mib"]),
                 numa_node=int(e.get("numa_node", -1)),
                 healthy=bool(e.get("healthy", True)),
+                resource=intern(str(e.get("resource", nvidia.RESOURCE))),
+                replicas=int(e.get("replicas", 1)),
                 mig=_mig(e.get("mig")),
             )
             for e in entries

@@ -237,6 +237,7 @@ BRANDS = {
     "NVML_BRAND_QUADRO": "Quadro",
     "NVML_BRAND_TESLA": "Tesla",
     "NVML_BRAND_NVS": "NVS",
+    "NVML_BRAND_GRID": "Grid",
     "NVML_BRAND_GEFORCE": "GeForce",
     "NVML_BRAND_TITAN": "Titan",
     "NVML_BRAND_NVIDIA_VAPPS": "NvidiaVApps",
@@ -250,6 +251,23 @@ BRANDS = {
     "NVML_BRAND_GEFORCE_RTX": "GeForceRTX",
     "NVML_BRAND_TITAN_RTX": "TitanRTX",
 }
+
+
+# libnvidia-container's names where they differ from go-nvlib's: the names of its `brand=`
+# requirements, as CUDA images write them (NVIDIA_REQUIRE_CUDA of nvidia/cuda: brand=vapps,
+# brand=cloudgaming, …; compared ignoring case).
+_TOOLKIT_BRANDS = {
+    "NvidiaVApps": "VApps",
+    "NvidiaVPC": "VPC",
+    "NvidiaVCS": "VCS",
+    "NvidiaVWS": "VWS",
+    "NvidiaCloudGaming": "CloudGaming",
+}
+
+
+def toolkit_brand(brand: str) -> str:
+    """The name `NVIDIA_REQUIRE_*`'s `brand=` gives the brand go-nvlib names `brand`."""
+    return _TOOLKIT_BRANDS.get(brand, brand)
 
 
 def architecture(major: int, minor: int) -> str:

@@ -34,6 +34,7 @@ from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
 MACHINE = "var/lib/gpuwire-sim/machine.json"
+HAMI_LIBRARY = "usr/local/vgpu/libvgpu.so"
 EVENTS = "var/lib/gpuwire-sim/events.jsonl"
 UVM_MAJOR = 510  # dynamic on a real node: readers must take it from /proc/devices
 CAPS_MAJOR = UVM_MAJOR - 1  # nvidia-caps: dynamic too
@@ -337,19 +338,25 @@ def _information(d: Device) -> str:
     )
 
 
+HAMI_MARK = "gpuwire simulated HAMi-core"
+
+
 def _nvidia_smi(machine: Machine) -> str:
     rows = []
     for g in machine.gpus:
-        rows.append(f"gpu {g.device.minor} {g.device.uuid} {g.device.product}")
+        d = g.device
+        rows.append(f"gpu {d.minor} {d.uuid} {d.memory_mib} {d.product}")
         for m in g.mig or ():
-            gi_cap, ci_cap = cap_minors(g.device.minor, m.gi, m.ci)
+            gi_cap, ci_cap = cap_minors(d.minor, m.gi, m.ci)
             rows.append(f"mig {gi_cap} {ci_cap} {m.profile} {m.uuid}")
     table = "\n".join(rows)
     return f"""#!/bin/sh
 # gpuwire simulated nvidia-smi (driver {machine.driver_version}): lists the GPUs whose device
-# node this container can open, each with the MIG devices whose two capability nodes it can
-# open. With no driver loaded, an allowed open fails with ENXIO and a denied one with EPERM,
-# so the error text tells which.
+# node this container can open (-L, the default), each with the MIG devices whose two
+# capability nodes it can open, or their memory (--query-gpu=memory.total). With no driver
+# loaded, an allowed open fails with ENXIO and a denied one with EPERM, so the error text
+# tells which. Where the container preloads HAMi-core (the simulated library, named in
+# /etc/ld.so.preload), memory is what HAMi-core's NVML hook reports: its limit.
 allowed() {{
   [ -e "$1" ] || return 1
   case "$(cat "$1" 2>&1 >/dev/null)" in
@@ -357,10 +364,25 @@ allowed() {{
   esac
   return 1
 }}
+hami=""
+if [ -r /etc/ld.so.preload ]; then
+  while read -r lib; do
+    grep -q "{HAMI_MARK}" "$lib" 2>/dev/null && hami=yes
+  done < /etc/ld.so.preload
+fi
+mib() {{  # HAMi-core's limit syntax: g, m, k or bytes
+  case "$1" in
+    *[gG]) echo $(( ${{1%?}} * 1024 )) ;;
+    *[mM]) echo "${{1%?}}" ;;
+    *[kK]) echo $(( ${{1%?}} / 1024 )) ;;
+    *) echo $(( $1 / 1048576 )) ;;
+  esac
+}}
 if ! allowed /dev/nvidiactl; then
   echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
   exit 9
 fi
+query=$1
 n=0
 shown=0
 while read -r kind a b rest; do
@@ -368,13 +390,22 @@ while read -r kind a b rest; do
     shown=0
     m=0
     allowed "/dev/nvidia$a" || continue
-    echo "GPU $n: $rest (UUID: $b)"
-    shown=1
+    memory=${{rest%% *}}
+    if [ "$query" = "--query-gpu=memory.total" ]; then
+      eval "limit=\\${{CUDA_DEVICE_MEMORY_LIMIT_$n:-$CUDA_DEVICE_MEMORY_LIMIT}}"
+      if [ -n "$hami" ] && [ -n "$limit" ] && [ "$(mib "$limit")" -lt "$memory" ]; then
+        memory=$(mib "$limit")
+      fi
+      echo "$memory MiB"
+    else
+      echo "GPU $n: ${{rest#* }} (UUID: $b)"
+      shown=1
+    fi
     n=$((n + 1))
-  elif [ "$shown" = 1 ] && allowed "/dev/nvidia-caps/nvidia-cap$a" \
+  elif [ "$shown" = 1 ] && allowed "/dev/nvidia-caps/nvidia-cap$a" \\
       && allowed "/dev/nvidia-caps/nvidia-cap$b"; then
     set -- $rest
-    printf '  MIG %-11s Device %2d: (UUID: %s)\n' "$1" "$m" "$2"
+    printf '  MIG %-11s Device %2d: (UUID: %s)\\n' "$1" "$m" "$2"
     m=$((m + 1))
   fi
 done <<'EOF'
@@ -436,6 +467,8 @@ def write_node(root: str | os.PathLike[str], machine: Machine, layout: str = "de
                 bindir / name, f"#!/bin/sh\necho '{name}: gpuwire simulated driver {ver}'\n", 0o755
             )
     _write(bindir / "nvidia-smi", _nvidia_smi(machine), 0o755)
+    # HAMi-core, where HAMi's device plugin installs it (a node config's hami-library)
+    _write(root / HAMI_LIBRARY, shared_object("libvgpu.so", HAMI_MARK))
     # sysfs: each GPU under a PCIe root complex (a pair per root port, as behind the PCIe
     # switches of a DGX), with its NUMA node
     for d in machine.devices:

@@ -9,8 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuwire import sim
 from gpuwire.devices import MigDevice
 from gpuwire.grant import KeyRing, Subject
+from testbed import mps_control
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
 POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
@@ -64,21 +66,21 @@ def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = N
 
 
 class Lab:
-    """A simulated GPU node, grant keys and a gpuwire config file under one directory; with
+    """A simulated GPU node (with the stand-in MPS control program and HAMi-core library,
+    named in the config), grant keys and a gpuwire config file under one directory; with
     `mig` (GPU index → profiles, as `gpuwire sim node --mig`), MIG devices and the MIG map
     the node agent writes of them."""
 
     def __init__(
         self, root: Path, gpus: int = 4, mig: dict[int, tuple[str, ...]] | None = None
     ) -> None:
-        from gpuwire import sim
-
         self.root = root
         self.node = root / "node"
         self.machine = sim.make_machine(gpus=gpus)
         for index, profiles in (mig or {}).items():
             self.machine = sim.with_mig(self.machine, index, profiles)
         sim.write_node(self.node, self.machine)
+        mps_control.install(self.node)  # the driver's MPS control program: the stand-in
         self.mig_map = root / "mig-devices"
         self.mig: tuple[MigDevice, ...] = self.write_mig_map()
         self.keys = write_keys(root / "keys")
@@ -96,6 +98,8 @@ class Lab:
             "log": str(self.log),
             "records-dir": str(self.records),
             "mig-map": str(self.mig_map),
+            "hami-library": str(self.node / sim.HAMI_LIBRARY),
+            "hami-dir": str(self.root / "hami"),
             **extra,
         }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))

@@ -10,8 +10,12 @@ from collections.abc import Sequence
 
 from gpuwire.devices import Device
 
-# One `key: value` line each (busybox sh). `var` lines are the GPU-related env, `lib` lines
-# the driver libraries in the Debian library dir.
+# One `key: value` line each (busybox sh). `var` lines are the GPU-related env, `memory` what
+# nvidia-smi reports of each GPU's memory, `lib` lines the driver libraries in the Debian
+# library dir, `preload` what /etc/ld.so.preload makes every program load, `mounted` the
+# mounts shared with a daemon on the node (MPS's pipes and shm; the last one of a path is
+# on top), `mps` what the MPS pipe directory holds (its daemon's socket and pid file), `shm`
+# what /dev/shm holds.
 VIEW_SCRIPT = r"""
 echo "devices: $(cd /dev && echo nvidia*)"
 for d in /dev/nvidia[0-9]* /dev/nvidia-caps/nvidia-cap*; do
@@ -22,6 +26,7 @@ echo "env: $NVIDIA_VISIBLE_DEVICES"
 env | grep -E '^(NVIDIA|CUDA|GPU|PYTORCH|XLA|TF)_' | sort | sed 's/^/var: /'
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L 2>&1 | sed 's/^/smi: /'
+  nvidia-smi --query-gpu=memory.total --format=csv,noheader 2>&1 | sed 's/^/memory: /'
 else
   echo "smi: nvidia-smi: not found"
 fi
@@ -31,6 +36,10 @@ if [ -e $lib ]; then
   if (echo x >> $lib) 2>/dev/null; then echo "libcuda: writable"; else echo "libcuda: read-only"; fi
 fi
 grep -q libcuda.so.1 /etc/ld.so.cache 2>/dev/null && echo "ldcache: libcuda.so.1"
+[ -r /etc/ld.so.preload ] && sed 's/^/preload: /' /etc/ld.so.preload
+grep -E ' (/tmp/nvidia-mps|/dev/shm) ' /proc/self/mounts | cut -d' ' -f2,4 | sed 's/^/mounted: /'
+[ -d /tmp/nvidia-mps ] && ls /tmp/nvidia-mps | sed 's/^/mps: /'
+ls /dev/shm | sed 's/^/shm: /'
 true
 """
 

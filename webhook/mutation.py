@@ -4,11 +4,15 @@ No sockets, files or clocks: the server and `gpuwire mutate` are thin shells aro
 and the tests call it directly. The rules, in the order a container meets them:
 
 * GPU containers (named by `gpuwire.io/containers`; else those with an `nvidia.com/gpu`
-  resource; else, when the pod asks by annotation, every app container) get
+  resource, or another GPU resource of the cluster's device plugins; else, when the pod asks
+  by annotation, every app container) get
   `NVIDIA_VISIBLE_DEVICES` (`all`, `none` or the named GPUs; left to the device plugin where
   it chooses), `NVIDIA_DRIVER_CAPABILITIES`, the limit profiles' env and `GPUWIRE_GRANT`.
 * Every other container gets `NVIDIA_VISIBLE_DEVICES=void` (policy `voidUnrequested`), and a
   hand-written value is replaced unless the namespace is trusted, where it is granted as is.
+* Model, memory, device and limit requests become required node affinity; a container the
+  device plugin serves asks for the resource that lists the model it wants
+  (`nvidia.com/gpu: 1` → `nvidia.com/l4: 1`) where `nvidia.com/gpu` would not hand it that.
 * Model, memory and device requests become required node affinity.
 * A MIG profile (`gpuwire.io/mig-profile`, counted by `gpuwire.io/gpu-count`) becomes the
   device plugin's mixed-strategy resource `nvidia.com/mig-<profile>` where the cluster runs
@@ -36,7 +40,7 @@ from webhook import claims as dra_claims
 from webhook.claims import Ask, Claimed
 from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, pointer, set_path
-from webhook.placement import Placement, Unplaceable, place
+from webhook.placement import Demand, Placement, Unplaceable, place
 from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 from webhook.pools import NO_POOLS, Pools
@@ -148,11 +152,12 @@ class _Mutation:
         gpu = self.gpu_containers(request)
         claimed = self.claims(gpu, request) if gpu and self.allocation != "devicePlugin" else {}
         placement = NOWHERE
-        if gpu - set(claimed):
+        if rest := gpu - set(claimed):
+            allow = self.policy.unknown_model == "allow"
             try:
-                allow = self.policy.unknown_model == "allow"
-                named = self.named_mig(gpu)
-                placement = place(request, self.fleet, allow, self.policy.device_plugin, named)
+                named = self.named_mig(rest)
+                demand = self.demand(request, rest)
+                placement = place(request, self.fleet, allow, demand, named)
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
@@ -210,7 +215,9 @@ class _Mutation:
                 )
             return set(request.containers)
         with_resource = {
-            c.name for c in self.pod.containers if c.gpus or c.mig or self.translated(c)
+            c.name
+            for c in self.pod.containers
+            if ((asked := self.plugin_count(c)) and asked[1]) or c.mig or self.translated(c)
         }
         if with_resource or not request.asks:
             return with_resource
@@ -355,6 +362,49 @@ class _Mutation:
             return [{"op": "add", "path": "/spec/resourceClaims/-", "value": e} for e in new]
         return [{"op": "add", "path": "/spec/resourceClaims", "value": new}]
 
+    def plugin_count(self, c: Container) -> tuple[str, int] | None:
+        """The GPU resource a container asks the device plugin for, and how many; the
+        cluster's per-model resources (`nvidia.com/l4`) count as well as `nvidia.com/gpu`."""
+        if c.gpus is not None:
+            return nvidia.RESOURCE, c.gpus
+        for name in self.fleet.resources:
+            if name != nvidia.RESOURCE and (n := c.count_of(name)) is not None:
+                return name, n
+        return None
+
+    def demand(self, request: GpuRequest, gpu: set[str]) -> Demand:
+        """What the GPU containers need of a node: a device plugin, all its GPUs, the limit
+        profiles their limits need enforced."""
+        plugin, whole, asks = 0, False, nvidia.RESOURCE
+        count = request.count if request.count is not None else self.policy.gpu_count
+        for c in self.pod.containers:
+            if c.name not in gpu or c.mig is not None or request.mig_profile:
+                continue  # MIG devices: placed by their profile
+            asked = self.plugin_count(c)
+            if asked and asked[1]:
+                plugin += asked[1]
+                asks = asked[0]
+            elif not request.uuids and count == "all":
+                whole = True
+            elif not request.uuids and isinstance(count, int):
+                plugin += count
+        device_plugin = self.policy.device_plugin
+        if not request.wants_limits:
+            return Demand(plugin, asks, whole, device_plugin=device_plugin)
+        names = request.profiles or self.policy.limit_profiles
+        source = (
+            f"{keys.LIMIT_PROFILE}: {request.given[keys.LIMIT_PROFILE]!r}"
+            if request.profiles
+            else f"the policy's default limitProfile: {', '.join(names)}"
+        )
+        for name in names:
+            if not limits.PROFILES[name].enforced:
+                self.warnings.append(
+                    f"profile {name!r} is advisory: the framework reads it, nothing enforces it"
+                )
+        enforced = tuple(n for n in names if limits.PROFILES[n].enforced)
+        return Demand(plugin, asks, whole, enforced, source, device_plugin)
+
     # --- one container
 
     def gpu_container(self, c: Container, request: GpuRequest, placement: Placement) -> list[Op]:
@@ -374,12 +424,12 @@ class _Mutation:
 
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """What the container sees: the plugin's choice, the named GPUs, all, none or N."""
-        resource = c.gpus
         if c.mig is not None:
             return self.mig_resource(c, request, *c.mig)
-        if resource:  # nvidia.com/gpu: 0 asks the plugin for nothing
-            self.check_plugin(c, request, resource)
-            return _Devices(grant.PLUGIN_DEVICES, resource)
+        asked = self.plugin_count(c)
+        if asked and asked[1]:  # nvidia.com/gpu: 0 asks the plugin for nothing
+            self.check_plugin(c, request, *asked)
+            return _Devices(grant.PLUGIN_DEVICES, asked[1], self.rename(c, asked, placement))
         if request.mig_profile:
             return self.mig_devices(c, request, placement)
         if request.uuids:
@@ -397,8 +447,30 @@ class _Mutation:
                 "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
                 f"accepted here: all, none, or explicit GPUs in {keys.UUID}",
             )
-        op = set_path(c.raw, c.path, ("resources", "limits", nvidia.RESOURCE), str(count))
+        resource = placement.resource or nvidia.RESOURCE
+        op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
         return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+
+    def rename(self, c: Container, asked: tuple[str, int], placement: Placement) -> list[Op]:
+        """`nvidia.com/gpu` → the resource that lists the model asked for, where the plugin
+        would otherwise hand any GPU of the node."""
+        wanted = placement.resource
+        if wanted is None or asked[0] != nvidia.RESOURCE:
+            return []
+        ops: list[Op] = []
+        for section in ("limits", "requests"):
+            held = (c.raw.get("resources") or {}).get(section) or {}
+            if nvidia.RESOURCE in held:
+                base = pointer(c.path, "resources", section)
+                ops.append({"op": "remove", "path": pointer(base, nvidia.RESOURCE)})
+                ops.append(
+                    {"op": "add", "path": pointer(base, wanted), "value": held[nvidia.RESOURCE]}
+                )
+        self.warnings.append(
+            f"container {c.name!r}: {nvidia.RESOURCE}: {asked[1]} asks for {wanted}: {asked[1]}, "
+            "the resource holding only the GPUs asked for"
+        )
+        return ops
 
     def mig_resource(self, c: Container, request: GpuRequest, name: str, count: int) -> _Devices:
         """A container with a mixed-strategy resource: the plugin chooses its MIG devices."""
@@ -430,30 +502,29 @@ class _Mutation:
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
         return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
 
-    def check_plugin(self, c: Container, request: GpuRequest, resource: int) -> None:
+    def check_plugin(self, c: Container, request: GpuRequest, resource: str, count: int) -> None:
         """A container the device plugin serves cannot also name its GPUs or take all."""
         if request.mig_profile:
             key, value = request.source(keys.MIG_PROFILE)
             raise Denied(
                 400,
                 f"{key}: {value!r} asks for MIG devices, but container {c.name!r} asks for "
-                f"whole GPUs ({nvidia.RESOURCE}: {resource}); accepted: {keys.MIG_PROFILE} "
-                f"without {nvidia.RESOURCE}, or {nvidia.mig_resource(request.mig_profile)}",
+                f"whole GPUs ({resource}: {count}); accepted: {keys.MIG_PROFILE} "
+                f"without {resource}, or {nvidia.mig_resource(request.mig_profile)}",
             )
         if request.uuids:
             key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
             raise Denied(
                 400,
                 f"{key}: {value!r} names GPUs, but container {c.name!r} gets its GPUs from the "
-                f"device plugin ({nvidia.RESOURCE}: {resource}), which chooses them; "
-                f"accepted: explicit GPUs on a container without {nvidia.RESOURCE}",
+                f"device plugin ({resource}: {count}), which chooses them; "
+                f"accepted: explicit GPUs on a container without {resource}",
             )
-        if request.count is not None and request.count != resource:
+        if request.count is not None and request.count != count:
             raise Denied(
                 400,
                 f"{keys.COUNT}: {request.given[keys.COUNT]!r} disagrees with container "
-                f"{c.name!r}'s {nvidia.RESOURCE}: {resource}; accepted: {resource}, or no "
-                f"{keys.COUNT}",
+                f"{c.name!r}'s {resource}: {count}; accepted: {count}, or no {keys.COUNT}",
             )
 
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
@@ -493,7 +564,7 @@ class _Mutation:
         share = request.memory_limit or MemoryLimit()
         mib, fraction = share.resolve(memory_mib)
         wanted = limits.Limits(mib, fraction, request.cores_limit, devices=count)
-        if share.percent and len({n.gpu_memory_mib for n in placement.nodes}) > 1:
+        if share.percent and len(placement.memories) > 1:
             self.warnings.append(
                 f"{keys.MEMORY_LIMIT}={request.given[keys.MEMORY_LIMIT]} taken against the "
                 f"smallest candidate GPU ({memory_mib} MiB)"

@@ -1,6 +1,19 @@
-"""Where a GPU request can run: node affinity expressions resolved against the fleet.
+"""Where a GPU request can run: node affinity resolved against every GPU of the fleet.
 
 "A100" is a substring; node affinity matches whole label values. So the webhook resolves the
+request against the GPU nodes it knows (no API call: a snapshot) into the exact set of nodes
+that can run it (the candidates) and denies what no node can, listing what exists. A node
+is a candidate when it holds a GPU that fits the words (model, memory, named GPUs, limit
+profiles it enforces), when every GPU of it fits for a container that takes them all, and,
+for a container the device plugin serves, when one of its resources lists only GPUs that fit
+(else the kubelet could hand any GPU of the node): where that resource is not
+`nvidia.com/gpu`, the container is asked to request it instead (`Placement.resource`).
+
+The affinity written says exactly that set. It is GPU Feature Discovery's labels where they
+do (one model per node: the common case, and what users read), with the few nodes those
+labels would wrongly admit (a mixed node) named by hostname; where the labels cannot reach a
+candidate (a mixed node whose label names its other model) the candidates are named instead.
+
 request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
 denies what no node has, listing what exists, and names the candidate nodes so that limits
 given as a share of the GPU can be turned into MiB.
@@ -21,14 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwire import annotations as keys
-from gpuwire import nvidia
+from gpuwire import limits, nvidia
 from gpuwire.annotations import GpuRequest
 from webhook.fleet import (
     HOSTNAME_LABEL,
     MEMORY_LABEL,
     PRODUCT_LABEL,
     Fleet,
+    Gpu,
+    Group,
+    Mig,
     Node,
+    Shape,
 )
 
 Expression = dict[str, Any]
@@ -40,15 +57,32 @@ class Unplaceable(ValueError):
 
 
 @dataclass(frozen=True)
+class Demand:
+    """What the pod's GPU containers need of a node beyond the annotations' words."""
+
+    plugin: int = 0  # devices the containers the device plugin serves ask for, together
+    asks: str = nvidia.RESOURCE  # the resource they ask for, as written
+    whole: bool = False  # a container takes every GPU of its node (gpu-count: all)
+    enforced: tuple[str, ...] = ()  # limit profiles the node must enforce
+    profile_source: str = ""  # where those profiles were named, for denials
+    device_plugin: bool = True  # the cluster runs one (policy devicePlugin): it picks MIG devices
+
+
+NO_DEMAND = Demand()
+
+
+@dataclass(frozen=True)
 class Placement:
     expressions: tuple[Expression, ...] = ()  # ANDed into every required node selector term
     nodes: tuple[Node, ...] = ()  # the known GPU nodes the pod can land on
     devices: tuple[str, ...] = ()  # explicit GPUs, spelled as their node reports them
     warnings: tuple[str, ...] = field(default=())
+    resource: str | None = None  # what device-plugin containers ask for, if not nvidia.com/gpu
+    memories: tuple[int, ...] = ()  # sizes of the GPUs the pod can get there, MiB, ascending
 
     def gpu_memory_mib(self) -> int | None:
-        """The smallest GPU among the candidates: a share of it is never more than asked."""
-        return min((m for n in self.nodes if (m := n.gpu_memory_mib)), default=None)
+        """The smallest GPU the pod can get: a share of it is never more than asked."""
+        return self.memories[0] if self.memories else None
 
     def gpu_count(self) -> int | None:
         """The most GPUs a candidate node has: what `all` can mean here."""
@@ -68,26 +102,129 @@ def _matches(name: str, words: Sequence[str]) -> bool:
     return False
 
 
+def _holds(e: Expression, product: str | None, memory: int | None) -> bool:
+    """A model or memory expression against a node's two label values."""
+    value = product if e["key"] == PRODUCT_LABEL else memory
+    if e["operator"] == "Exists":
+        return value is not None
+    if e["operator"] == "In":
+        return value in e["values"]
+    if e["operator"] == "NotIn":
+        return value is None or value not in e["values"]
+    return isinstance(value, int) and value > int(e["values"][0])  # Gt, on the memory label
+
+
+def _group_of(node: Node, device: Gpu | Mig) -> Group:
+    """A named GPU or MIG device as the group it would be of (a MIG device: its parent's
+    model, its own memory, advertised as no whole GPU)."""
+    if isinstance(device, Gpu):
+        return Group(nvidia.gfd_product(device.product), device.memory_mib, device.resource, 1, 1)
+    parent = next(g for g in node.gpus if device in (g.mig or ()))
+    return Group(nvidia.gfd_product(parent.product), device.memory_mib, "", 1, 1)
+
+
+class _Kind:
+    """What one make-up of a node (its groups) offers a request: computed once per kind."""
+
+    __slots__ = ("devices", "every", "fitting", "pure")
+
+    def __init__(self, groups: tuple[Group, ...], fits: dict[Group, bool]) -> None:
+        self.fitting = tuple(g for g in groups if fits[g])
+        self.every = len(self.fitting) == len(groups)
+        self.devices: dict[str, int] = {}  # resource → how many devices it lists
+        unfit: set[str] = set()
+        for g in groups:
+            if not g.resource:  # a GPU advertised only as MIG devices
+                continue
+            self.devices[g.resource] = self.devices.get(g.resource, 0) + g.devices
+            if not fits[g]:
+                unfit.add(g.resource)
+        # the resources listing only fitting GPUs
+        self.pure = {r: n for r, n in self.devices.items() if r not in unfit}
+
+
+Shapes = dict[Shape, tuple[Node, ...]]
+
+
 class _Placer:
+    """Narrows the candidates shape by shape (a cluster has few shapes, however many nodes);
+    only named GPUs, exclusions and MIG devices look at single nodes."""
+
     def __init__(
         self,
         request: GpuRequest,
         fleet: Fleet,
         allow_unknown: bool,
-        plugin: bool = True,
+        demand: Demand,
         named: tuple[str, ...] = (),
     ) -> None:
         self.request = request
         self.fleet = fleet
         self.allow_unknown = allow_unknown
-        self.plugin = plugin
-        self.named = named
-        self.nodes = list(fleet.nodes)
-        self.expressions: list[Expression] = []
+        self.demand = demand
+        self.includes = request.models
+        self.excludes = request.excluded_models
+        self.least = request.min_memory_mib
+        self.words = False  # a model or memory constraint is in force
+        self.narrowed = False  # nodes were chosen by name or by the profiles they enforce
+        self.shapes: Shapes = dict(fleet.shapes)  # the candidates, by shape
+        self.labelled: list[Expression] = []  # the model and memory expressions (GFD labels)
+        self.exact: list[Expression] = []  # enforcement labels and hostnames
+        self.pinned = False  # a hostname In: the affinity names the node
+        self.kept_off: frozenset[str] = frozenset()  # hostnames of nodes holding excluded GPUs
+        self.named = named  # MIG devices an earlier admission of this pod named
         self.devices: tuple[str, ...] = ()
         self.warnings: list[str] = []
+        self.resource: str | None = None
+        self._kinds: dict[tuple[Group, ...], _Kind] = {}
+
+    # --- what fits
+
+    def fits(self, group: Group) -> bool:
+        name = self.fleet.normalised[group.product]
+        if self.includes and not _matches(name, self.includes):
+            return False
+        if self.excludes and _matches(name, self.excludes):
+            return False
+        return self.least is None or (group.memory_mib or 0) >= self.least
+
+    def kind(self, groups: tuple[Group, ...]) -> _Kind:
+        found = self._kinds.get(groups)
+        if found is None:
+            found = self._kinds[groups] = _Kind(groups, {g: self.fits(g) for g in groups})
+        return found
+
+    def holds(self, shape: Shape) -> bool:
+        """Whether nodes of `shape` can run the pod as far as their GPUs go."""
+        kind = self.kind(shape.groups)
+        if not kind.fitting or (self.demand.whole and not kind.every):
+            return False
+        wanted = self.demand.plugin
+        return not wanted or any(n >= wanted for n in kind.pure.values())
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [n for nodes in self.shapes.values() for n in nodes]
+
+    # --- the steps, each narrowing the candidates or denying
+
+    def given(self, *sources: str) -> list[tuple[str, str]]:
+        return [(k, self.request.given[k]) for k in sources if k in self.request.given]
+
+    def placing(self) -> list[tuple[str, str]]:
+        """The placement annotations given, as written."""
+        return self.given(*keys.MODEL_KEYS, keys.MIN_MEMORY, *keys.UUID_KEYS)
+
+    def others(self, left_out: tuple[str, ...]) -> str:
+        given = [
+            (k, v)
+            for k, v in (*self.placing(), *self.given(keys.LIMIT_PROFILE))
+            if k not in left_out
+        ]
+        return ", ".join(f"{k}: {v!r}" for k, v in given) or "none"
 
     def unresolved(self, sources: tuple[str, ...], reason: str) -> None:
+        """Deny, or (policy unknownModel: allow) warn and go on without the constraint."""
         key, value = self.request.source(*sources)
         message = f"{key}: {value!r} {reason}"
         if not self.allow_unknown:
@@ -95,45 +232,114 @@ class _Placer:
         self.warnings.append(f"{key}={value} matches no known node; admitted without it")
 
     def models(self) -> None:
-        r = self.request
-        if not r.models and not r.excluded_models:
+        if not self.includes and not self.excludes:
             return
         present = self.fleet.normalised
-        allowed = [p for p, name in present.items() if not _matches(name, r.excluded_models)]
-        if r.models:
-            chosen = [p for p in allowed if _matches(present[p], r.models)]
+        allowed = [p for p, name in present.items() if not _matches(name, self.excludes)]
+        if self.includes:
+            chosen = [p for p in allowed if _matches(present[p], self.includes)]
             if not chosen:
                 self.unresolved(
                     (keys.MODEL, keys.HAMI_USE_TYPE),
                     f"matches no GPU node; models present: {listing(allowed)}",
                 )
+                self.includes = self.excludes = ()
                 return
-            self.expressions.append({"key": PRODUCT_LABEL, "operator": "In", "values": chosen})
+            self.labelled.append({"key": PRODUCT_LABEL, "operator": "In", "values": chosen})
         else:
-            chosen = allowed
-            self.expressions.append({"key": PRODUCT_LABEL, "operator": "Exists"})
+            self.labelled.append({"key": PRODUCT_LABEL, "operator": "Exists"})
             excluded = sorted(set(present) - set(allowed))
             if excluded:
-                self.expressions.append(
+                self.labelled.append(
                     {"key": PRODUCT_LABEL, "operator": "NotIn", "values": excluded}
                 )
-        self.nodes = [n for n in self.nodes if n.product in chosen]
+        self.words = True
 
     def memory(self) -> None:
-        least = self.request.min_memory_mib
+        least = self.least
         if least is None:
             return
-        fitting = [n for n in self.nodes if (n.memory_mib or 0) >= least]
-        if not fitting:
-            sizes = sorted({f"{n.product} {n.memory_mib} MiB" for n in self.nodes if n.memory_mib})
+        self.least = None  # the model words alone, to list what they leave
+        named = {g for kind in self.fleet.kinds for g in kind if self.fits(g)}
+        if not any((g.memory_mib or 0) >= least for g in named):
+            sizes = sorted({f"{g.product} {g.memory_mib} MiB" for g in named if g.memory_mib})
+            of_model = " of that model" if self.request.models else ""
             self.unresolved(
                 (keys.MIN_MEMORY,),
-                f"(= {least} MiB) fits no GPU node{' of that model' if self.request.models else ''}"
-                f"; GPUs present: {listing(sizes)}",
+                f"(= {least} MiB) fits no GPU node{of_model}; GPUs present: {listing(sizes)}",
             )
             return
-        self.expressions.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
-        self.nodes = fitting
+        self.least = least
+        self.labelled.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
+        self.words = True
+
+    def candidates(self) -> None:
+        if not self.words:
+            return
+        held = {shape: nodes for shape, nodes in self.shapes.items() if self.holds(shape)}
+        if held:
+            self.shapes = held
+            return
+        if self.demand.plugin:
+            whom = "a container the device plugin serves"
+            why = (
+                f"no node lists {self.demand.plugin} such device(s) under a resource that holds "
+                "no other GPUs, and the device plugin may hand any GPU of a resource"
+            )
+            accepted = (
+                "as many such GPUs as one node lists under a resource of their own (the device "
+                f"plugin's `resources` rules), or {keys.COUNT}: all, or named GPUs"
+            )
+        else:
+            whom = f"a container that takes every GPU of its node ({keys.COUNT}: all)"
+            why = "every node with such GPUs has other GPUs too"
+            accepted = f"a number of GPUs, or named GPUs ({keys.UUID})"
+        raise Unplaceable(
+            f"no GPU node satisfies {self.others(())} for {whom}: {why}; accepted: {accepted}; "
+            f"models present: {listing(self.fleet.products)}"
+        )
+
+    def enforcement(self) -> None:
+        """Limits go only to nodes that enforce their profile; none anywhere is a denial."""
+        wanted = self.demand.enforced
+        if not wanted:
+            return
+        asked = ", ".join(f"{k}: {v!r}" for k, v in self.given(keys.MEMORY_LIMIT, keys.CORES_LIMIT))
+        available = self.fleet.enforced
+        enforced_here = ", ".join(
+            f"{p} ({available[p]} node{'s' if available[p] > 1 else ''})" for p in sorted(available)
+        )
+        accepted = (
+            f"profiles enforced in this cluster: {enforced_here or 'none'}; advisory (allowed, "
+            f"not enforced): {', '.join(limits.ADVISORY)}"
+        )
+        for profile in wanted:
+            if profile not in available:
+                raise Unplaceable(
+                    f"{asked} needs profile {profile!r} ({self.demand.profile_source}), which no "
+                    f"GPU node of this cluster enforces; {accepted}"
+                )
+        enforcing = {s: nodes for s, nodes in self.shapes.items() if s.enforces.issuperset(wanted)}
+        if not enforcing:
+            have = sorted(
+                {
+                    g.product
+                    for s in self.fleet.shapes
+                    if s.enforces.issuperset(wanted)
+                    for g in s.groups
+                }
+            )
+            asking = ", ".join(f"{k}: {v!r}" for k, v in self.placing()) or "the pod's GPUs"
+            raise Unplaceable(
+                f"{asked} needs profile {', '.join(wanted)} ({self.demand.profile_source}), "
+                f"which no node with {asking} enforces; nodes enforcing it have: "
+                f"{listing(have)}; {accepted}"
+            )
+        self.shapes = enforcing
+        self.narrowed = True
+        for profile in wanted:
+            label = limits.enforcement_label(profile)
+            self.exact.append({"key": label, "operator": "In", "values": ["true"]})
 
     def uuids(self) -> None:
         wanted = self.request.uuids
@@ -156,38 +362,164 @@ class _Placer:
                 f"{key}: {value!r} names GPUs on different nodes ({where}); a pod runs on one node"
             )
         (node,) = holders.values()
-        if node not in self.nodes:
+        named = [h[1] for h in found.values() if h]
+        groups = {g.uuid: _group_of(node, g) for g in named}
+        unfit = [g for g in named if self.words and not self.fits(groups[g.uuid])]
+        if unfit or node not in self.shapes.get(node.shape, ()):
+            what = ", ".join(sorted({groups[g.uuid].product for g in unfit or named}))
             raise Unplaceable(
-                f"{key}: {value!r} names GPUs on node {node.name} ({node.product}), which the "
-                "pod's other GPU annotations rule out"
+                f"{key}: {value!r} names GPUs on node {node.name} ({what}), which the pod's other "
+                f"GPU annotations rule out ({self.others(keys.UUID_KEYS)}); accepted: GPUs "
+                "that fit them, or no model, memory or profile annotations"
             )
         for uuid, holder in found.items():
             if holder and not holder[1].healthy:
                 self.warnings.append(f"{uuid} on node {node.name} is reported unhealthy")
-        self.devices = tuple(h[1].uuid for h in found.values() if h)
-        self.expressions.append(
-            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
-        )
-        self.nodes = [node]
+        self.devices = tuple(g.uuid for g in named)
+        self.exact.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]})
+        self.shapes = {node.shape: (node,)}
+        self.pinned = self.narrowed = True
 
     def excluded_uuids(self) -> None:
         """A node cannot be told to skip one GPU: keep off every node holding an excluded one."""
-        holding = sorted(
-            {h[0].hostname for u in self.request.excluded_uuids if (h := self.fleet.holder(u))}
+        holding = {
+            h[0].hostname: h[1].uuid
+            for u in self.request.excluded_uuids
+            if (h := self.fleet.holder(u))
+        }
+        if not holding:
+            return
+        remaining = {
+            shape: kept
+            for shape, nodes in self.shapes.items()
+            if (kept := tuple(n for n in nodes if n.hostname not in holding))
+        }
+        if not remaining and self.shapes:
+            sources = self.given(*keys.UUID_KEYS)
+            kept_off = ", ".join(f"{host} (holds {uuid})" for host, uuid in sorted(holding.items()))
+            raise Unplaceable(
+                f"{'; '.join(f'{k}: {v!r}' for k, v in sources)} keeps the pod off {kept_off}, "
+                "and no other GPU node satisfies the pod's GPU annotations "
+                f"({self.others(())}); accepted: exclusions of GPUs on nodes other than the "
+                "ones the pod can run on"
+            )
+        self.exact.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(holding)})
+        self.shapes = remaining
+        self.kept_off = frozenset(holding)
+        self.narrowed = True
+
+    def plugin_resource(self) -> None:
+        """The one resource device-plugin containers ask for, listing enough devices: where
+        they name a model, `nvidia.com/gpu` where it lists only fitting GPUs on some candidate,
+        else the resource that does on most candidates; the candidates narrow to its nodes.
+        Limits are sized from the candidates' GPUs: there, the nodes that list the resource."""
+        wanted, asks = self.demand.plugin, self.demand.asks
+        if not wanted or not (self.words or self.narrowed or self.request.wants_limits):
+            return
+        by_resource: dict[str, Shapes] = {}
+        for shape, nodes in self.shapes.items():
+            kind = self.kind(shape.groups)
+            for resource, devices in (kind.pure if self.words else kind.devices).items():
+                if devices >= wanted:
+                    by_resource.setdefault(resource, {})[shape] = nodes
+        if asks in by_resource:
+            self.shapes = by_resource[asks]
+            return
+        if asks != nvidia.RESOURCE or not self.words or not by_resource:
+            listed = sorted({r for s in self.shapes for r in self.kind(s.groups).devices})
+            left = f" that {self.others(())} leaves" if self.words or self.narrowed else ""
+            raise Unplaceable(
+                f"no GPU node{left} lists {wanted} {asks} for the pod's containers; "
+                f"resources they list: {listing(listed)}; accepted: one of those resources, or "
+                f"{keys.MODEL} naming a model one of them lists alone"
+            )
+        counted = {r: sum(map(len, shapes.values())) for r, shapes in by_resource.items()}
+        chosen = min(counted, key=lambda r: (-counted[r], r))
+        self.resource = chosen
+        self.shapes = by_resource[chosen]
+
+    # --- the affinity
+
+    def expressions(self) -> tuple[Expression, ...]:
+        """Expressions admitting exactly the candidates among the nodes the pod could land
+        on, naming the fewest hostnames: the model and memory labels (plus the nodes they
+        would wrongly admit); for a device-plugin container, the resource alone (plus those);
+        else the candidates by name."""
+        if not self.labelled:
+            return tuple(self.exact)
+        if self.pinned:  # the hostname says it all; the labels too, where they hold there
+            labels_hold = all(self.labels_admit(s) for s in self.shapes)
+            return (*(self.labelled if labels_hold else ()), *self.exact)
+        asked = (self.resource or self.demand.asks) if self.demand.plugin else None
+        # shapes the pod could land on besides the candidates, as far as enforcement goes
+        wanted = self.demand.enforced
+        others = [
+            shape
+            for shape in self.fleet.shapes
+            if shape not in self.shapes
+            and (asked is None or asked in self.kind(shape.groups).devices)
+            and shape.enforces.issuperset(wanted)
+        ]
+        options: list[tuple[int, list[Shape], tuple[Expression, ...]]] = []
+        if all(self.labels_admit(s) for s in self.shapes):
+            options.append(self.excluding([s for s in others if self.labels_admit(s)], True))
+        if asked is not None:
+            options.append(self.excluding(others, False))
+        named = sum(map(len, self.shapes.values()))
+        if not options or named < min(o[0] for o in options):
+            hosts = sorted(n.hostname for n in self.nodes)
+            return (*self.exact, {"key": HOSTNAME_LABEL, "operator": "In", "values": hosts})
+        count, excess, chosen = min(options, key=lambda o: o[0])
+        if not count:
+            return chosen
+        hosts = sorted(
+            n.hostname
+            for s in excess
+            for n in self.fleet.shapes[s]
+            if n.hostname not in self.kept_off
         )
-        if holding:
-            self.expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": holding})
-            self.nodes = [n for n in self.nodes if n.hostname not in holding]
+        return (*chosen, {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": hosts})
+
+    def excluding(
+        self, excess: list[Shape], labels: bool
+    ) -> tuple[int, list[Shape], tuple[Expression, ...]]:
+        """(how many hostnames a NotIn must name, the shapes of those nodes, the expressions
+        before it); nodes the exclusions keep off already are not named again."""
+        count = (
+            sum(1 for s in excess for n in self.fleet.shapes[s] if n.hostname not in self.kept_off)
+            if self.kept_off
+            else sum(len(self.fleet.shapes[s]) for s in excess)
+        )
+        return count, excess, (*(self.labelled if labels else ()), *self.exact)
+
+    def labels_admit(self, shape: Shape) -> bool:
+        """What the scheduler makes of the model and memory expressions on such nodes."""
+        return all(_holds(e, shape.product, shape.memory_mib) for e in self.labelled)
+
+    def memories(self) -> tuple[int, ...]:
+        asked = (self.resource or self.demand.asks) if self.demand.plugin else None
+        sizes: set[int] = set()
+        for kind in {s.groups for s in self.shapes}:
+            groups = self.kind(kind).fitting if self.words else kind
+            sizes.update(
+                g.memory_mib for g in groups if g.memory_mib and asked in (None, g.resource)
+            )
+        return tuple(sorted(sizes))
 
     def mig(self) -> None:
         profile = self.request.mig_profile
         if profile is None:
             return
-        offering = [n for n in self.nodes if profile in n.offers()]
+        offering = {
+            shape: kept
+            for shape, nodes in self.shapes.items()
+            if (kept := tuple(n for n in nodes if profile in n.offers()))
+        }
+        plugin = self.demand.device_plugin
         if not offering:
             of_model = " of that model" if self.request.models else ""
             present = listing(self.fleet.mig_profiles())
-            if self.plugin:
+            if plugin:
                 self.unresolved(
                     (keys.MIG_PROFILE,),
                     f"is offered by no GPU node{of_model}; MIG profiles present: {present}",
@@ -197,21 +529,21 @@ class _Placer:
             raise Unplaceable(f"{key}: {value!r} is offered by no GPU node{of_model}; "
                               f"MIG profiles present: {present}")  # fmt: skip
         count = self.request.count if isinstance(self.request.count, int) else 1
-        self.nodes = offering
-        if self.plugin:
+        self.shapes = offering
+        self.pinned = True  # the MIG label or the hostname says where; the labels stay as they are
+        if plugin:
             label = f"{nvidia.mig_resource(profile)}.count"
-            self.expressions.append({"key": label, "operator": "Gt", "values": [str(count - 1)]})
+            self.exact.append({"key": label, "operator": "Gt", "values": [str(count - 1)]})
             return
-        before = self.named_before(offering, profile, count)
+        nodes = self.nodes
+        before = self.named_before(nodes, profile, count)
         if before is None:
-            node, self.devices = self.choose(offering, profile, count)
+            node, self.devices = self.choose(nodes, profile, count)
         else:
             node, self.devices = before
         self.fleet.named.update(self.devices)
-        self.expressions.append(
-            {"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]}
-        )
-        self.nodes = [node]
+        self.exact.append({"key": HOSTNAME_LABEL, "operator": "In", "values": [node.hostname]})
+        self.shapes = {node.shape: (node,)}
         self.warnings.append(
             f"{keys.MIG_PROFILE}={profile}: MIG device(s) {', '.join(self.devices)} on node "
             f"{node.name} named without a device plugin: nothing reserves them until the pod "
@@ -254,11 +586,19 @@ class _Placer:
     def place(self) -> Placement:
         self.models()
         self.memory()
+        self.candidates()
+        self.enforcement()
         self.uuids()
         self.excluded_uuids()
         self.mig()
+        self.plugin_resource()
         return Placement(
-            tuple(self.expressions), tuple(self.nodes), self.devices, tuple(self.warnings)
+            self.expressions(),
+            tuple(sorted(self.nodes, key=lambda n: n.name)),
+            self.devices,
+            tuple(self.warnings),
+            self.resource,
+            self.memories(),
         )
 
 
@@ -266,25 +606,26 @@ def place(
     request: GpuRequest,
     fleet: Fleet,
     allow_unknown: bool = False,
-    plugin: bool = True,
+    demand: Demand = NO_DEMAND,
     named: tuple[str, ...] = (),
 ) -> Placement:
-    """Resolve `request`'s model, memory and device constraints; Unplaceable when none fits.
+    """Resolve `request`'s model, memory, device, MIG and limit constraints for a pod that
+    needs `demand`; Unplaceable when no node can run it.
 
-    `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable constraint with a
-    warning instead of denying the pod. Placements are kept with the snapshot (a Deployment's
-    pods ask alike, and resolving costs a pass over the cluster's nodes), so they are shared:
-    read-only, like the expressions that go into patches. Denials are not kept. `plugin`:
-    the cluster runs a device plugin (policy `devicePlugin`), which chooses MIG devices;
-    `named`: the MIG devices a pod already names (an earlier admission's choice).
+    `allow_unknown` (policy `unknownModel: allow`) admits an unresolvable model, memory or
+    device constraint with a warning instead of denying the pod. Placements are kept with the
+    snapshot (a Deployment's pods ask alike, and resolving costs a pass over the cluster's
+    nodes), so they are shared: read-only, like the expressions that go into patches. Denials
+    are not kept. `named`: the MIG devices a pod already names (an earlier admission's
+    choice).
     """
-    if request.mig_profile and not plugin:  # names devices: each pod its own
-        return _Placer(request, fleet, allow_unknown, plugin, named).place()
+    if request.mig_profile and not demand.device_plugin:  # names devices: each pod its own
+        return _Placer(request, fleet, allow_unknown, demand, named).place()
     placed = fleet.placements
-    key = (request, allow_unknown)
+    key = (request, allow_unknown, demand)
     found = placed.get(key)
     if not isinstance(found, Placement):  # none yet (the fleet keeps them, not knowing the type)
         if len(placed) >= KEPT:  # distinct requests beyond that: start over, memory stays bounded
             placed.clear()
-        found = placed[key] = _Placer(request, fleet, allow_unknown).place()
+        found = placed[key] = _Placer(request, fleet, allow_unknown, demand).place()
     return found

@@ -94,6 +94,12 @@ class Container:
         """Literal env values in effect, by name (valueFrom entries left out), read on use."""
         return _Values(self)
 
+    def count_of(self, resource: str) -> int | None:
+        """How many of an extended resource it asks for (limits, else requests), if any."""
+        where = f"spec.{self.field}[{self.position}]"
+        found = _count(_mapping(self.raw.get("resources"), where, ".resources"), where, resource)
+        return found[1] if found else None
+
 
 class _Values(Mapping[str, str]):
     def __init__(self, container: Container) -> None:

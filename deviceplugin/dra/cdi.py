@@ -7,7 +7,8 @@ shadows `/etc/cdi`), named as the CDI producer API names transient specs
 is never reused by another claim: runtimes cache specs) holding its `/dev/nvidiaN`, or for a
 MIG device its parent's and its own two capability nodes (`gpuwire.edits.gpu_nodes`, as for
 the shim), and the claim's common edits (`gpuwire.cdi.common_edits`: control devices, the
-driver's files for the claim's capabilities, the ld-cache hook) with the claim's limits env.
+driver's files for the claim's capabilities, the ld-cache hook) with the claim's limits env
+and what holds it (`shares.hold`).
 The same naming as NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
@@ -25,7 +26,7 @@ from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice
-from deviceplugin.dra.shares import limits_env
+from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import atomicfile, cdi, driver, edits
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
@@ -90,15 +91,19 @@ def claim_spec(
     hook: str,
     ldconfig: str,
     host_root: str = "/",
+    holders: Holders = NOTHING,
 ) -> dict[str, Any]:
-    """The spec for a claim's results (pure, given the discovered driver)."""
+    """The spec for a claim's results (pure, given the discovered driver); ClaimError where
+    nothing here holds the claim to its share."""
     devices = []
     for r in {r.device.name: r for r in results}.values():
         nodes = cdi.device_nodes(_nodes(found, ref, r.device))
         devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
-    common.env.update(limits_env(results))
+    env, mounts = hold(results, holders)
+    common.env.update(env)
+    common.mounts += mounts
     return _host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
 
 
@@ -106,13 +111,20 @@ class CdiWriter:
     """Writes and removes claims' specs in `directory` (the plugin's `Writer`)."""
 
     def __init__(
-        self, directory: str, roots: Roots, hook: str, ldconfig: str, host_root: str = "/"
+        self,
+        directory: str,
+        roots: Roots,
+        hook: str,
+        ldconfig: str,
+        host_root: str = "/",
+        holders: Holders = NOTHING,
     ) -> None:
         self.directory = directory
         self.roots = roots
         self.hook = hook
         self.ldconfig = ldconfig
         self.host_root = host_root
+        self.holders = holders
 
     def write(
         self, ref: ClaimRef, results: Sequence[Result]
@@ -122,7 +134,9 @@ class CdiWriter:
             found = driver.discover(self.roots, capabilities)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
-        spec = claim_spec(found, ref, results, self.hook, self.ldconfig, self.host_root)
+        spec = claim_spec(
+            found, ref, results, self.hook, self.ldconfig, self.host_root, self.holders
+        )
         os.makedirs(self.directory, mode=0o755, exist_ok=True)
         path = os.path.join(self.directory, spec_file(ref.uid))
         atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)

@@ -10,7 +10,9 @@ selects the same devices here with only the domain changed. The standard ones ar
 allocation `deviceattribute`). gpuwire adds `model` (the model token the node labels use:
 `a100`, `h100`, `rtx-4090`), `nvlinkIsland` (the lowest index among the GPUs this one reaches
 over NVLink, itself included: equal exactly for GPUs a multi-GPU job can use together) and
-`shared`. Capacity `memory` is the GPU's memory.
+`shared`; a shared GPU also says which enforced limit profiles hold a claim to its share
+there (`hamiLimits`, `mpsLimits`: what the node labels `gpuwire.io/limits.*` say for the
+device plugin's path). Capacity `memory` is the GPU's memory.
 
 A GPU marked shared in the node's config allows multiple allocations (consumable capacity,
 KEP-5075): its `memory` and `cores` (percent of its streaming multiprocessors) are handed out
@@ -42,7 +44,7 @@ from typing import Any
 
 from deviceplugin.discovery import Gpu, Mig, NodeGpus
 from deviceplugin.labels import model_token
-from gpuwire import nvidia
+from gpuwire import limits, nvidia
 from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import CORES as CORES_CAPACITY
 from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE, PROFILE
@@ -60,9 +62,11 @@ Entry = dict[str, Any]
 
 @dataclass(frozen=True)
 class Sharing:
-    """Which GPUs are shared: UUIDs (`GPU-…`) or product-name globs (`*A100*`), any case."""
+    """Which GPUs are shared: UUIDs (`GPU-…`) or product-name globs (`*A100*`), any case;
+    and the enforced limit profiles whose mechanism holds a claim to its share there."""
 
     selectors: tuple[str, ...] = ()
+    enforced: tuple[str, ...] = ()
 
     def shares(self, device: Device) -> bool:
         for selector in self.selectors:
@@ -160,8 +164,9 @@ def parent_attributes(gpu: Gpu, node: NodeGpus) -> Entry:
     return attributes
 
 
-def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, shared: bool) -> Entry:
+def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, sharing: Sharing) -> Entry:
     d = gpu.device
+    shared = sharing.shares(d)
     attributes: Entry = {
         "type": string(GPU_TYPE),
         "uuid": string(d.uuid),
@@ -169,6 +174,10 @@ def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, shared: bool) -> Entry:
         "shared": {"bool": shared},
         **parent_attributes(gpu, node),
     }
+    if shared:
+        for profile in limits.ENFORCED:
+            held = profile in sharing.enforced
+            attributes[limits.enforcement_attribute(profile)] = {"bool": held}
     entry: Entry = {"name": device_name(d), "attributes": attributes}
     entry["capacity"] = _capacity(d, shared)
     if shared:
@@ -189,9 +198,8 @@ def gpu_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
     for gpu in sorted(node.gpus, key=lambda g: g.device.index):
         if gpu.mig_enabled:
             continue
-        shared = sharing.shares(gpu.device)
-        entry = gpu_entry(gpu, node, island[gpu.device.index], shared)
-        out.append(DraDevice(entry["name"], gpu.device, entry, shared))
+        entry = gpu_entry(gpu, node, island[gpu.device.index], sharing)
+        out.append(DraDevice(entry["name"], gpu.device, entry, sharing.shares(gpu.device)))
     return out
 
 

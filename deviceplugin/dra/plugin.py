@@ -29,7 +29,9 @@ from deviceplugin.dra.endpoint import Endpoint, Sockets
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
 from deviceplugin.dra.service import RegistrationService, add_services
+from deviceplugin.dra.shares import Holders
 from deviceplugin.health import HealthBook, HealthPolicy
+from gpuwire import hamicore
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 
@@ -64,6 +66,14 @@ class DraPlugin:
         self.node = labeler.node_name(config.node_name)
         self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
         node = self.discovery.discover()
+        self.sockets = Sockets(config.kubelet_root, DRIVER)
+        holders = Holders(
+            config.hami_library if "hami" in labeler.enforced(config) else None,
+            str(self.sockets.plugin_dir),
+        )
+        if holders.hami_library:
+            hamicore.write_preload(holders.state)
+        self.sharing = Sharing(config.shared_gpus, holders.enforced)
         self.devices: list[DraDevice] = []
         self.by_name: dict[str, DraDevice] = {}
         self._left_out: dict[str, str | None] = {}
@@ -72,10 +82,9 @@ class DraPlugin:
         uuids, children = node.watched()
         book = HealthBook(policy, uuids, children=children)
         self.health = state.HealthState(book, self.discovery.alive)
-        self.sockets = Sockets(config.kubelet_root, DRIVER)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
-            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root
+            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root, holders
         )
         self.preparer = Preparer(
             DRIVER,
@@ -103,7 +112,7 @@ class DraPlugin:
     def _publish(self, node: NodeGpus) -> None:
         """Make the node's devices the ones published and prepared (each swapped whole); say
         what changed, and which MIG devices are left out and why."""
-        found = devices.devices(node, Sharing(self.config.shared_gpus))
+        found = devices.devices(node, self.sharing)
         left = {m.device.name: devices.unpublished(m) for m in node.mig}
         for name, why in sorted(left.items()):
             if why is not None and self._left_out.get(name) != why:

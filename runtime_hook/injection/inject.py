@@ -30,12 +30,12 @@ import os
 import stat
 
 from gpuwire import resolve
-from gpuwire.edits import Edits
+from gpuwire.edits import MOUNT_OPTIONS, Edits
 from runtime_hook.injection import child, inroot, ldcache
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 # `syscalls` (mounts, namespaces) is imported where it is used: the prestart hook and the
 # confined ldconfig need it, the shim's usual start (links and a cache written) does not.
@@ -45,15 +45,19 @@ class InjectionError(RuntimeError):
     """The edits could not be applied; nothing of them is left behind."""
 
 
-def detached_mount(host_path: str) -> int:
-    """A read-only, nosuid, nodev clone of the regular file at `host_path`, not yet attached."""
+def detached_mount(host_path: str, options: Sequence[str] = MOUNT_OPTIONS) -> int:
+    """A nosuid, nodev clone of the regular file or directory at `host_path`, read-only and
+    noexec where `options` say so, not yet attached."""
     from runtime_hook.injection import syscalls
 
-    attributes = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+    attributes = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+    attributes |= syscalls.MOUNT_ATTR_RDONLY if "ro" in options else 0
+    attributes |= syscalls.MOUNT_ATTR_NOEXEC if "noexec" in options else 0
     fd = os.open(host_path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InjectionError(f"mount source {host_path} is not a regular file")
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise InjectionError(f"mount source {host_path} is neither a file nor a directory")
         tree = syscalls.open_tree_clone(fd)
     finally:
         os.close(fd)
@@ -73,7 +77,7 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))  # opened on the host
-        trees = [journal.keep(detached_mount(m["hostPath"])) for m in edits.mounts]
+        trees = [journal.keep(detached_mount(m["hostPath"], m["options"])) for m in edits.mounts]
         mnt_ns = journal.keep(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
         cgroup.allow(directory, edits.device_nodes, journal)
 
@@ -147,8 +151,12 @@ def _inside(
             inroot.make_char_device(dirs.make(parent), name, node["major"], node["minor"], journal)
         os.umask(0o022)
         for mount, tree in zip(edits.mounts, trees, strict=True):
-            parent, _, name = mount["containerPath"].rpartition("/")
-            syscalls.move_mount(tree, inroot.mount_target(dirs.make(parent), name, journal))
+            target = mount["containerPath"]
+            if stat.S_ISDIR(os.fstat(tree).st_mode):  # a directory onto a directory
+                syscalls.move_mount(tree, dirs.make(target))
+            else:
+                parent, _, name = target.rpartition("/")
+                syscalls.move_mount(tree, inroot.mount_target(dirs.make(parent), name, journal))
             journal.record(syscalls.umount, f"/proc/self/fd/{tree}")
         folders = edits.ldcache_folders
         if not ldcache.make(dirs, edits.links, folders, edits.ldcache_entries):

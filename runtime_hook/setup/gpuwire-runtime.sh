@@ -41,7 +41,7 @@ for arg do
 	previous=$arg last=$arg
 done
 if [ -n "$create" ]; then
-	grep -qsE -e 'NVIDIA_VISIBLE_DEVICES|/run/gpuwire/allocations/|\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])' -- "${bundle:-.}/config.json"
+	grep -qsE -e 'NVIDIA_VISIBLE_DEVICES|CUDA_VERSION|/run/gpuwire/allocations/|\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])' -- "${bundle:-.}/config.json"
 	[ $? -eq 1 ] || shim "$@"
 fi
 
@@ -75,6 +75,10 @@ if [ -f "$config" ] && [ -r "$config" ]; then
 		log) case $value in stderr | /*) : ;; *) odd=1 ;; esac ;;
 		records-dir) case $value in /*) records=$value ;; *) odd=1 ;; esac ;;
 		mig-map) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		mps-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		hami-library) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		hami-dir) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		driver-facts) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		*) odd=1 ;;
 		esac
 		[ -z "$odd" ] || break

@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 
-from gpuwire import allocation, atomicfile, grant, mig, records
+from gpuwire import allocation, atomicfile, grant, hamicore, mig, records, requirements
 from gpuwire.nvidia import Roots
 
 ENV = "GPUWIRE_CONFIG"
@@ -42,6 +42,10 @@ KEYS = {
     "log": "'stderr' or " + ABSOLUTE,
     "records-dir": ABSOLUTE + " (which container holds which GPUs, for the inventory)",
     "mig-map": ABSOLUTE + " (the MIG map the node agent writes: names of MIG devices)",
+    "mps-root": ABSOLUTE + " (the node agent's MPS control daemons, one per GPU)",
+    "hami-library": ABSOLUTE + " to HAMi-core's libvgpu.so (containers with its limits load it)",
+    "hami-dir": ABSOLUTE + " (the preload list HAMi-core's containers get)",
+    "driver-facts": ABSOLUTE + " (what the node agent read of NVML, for NVIDIA_REQUIRE_*)",
 }
 
 
@@ -61,11 +65,15 @@ def default_hook() -> str:
 class Config:
     __slots__ = (
         "allocation_dir",
+        "driver_facts",
         "grant_key_dir",
+        "hami_dir",
+        "hami_library",
         "hook",
         "ldconfig",
         "log",
         "mig_map",
+        "mps_root",
         "records_dir",
         "roots",
         "runtime",
@@ -86,6 +94,10 @@ class Config:
         log: str = DEFAULT_LOG,
         records_dir: str = records.DEFAULT_DIR,
         mig_map: str = mig.DEFAULT_MAP,
+        mps_root: str | None = None,
+        hami_library: str | None = None,
+        hami_dir: str = hamicore.DEFAULT_DIR,
+        driver_facts: str = requirements.DEFAULT_FACTS,
         source: str = "defaults",
     ) -> None:
         self.roots = roots or Roots("/")
@@ -98,6 +110,10 @@ class Config:
         self.log = log
         self.records_dir = records_dir
         self.mig_map = mig_map
+        self.mps_root = mps_root  # None: this node runs no MPS control daemons
+        self.hami_library = hami_library  # None: this node has no HAMi-core
+        self.hami_dir = hami_dir
+        self.driver_facts = driver_facts
         self.source = source
 
 
@@ -128,6 +144,10 @@ def from_table(table: dict[str, object], source: str) -> Config:
         log=values.get("log", DEFAULT_LOG),
         records_dir=values.get("records-dir", records.DEFAULT_DIR),
         mig_map=values.get("mig-map", mig.DEFAULT_MAP),
+        mps_root=values.get("mps-root"),
+        hami_library=values.get("hami-library"),
+        hami_dir=values.get("hami-dir", hamicore.DEFAULT_DIR),
+        driver_facts=values.get("driver-facts", requirements.DEFAULT_FACTS),
         source=source,
     )
 

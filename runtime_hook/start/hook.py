@@ -71,7 +71,7 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
         return 1
     container = str(state.get("id", "?"))
     try:
-        decided = plan.make(spec, bundle, settings)
+        decided = plan.make(spec, bundle, settings, sets_env=False)
         message = plan.summary(decided)
         if message:
             log.write(settings.log, "gpuwire-hook", container, message)

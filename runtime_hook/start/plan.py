@@ -1,8 +1,9 @@
 """From a container spec to what the container gets: the front half of shim and hook.
 
 `make(spec, bundle, config)` decides (`runtime_hook.start.trust`), and for a granted request
-discovers the driver, probes the rootfs's distro and computes the edits. `summary` is the
-one log line that says what was decided and why.
+discovers the driver, probes the rootfs's distro, computes the edits and joins the limits it
+asks for to this node's mechanisms (`runtime_hook.start.enforcement`), writing the host files
+they need. `summary` is the one log line that says what was decided and why.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from __future__ import annotations
 import os
 
 from gpuwire.edits import Edits, Layout, container_edits
+from runtime_hook.start import enforcement, trust
 from runtime_hook.start import spec as ocispec
-from runtime_hook.start import trust
 from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
@@ -20,12 +21,19 @@ if TYPE_CHECKING:
 
 
 class Plan:
-    __slots__ = ("edits", "outcome", "rootfs")
+    __slots__ = ("edits", "joined", "outcome", "rootfs")
 
-    def __init__(self, outcome: trust.Outcome, rootfs: str, edits: Edits | None) -> None:
+    def __init__(
+        self,
+        outcome: trust.Outcome,
+        rootfs: str,
+        edits: Edits | None,
+        joined: enforcement.Joined | None = None,
+    ) -> None:
         self.outcome = outcome
         self.rootfs = rootfs
         self.edits = edits  # None: nothing to inject
+        self.joined = joined  # the mechanisms that hold its limits, if it asked for any
 
 
 def is_debian(rootfs: str) -> bool:
@@ -40,8 +48,10 @@ def is_debian(rootfs: str) -> bool:
         os.close(root_fd)
 
 
-def make(spec: Spec, bundle: str, config: Config) -> Plan:
-    """Decide on `spec` and compute its edits; claims allocation tokens (a real start)."""
+def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> Plan:
+    """Decide on `spec` and compute its edits; claims allocation tokens (a real start).
+    `sets_env`: whether the edits' environment reaches the process (not from a prestart
+    hook: the process is made)."""
     outcome = trust.evaluate(spec, config, claim=True)
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
@@ -55,7 +65,19 @@ def make(spec: Spec, bundle: str, config: Config) -> Plan:
         outcome.mig,
         outcome.mig_controls,
     )
-    return Plan(outcome, rootfs, edits)
+    try:
+        entries = ocispec.env_entries(spec)
+        share = outcome.verdict.share
+        joined = enforcement.join(entries, outcome.devices, config, share, sets_env=sets_env)
+        if joined is not None:
+            enforcement.prepare(joined, config)
+    except (enforcement.EnforcementError, OSError) as exc:
+        outcome.error = str(exc)
+        return Plan(outcome, rootfs, None)
+    if joined is not None:
+        edits.mounts += joined.mounts
+        edits.env.update(joined.env)
+    return Plan(outcome, rootfs, edits, joined)
 
 
 def summary(plan: Plan) -> str | None:
@@ -74,4 +96,6 @@ def summary(plan: Plan) -> str | None:
     mig = "".join(f", MIG {m.place} ({m.name})" for m in outcome.mig)
     controls = "".join(f", MIG {c}" for c in outcome.mig_controls)
     caps = ",".join(outcome.capabilities)
-    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}: {verdict.basis}"
+    held = f", limits held by {' and '.join(plan.joined.mechanisms)}" if plan.joined else ""
+    unchecked = f" (not checked here: {'; '.join(outcome.unchecked)})" if outcome.unchecked else ""
+    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}{held}: {verdict.basis}{unchecked}"

@@ -27,7 +27,7 @@ shell the shim, the prestart hook and `gpuwire grant verify` all call.
 
 from __future__ import annotations
 
-from gpuwire import allocation, devices, grant, nvidia
+from gpuwire import allocation, devices, grant, nvidia, requirements
 from gpuwire.devices import Device, MigDevice
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
@@ -57,6 +57,7 @@ class ContainerRequest:
     __slots__ = (
         "capabilities",
         "conflicts",
+        "env",
         "grant",
         "mig_controls",
         "names",
@@ -79,6 +80,7 @@ class ContainerRequest:
         stray_tokens: tuple[str, ...] = (),
         conflicts: dict[str, list[str]] | None = None,
         mig_controls: dict[str, str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.visible = visible  # NVIDIA_VISIBLE_DEVICES (last value)
         self.capabilities = capabilities  # NVIDIA_DRIVER_CAPABILITIES
@@ -90,10 +92,11 @@ class ContainerRequest:
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
         self.conflicts = conflicts or {}  # request keys set more than once, differently
         self.mig_controls = mig_controls or {}  # config, monitor → NVIDIA_MIG_*_DEVICES
+        self.env = env if env is not None else {}  # the whole environment, last values
 
     @property
     def device_request(self) -> devices.Request:
-        return devices.parse_request(self.visible)
+        return ocispec.visible_request(self.env)
 
     def describe(self) -> str:
         return (
@@ -125,6 +128,7 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         tokens=tuple(dict.fromkeys(tokens)),
         stray_tokens=tuple(strays),
         conflicts=ocispec.conflicting_env(spec, REQUEST_ENV),
+        env=env,
         mig_controls={
             control: env[name] for control, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)
         },
@@ -180,7 +184,7 @@ def check_tokens(
 class Verdict:
     """The decision: status, the basis it rests on, why, and what to select if granted."""
 
-    __slots__ = ("basis", "capabilities", "reason", "request", "status")
+    __slots__ = ("basis", "capabilities", "reason", "request", "share", "status")
 
     def __init__(
         self,
@@ -189,12 +193,14 @@ class Verdict:
         basis: str = "",
         request: devices.Request | None = None,
         capabilities: str | None = None,
+        share: allocation.Share | None = None,
     ) -> None:
         self.status = status
         self.reason = reason
         self.basis = basis  # privileged, allocation, grant, trust=any
         self.request = request
         self.capabilities = capabilities
+        self.share = share  # a shared replica's, from its allocation token
 
 
 def grant_holds(request: ContainerRequest, keys: grant.KeyRing | None) -> tuple[bool, str]:
@@ -229,12 +235,14 @@ def authorise(
         if errors or len(tokens) != len(request.tokens):
             return Verdict(REFUSED, "; ".join(errors) or "allocation not checked")
         uuids = tuple(sorted({u for t in tokens if t.allocation for u in t.allocation.devices}))
+        shares = [t.allocation.share for t in tokens if t.allocation and t.allocation.share]
         return Verdict(
             GRANTED,
             f"device-plugin allocation {', '.join(request.tokens)}",
             "allocation",
             devices.Request(devices.Kind.LIST, uuids),
             caps,
+            shares[0] if shares else None,
         )
     holds, explanation = grant_check
     if holds and request.visible == grant.PLUGIN_DEVICES:
@@ -268,6 +276,7 @@ class Outcome:
         "mig_controls",
         "request",
         "tokens",
+        "unchecked",
         "verdict",
     )
 
@@ -287,6 +296,7 @@ class Outcome:
         self.mig: tuple[MigDevice, ...] = ()  # MIG devices selected on their own
         self.mig_controls: tuple[str, ...] = ()  # config, monitor
         self.capabilities: tuple[str, ...] = ()
+        self.unchecked: list[str] = []  # NVIDIA_REQUIRE_* terms on facts this node lacks
         # A granted request this node cannot satisfy (unknown device, bad capability,
         # no driver): the container start must fail with this message.
         self.error: str | None = None
@@ -312,11 +322,15 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     outcome = Outcome(request, tokens, grant_check[1], verdict)
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
+    env = request.env
+    caps = verdict.capabilities
+    if caps is None and requirements.is_legacy(env):
+        caps = "all"  # a legacy CUDA image naming none gets every capability, as the toolkit
     from gpuwire.driver import DiscoveryError, discover  # _ctypes, ELF: when granted
 
     try:
         outcome.mig_controls = mig_controls(request)
-        outcome.capabilities = nvidia.parse_capabilities(verdict.capabilities)
+        outcome.capabilities = nvidia.parse_capabilities(caps)
         driver = outcome.driver = discover(config.roots, outcome.capabilities)
         problem = ""
         if driver.mig:
@@ -331,7 +345,15 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
         except devices.UnknownDevice as exc:
             raise devices.UnknownDevice(f"{exc}{problem}") from None
         outcome.devices, outcome.mig = chosen.gpus, chosen.mig
-    except (nvidia.CapabilityError, DiscoveryError, devices.UnknownDevice, MigControlError) as exc:
+        facts = requirements.read_facts(config.driver_facts, driver.version)
+        outcome.unchecked = requirements.check(env, driver.version, facts, outcome.devices)
+    except (
+        nvidia.CapabilityError,
+        DiscoveryError,
+        devices.UnknownDevice,
+        MigControlError,
+        requirements.RequirementError,
+    ) as exc:
         outcome.error = str(exc)
     return outcome
 

@@ -41,10 +41,10 @@ import yaml
 from certs import pki
 from certs.grantkey import key_id
 from deviceplugin.labels import GPUS_ANNOTATION
-from gpuwire import nvidia, sim
+from gpuwire import mps, nvidia, sim
 from gpuwire.devices import Device
 from scripts.demo.base import GPUWIRE, ROOT, Handler, Step, handlers_of, import_images, run, until
-from testbed import containerds
+from testbed import containerds, mps_control
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
@@ -125,6 +125,7 @@ def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
     """The simulated node, a grant key as the node agent installs it, and the node's gpuwire
     config; returns the config and the runtime log paths."""
     run(steps, "a simulated GPU node", [GPUWIRE, "sim", "node", str(workdir / "node")])
+    mps_control.install(workdir / "node")  # the driver's MPS control program: the stand-in
     keys = workdir / "keys"
     keys.mkdir(mode=0o700)
     key = keys / key_id(dt.datetime.now(dt.UTC))
@@ -137,6 +138,9 @@ def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
         "allocation-dir": workdir / "allocations",
         "records-dir": workdir / "records",
         "log": log,
+        "mps-root": workdir / "mps",  # the device plugin's MPS control daemons
+        "hami-library": workdir / "node" / sim.HAMI_LIBRARY,
+        "hami-dir": workdir / "hami",
     }
     config = workdir / "config.toml"
     config.write_text("".join(f"{k} = {json.dumps(str(v))}\n" for k, v in settings.items()))
@@ -183,6 +187,8 @@ def device_plugin(
         "--holders", "--holders-interval", "0.5",
         "--records-dir", str(workdir / "records"),
         "--pod-resources-socket", str(workdir / POD_RESOURCES),
+        "--mps-root", str(workdir / "mps"),
+        "--hami-library", str(workdir / "node" / sim.HAMI_LIBRARY),
         "--log-level", "WARNING",
     ]  # fmt: skip
     log = workdir / "device-plugin.log"
@@ -280,6 +286,9 @@ def up() -> Iterator[Cluster]:
 
         until(lambda: plugin_runs() and RESOURCE in kubelet.plugins, "the plugin to register")
         until(lambda: plugin_runs() and labelled(), "the device plugin to label the node")
+        gpus = sim.load_machine(workdir / "node").devices
+        daemons = str(workdir / "mps")
+        until(lambda: all(mps.ready(daemons, g.uuid) for g in gpus), "its MPS control daemons")
         report_capacity(api, kubelet)
         url, ca = start_webhook(workdir, kubeconfig, steps, stack)
         cluster = Cluster(

@@ -174,8 +174,10 @@ def judge_mps(started: Started, seen: View, devices: Sequence[Device]) -> Verdic
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
     }
     got = {k: env.get(k, "unset") for k in wanted}
+    joined = "control" in seen.get("mps", [])  # its GPU's MPS control daemon's pipes
     text = f"GPUs {_numbers(gpus(seen))}; " + ", ".join(f"{k}={v}" for k, v in got.items())
-    return Verdict(text, got == wanted and len(gpus(seen)) == 1)
+    text += "; joined to its GPU's MPS control daemon" if joined else "; no MPS daemon"
+    return Verdict(text, got == wanted and len(gpus(seen)) == 1 and joined)
 
 
 SCENARIOS = (
@@ -218,7 +220,7 @@ SCENARIOS = (
         "mps",
         "A quarter of a GPU through MPS",
         PODS / "mps-limits.yaml",
-        "1 GPU, 25 % MPS limits",
+        "1 GPU, 25 % MPS limits, held by its GPU's MPS daemon",
         judge_mps,
     ),
 )

@@ -111,6 +111,29 @@ def test_bad_file_says_key_value_and_accepted(text: str, message: str) -> None:
         parse(text, "f.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "sharing: {mps: {replicas: 4}, timeSlicing: {replicas: 2}}",
+            "a GPU is shared one way; accepted: one of them",
+        ),
+        ("sharing: {mps: {replicas: 4}}", "sharing.mps.replicas needs mps.root"),
+        ("sharing: {timeSlicing: {replicas: 4, limits: hami}}", "limits: hami needs hami.library"),
+        (
+            "sharing: {mps: {replicas: 4}}\nmps: {root: /run/gpuwire/mps}\nallocate: {cdi: uuid}",
+            "allocate.cdi: uuid with replicas held to their share: containerd applies a CDI "
+            "device without gpuwire's runtime",
+        ),
+    ],
+)
+def test_a_share_nothing_would_hold_is_refused(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load(str(path), {})
+
+
 def test_flags_override_the_file(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("sharing: {timeSlicing: {replicas: 4}}\nresourceName: example.com/gpu\n")

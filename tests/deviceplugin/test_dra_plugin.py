@@ -148,6 +148,25 @@ def test_registers_through_the_plugin_watcher_and_publishes_every_gpu(c: Cluster
     assert len(c.kubelet.device_health(DRIVER)) == 4
 
 
+def test_a_node_with_hami_core_publishes_its_shared_gpus_as_held_by_it(c: Cluster) -> None:
+    """hami.library named and there: the shared GPU says hamiLimits (a claim can select it),
+    and the preload list its claims' containers mount is in the plugin's directory."""
+    c.start_plugin(hami_library=str(c.root / sim.HAMI_LIBRARY))
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert c.devices()["gpu-3"]["attributes"]["hamiLimits"] == {"bool": True}
+    assert c.devices()["gpu-3"]["attributes"]["mpsLimits"] == {"bool": False}
+    preload = Path(c.config.kubelet_root, "plugins", DRIVER, "ld.so.preload")
+    assert preload.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+
+
+def test_without_hami_core_no_shared_gpu_claims_a_holder(c: Cluster) -> None:
+    c.start_plugin(hami_library=str(c.root / "no/libvgpu.so"))  # named, not there
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert c.devices()["gpu-3"]["attributes"]["hamiLimits"] == {"bool": False}
+
+
 def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(c: Cluster) -> None:
     c.start_plugin()
     c.kubelet.wait_registered(DRIVER)

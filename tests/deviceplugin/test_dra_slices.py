@@ -113,6 +113,24 @@ def test_shared_gpus_offer_memory_and_cores_as_consumable_capacity(four: NodeGpu
     assert all(d.shared for d in by_model)
 
 
+def test_a_shared_gpu_says_which_limits_hold_a_claim_to_its_share(four: NodeGpus) -> None:
+    """hamiLimits / mpsLimits on shared GPUs only, true where the plugin joins claims to the
+    mechanism; a claim selects them by CEL."""
+    shared = (four.gpus[1].device.uuid,)
+    held = devices.devices(four, Sharing(shared, ("hami",)))
+    assert {k: v for k, v in attrs(held[1]).items() if k.endswith("Limits")} == {
+        "hamiLimits": True,
+        "mpsLimits": False,
+    }
+    assert not any(k.endswith("Limits") for k in attrs(held[0]))  # a whole GPU: no share
+    selector = f'device.attributes["{DRIVER}"].hamiLimits == true'
+    chosen = [d.name for d in held
+              if d.shared and selects(selector, cel_device(d.entry, DRIVER, ()))]  # fmt: skip
+    assert chosen == ["gpu-1"]
+    unheld = devices.devices(four, Sharing(shared))
+    assert not selects(selector, cel_device(unheld[1].entry, DRIVER, ()))
+
+
 def _value(text: str) -> int:
     numerator, denominator = quantity.api_value(text)
     assert numerator % denominator == 0

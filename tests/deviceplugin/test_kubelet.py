@@ -284,3 +284,39 @@ def test_serve_command_removes_its_socket_on_sigterm(config: Config, kubelet: Ku
         _, err = process.communicate()
     assert not socket.exists()
     assert "registered nvidia.com/gpu with the kubelet" in err
+
+
+def test_gpus_shared_through_mps_hand_each_replica_its_share(
+    config: Config, socket_dir: Path, sim_node: tuple[Path, sim.Machine]
+) -> None:
+    """`sharing.mps.replicas: 4`: a quarter of a GPU per replica, in the token (MAC'd) and as
+    the client variables; the GPU's control daemon has the quarter as its defaults; two
+    replicas in one request are refused, as NVIDIA's plugin refuses them."""
+    from gpuwire import mps
+    from testbed import mps_control
+    from testbed.waiting import until
+
+    root, machine = sim_node
+    mps_control.install(root)
+    shared = replace(config, mps_root=str(socket_dir / "mps"), mps_replicas=4)
+    gpu = machine.devices[0]
+    with Kubelet(socket_dir) as kubelet, serving(shared):
+        served = kubelet.plugin(RESOURCE)
+        kubelet.wait(lambda: served.capacity == 4 * len(machine.devices))
+        until(lambda: all(mps.ready(str(socket_dir / "mps"), d.uuid) for d in machine.devices))
+        quarter = gpu.memory_mib // 4
+        daemon = mps.ready(str(socket_dir / "mps"), gpu.uuid)
+        assert daemon is not None
+        assert daemon.defaults == mps.Defaults(25, quarter)
+        ids, answer = kubelet.admit(RESOURCE, 1)
+        assert dict(answer.envs) == {
+            "NVIDIA_VISIBLE_DEVICES": ids[0].partition("::")[0],
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={quarter}M",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        }
+        token = Path(answer.mounts[0].host_path).name
+        found = allocation.read(shared.allocation_dir, token, KeyRing.load(shared.grant_key_dir))
+        assert found.share == allocation.Share("mps", quarter, 25)
+        with pytest.raises(grpc.RpcError, match="maximum request size for shared resources is 1"):
+            kubelet.admit(RESOURCE, 2)
+    assert all(mps.ready(str(socket_dir / "mps"), d.uuid) is None for d in machine.devices)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from deviceplugin import cli, labeler, plugin
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from gpuwire import sim
+from gpuwire import limits, sim
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
 from testbed.waiting import until
@@ -211,3 +212,27 @@ def test_node_name_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "from-downward-api")
     assert labeler.node_name(None) == "from-downward-api"
     assert labeler.node_name("given") == "given"
+
+
+def test_the_limits_labels_say_what_holds_limits_on_this_node(tmp_path: Path) -> None:
+    """gpuwire.io/limits.mps where the agent runs MPS daemons (mps.root and the driver's
+    control program), .hami where HAMi-core's library is there; neither where the plugin
+    answers with CDI devices (no gpuwire runtime joins them) or the mechanism is missing."""
+    from testbed import mps_control
+
+    node = tmp_path / "node"
+    sim.write_node(node, sim.make_machine(gpus=2))
+    gpus = open_discovery(str(node)).discover()
+    library = str(node / sim.HAMI_LIBRARY)
+    config = Config(sim=str(node), mps_root=str(tmp_path / "mps"), hami_library=library)
+
+    def held(c: Config) -> dict[str, str]:
+        wanted = labeler.wanted(c, gpus)
+        return {k: v for k, v in wanted.items() if k.startswith(limits.LABEL_PREFIX)}
+
+    (node / "usr/bin/nvidia-cuda-mps-control").unlink()  # a driver without MPS
+    assert held(config) == {"gpuwire.io/limits.hami": "true"}
+    mps_control.install(node)
+    assert held(config) == {"gpuwire.io/limits.mps": "true", "gpuwire.io/limits.hami": "true"}
+    assert held(replace(config, cdi="uuid")) == {}
+    assert held(replace(config, mps_root=None, hami_library=str(node / "none.so"))) == {}

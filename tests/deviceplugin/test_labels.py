@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.labels import changes, gpus_annotation, labels, model_token
-from deviceplugin.resources import Resource, assign
+from deviceplugin.resources import Resource, Rule, assign
 from gpuwire import sim
 
 
@@ -117,7 +117,8 @@ def test_model_tokens(product: str, token: str) -> None:
 
 
 def test_gpus_annotation_is_what_the_webhook_reads() -> None:
-    entries = json.loads(gpus_annotation(A100X4, {A100X4.devices[1].uuid}))
+    resources = assign(A100X4.devices, [Rule("*", "nvidia.com/a100")], "nvidia.com/gpu")
+    entries = json.loads(gpus_annotation(A100X4, resources, {A100X4.devices[1].uuid}))
     assert entries[1] == {
         "index": 1,
         "uuid": A100X4.devices[1].uuid,
@@ -125,6 +126,8 @@ def test_gpus_annotation_is_what_the_webhook_reads() -> None:
         "memory_mib": 81920,
         "numa_node": 0,
         "healthy": False,
+        "resource": "nvidia.com/a100",
+        "replicas": 1,
     }
     assert [e["healthy"] for e in entries] == [True, False, True, True]
 

@@ -38,20 +38,18 @@ def test_hami_escapes_are_the_variables_that_lift_its_limits() -> None:
     assert limits.PROFILES["mps"].escaping(names) == []
 
 
-def test_mps_writes_a_limit_per_device_ordinal() -> None:
-    env = render("mps", Limits(memory_mib=10240, cores_percent=50, devices=2), {})
+def test_mps_limits_its_one_device() -> None:
+    env = render("mps", Limits(memory_mib=10240, cores_percent=50, devices=1), {})
     assert env == {
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M,1=10240M",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
     }
 
 
-def test_mps_needs_the_device_count_for_memory() -> None:
-    with pytest.raises(LimitError, match="how many GPUs"):
-        render("mps", Limits(memory_mib=10240, devices=None), {})
-    assert render("mps", Limits(cores_percent=20, devices=None), {}) == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "20"
-    }
+@pytest.mark.parametrize(("devices", "seen"), [(2, "2"), (None, "an unknown number of")])
+def test_mps_needs_exactly_one_gpu(devices: int | None, seen: str) -> None:
+    with pytest.raises(LimitError, match=f"this container sees {seen} GPUs; give it one GPU"):
+        render("mps", Limits(cores_percent=20, devices=devices), {})
 
 
 def test_enforcing_profiles_need_mib_and_framework_ones_a_fraction() -> None:

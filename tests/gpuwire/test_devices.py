@@ -32,6 +32,12 @@ DEVICES = sim.make_machine(gpus=4).devices
         ("ALL", Kind.ALL),
         ("0,all", Kind.ALL),
         ("0, 1", Kind.LIST),
+        # the toolkit's precedence where special values mix with devices: void, none, all
+        ("all,void", Kind.VOID),
+        ("all,none", Kind.NONE),
+        ("none,all,0", Kind.NONE),
+        ("0,ALL", Kind.ALL),
+        ("NONE", Kind.LIST),  # exact words but for all: the toolkit takes NONE for a device
     ],
 )
 def test_request_kinds(value: str | None, kind: Kind) -> None:

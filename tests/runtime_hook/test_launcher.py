@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuwire import allocation, nvidia, records
+from gpuwire import allocation, nvidia, records, requirements
 from runtime_hook.setup import launcher
 from runtime_hook.start import config, recording, shim
 from testbed.lab import container_spec
@@ -124,7 +124,11 @@ def settings_of(script: str) -> dict[str, str]:
 def script_words() -> list[str]:
     """What gpuwire-runtime.sh must spell as the shim and the config do, each a line of it."""
     flags, creating = " | ".join(shim.BUNDLE_FLAGS), " | ".join(shim.CREATING)
-    markers = (nvidia.VISIBLE_DEVICES_ENV, allocation.CONTAINER_DIR + "/")
+    markers = (
+        nvidia.VISIBLE_DEVICES_ENV,
+        requirements.CUDA_VERSION,
+        allocation.CONTAINER_DIR + "/",
+    )
     assert all(c.isalnum() or c in "_/" for c in "".join(markers))  # nothing grep -E reads
     # JSON escapes that could spell a character of the markers (`\/`, `\u002f`, `\u0041`
     # ... `\u007f`); Go's own escapes (`\u0026` for `&`, `\u003c`, `\u003e`) are not among them.
@@ -235,6 +239,10 @@ VALID = {
     "log": ["stderr", "/var/log/gpuwire.log"],
     "records-dir": ["/run/gpuwire/containers"],
     "mig-map": ["/run/gpuwire/mig/devices"],
+    "mps-root": ["/run/gpuwire/mps"],
+    "hami-library": ["/usr/local/vgpu/libvgpu.so"],
+    "hami-dir": ["/run/gpuwire/hami"],
+    "driver-facts": ["/run/gpuwire/facts/driver.json"],
 }
 assert set(VALID) == set(config.KEYS)
 PLAIN = [f'{k} = "{v}"' for k, values in VALID.items() for v in values] + ["# comment", ""]

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,19 +13,6 @@ import pytest
 from deviceplugin.nvml import NvmlDiscovery
 from gpuwire import sim
 from testbed.nvml import StandIn
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts/gpu-check"
-
-
-@pytest.fixture
-def gpu_check() -> ModuleType:
-    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("gpu_check", loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    module.RESULTS.clear()
-    return module
 
 
 def smi_listing(root: Path, tmp_path: Path) -> str:

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +34,10 @@ from typing import Any
 import pytest
 import tomlkit
 
+from deviceplugin import mps as daemons
 from deviceplugin.allocate import Strategies, response
 from deviceplugin.api import api_pb2
-from gpuwire import allocation
+from gpuwire import allocation, mps
 from runtime_hook.setup import launcher
 from testbed import containerds
 from testbed.containerd import CRI, CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
@@ -432,3 +434,51 @@ def test_prestart_hook_from_the_base_spec_injects(
             seen, _ = run_view(kubelet, pod(**granted(lab, "2")))
     expected = granted_view(lab.machine.devices, (2,))
     assert shown(seen, expected) == expected
+
+
+# Limits that hold, over CRI: the lab's node with the node agent's MPS control daemons.
+
+
+@pytest.fixture(scope="module")
+def mps_daemons(lab: Lab) -> Iterator[str]:
+    """MPS control daemons (the stand-in program, as the node agent runs it) for the lab's
+    GPUs 0 and 1, named in the lab's node config; a short root: a socket path is short."""
+    root = tempfile.mkdtemp(prefix="gw-mps-")
+    control = daemons.control_binary(str(lab.node))
+    assert control is not None
+    supervisor = daemons.Supervisor(root, control, lambda gpu: mps.Defaults(25, None))
+    supervisor.step(lab.machine.devices[:2], frozenset())
+    lab.configure(**{"mps-root": root})
+    try:
+        yield root
+    finally:
+        supervisor.close()
+        lab.configure()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_an_mps_pod_is_joined_to_its_gpus_daemon_through_cri(
+    lab: Lab, kubelet: KubeRuntime, mps_daemons: str
+) -> None:
+    limits = {
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+    }
+    shared = Path(mps.shm_dir(mps_daemons), "mark-cri")
+    shared.write_text("")  # what the daemons' /dev/shm holds
+    seen, _ = run_view(kubelet, pod(**granted(lab, "1"), **limits))
+    assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]  # GPU 1's daemon's pipes
+    assert shared.name in seen["shm"]
+    on_top = dict(m.split() for m in seen["mounted"])
+    assert on_top.keys() == {"/dev/shm", "/tmp/nvidia-mps"}
+    without, _ = run_view(kubelet, pod(**granted(lab, "1")))
+    assert not {"mps", "shm"} & set(without)
+
+
+def test_a_hami_core_pod_preloads_it_through_cri(lab: Lab, kubelet: KubeRuntime) -> None:
+    seen, _ = run_view(kubelet, pod(**granted(lab, "2"), CUDA_DEVICE_MEMORY_LIMIT="4096m"))
+    assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+    assert seen["memory"] == ["4096 MiB"]
+    without, _ = run_view(kubelet, pod(**granted(lab, "2")))
+    assert "preload" not in without
+    assert without["memory"] == ["81920 MiB"]

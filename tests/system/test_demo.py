@@ -211,7 +211,11 @@ def test_the_mps_pod_gets_its_limits_and_one_gpu(outcomes: dict[str, Outcome]) -
     assert {k: v for k, v in variables(view).items() if k.startswith("CUDA_MPS")} == {
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
     }
+    assert view["mps"] == ["control", "nvidia-cuda-mps-control.pid"]  # its daemon's pipes
+    (said,) = outcomes["mps"].containers[0].runtime_log
+    assert "limits held by mps: allocation" in said
 
 
 @needs_containers

@@ -18,7 +18,9 @@ from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError, ClaimRef
 from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.dra.prepared import Preparer
+from deviceplugin.dra.shares import Holders
 from deviceplugin.simulated import SimDiscovery
+from gpuwire import hamicore, sim
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 from testbed.image import NAME, write_layout_tar
@@ -51,9 +53,10 @@ class Claims:
     def __init__(self) -> None:
         self.stored: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def allocate(self, devices: list[str]) -> ClaimRef:
+    def allocate(self, devices: list[str], **share: Any) -> ClaimRef:
+        """A claim of `devices`; `share`: a shared GPU's result fields (shareID, …)."""
         ref = ClaimRef("team-a", f"claim-{uuid.uuid4().hex[:6]}", str(uuid.uuid4()))
-        results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d}
+        results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} | share
                    for d in devices]  # fmt: skip
         self.stored[(ref.namespace, ref.name)] = {
             "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
@@ -85,7 +88,9 @@ def test_a_prepared_claim_gives_exactly_its_gpus_in_podman(
     assert not isinstance(prepared, str), prepared
     ids = [i for d in prepared.devices for i in d.cdi_ids]
     expected = granted_view(lab.machine.devices, (0, 2))
-    assert shown(gpu_view(podman, ids), expected) == expected
+    seen = gpu_view(podman, ids)
+    assert shown(seen, expected) == expected
+    assert "preload" not in seen  # no share, no limits: nothing of HAMi-core
     assert shown(gpu_view(podman, ids[1:]), granted_view(lab.machine.devices, (2,))) == (
         granted_view(lab.machine.devices, (2,))
     )  # one device of the claim: that GPU and the claim's common edits
@@ -96,3 +101,36 @@ def test_a_prepared_claim_gives_exactly_its_gpus_in_podman(
     out = podman.run(NAME, ["true"], devices=ids)
     assert out.returncode != 0
     assert ids[0] in out.stderr  # unresolvable: nothing of the claim is left
+
+
+def test_a_claims_hami_share_preloads_the_library_with_its_limits(
+    lab: Lab, podman: Podman, tmp_path: Path
+) -> None:
+    """A share of a shared GPU (20 GiB of 80) through HAMi-core where the node has the library:
+    the container preloads it and the simulated nvidia-smi shows the limited view; where the
+    node has none, the prepare fails and no spec is written."""
+    library = str(lab.node / sim.HAMI_LIBRARY)
+    holders = Holders(library, str(tmp_path / "plugin"))
+    hamicore.write_preload(holders.state)
+    found = SimDiscovery(lab.node).discover()
+    published = {d.name: d for d in devices(found, Sharing(("*",), holders.enforced))}
+    claims = Claims()
+    share = {"shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "20Gi"}}
+    roots = Roots(str(lab.node))
+    writer = CdiWriter(str(podman.cdi_dir), roots, HOOK, "/sbin/ldconfig", "/", holders)
+    preparer = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, writer, str(tmp_path))
+    ref = claims.allocate(["gpu-1"], **share)
+    prepared = preparer.prepare([ref])[ref.uid]
+    assert not isinstance(prepared, str), prepared
+    seen = gpu_view(podman, [i for d in prepared.devices for i in d.cdi_ids])
+    assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+    assert seen["memory"] == ["20480 MiB"]
+    assert preparer.unprepare([ref]) == {ref.uid: None}
+
+    bare = CdiWriter(str(podman.cdi_dir), roots, HOOK, "/sbin/ldconfig")
+    unheld = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, bare, str(tmp_path))
+    ref = claims.allocate(["gpu-1"], **share)
+    failed = unheld.prepare([ref])[ref.uid]
+    assert isinstance(failed, str)
+    assert "limitProfile hami: nothing on this node holds a claim to its share" in failed
+    assert not (podman.cdi_dir / cdi.spec_file(ref.uid)).exists()

@@ -8,7 +8,7 @@ import copy
 import shutil
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,10 @@ import kubernetes_validate
 import pytest
 
 from certs import pki
-from gpuwire import grant
+from deviceplugin import labels
+from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.resources import Rule, assign
+from gpuwire import grant, limits, nvidia, sim
 from testbed.webhook import WebhookProcess
 from webhook import fleet
 from webhook.mutation import Denial, Outcome, mutate
@@ -31,6 +34,41 @@ EXAMPLES = ROOT / "examples"
 NODES = fleet.load(EXAMPLES / "nodes.yaml")
 KEYS = grant.KeyRing({"k1": b"test-secret"})
 K8S_VERSION = "1.30"
+
+Node = dict[str, Any]
+
+
+def labelled_node(
+    name: str,
+    products: Sequence[str],
+    own: Sequence[str] = (),
+    replicas: int = 1,
+    enforced: Sequence[str] = (),
+) -> Node:
+    """A Node as the real labeler writes it: GPUs of `products`, the models in `own` under
+    resources of their own (`nvidia.com/<model>`), the rest under nvidia.com/gpu with
+    `replicas`, and the limit profiles it enforces."""
+    machine = sim.make_machine(len(products), tuple(products), seed=name, nvlink="none")
+    gpus = NodeGpus(
+        machine.driver_version,
+        machine.cuda_version,
+        tuple(Gpu(g.device, g.compute_capability) for g in machine.gpus),
+    )
+    rules = [Rule(f"*{m}*", f"nvidia.com/{m.lower()}") for m in own]
+    resources = assign(gpus.devices, rules, nvidia.RESOURCE, replicas)
+    node_labels = {**labels.labels(gpus, resources), "kubernetes.io/hostname": name}
+    for profile in enforced:
+        node_labels[limits.enforcement_label(profile)] = "true"
+    return {
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": node_labels,
+            "annotations": {labels.GPUS_ANNOTATION: labels.gpus_annotation(gpus, resources)},
+        },
+        "status": {"allocatable": {r.name: str(len(r.ids())) for r in resources}},
+    }
+
 
 # GPUs of the example cluster
 A100_80 = [g.uuid for n in NODES.nodes if n.name == "gpu-a100-80g-0" for g in n.gpus]

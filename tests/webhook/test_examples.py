@@ -62,6 +62,9 @@ def explicit_gpus(p: Pod, warnings: tuple[str, ...]) -> None:
 
 
 def limits_hami(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert {"key": "gpuwire.io/limits.hami", "operator": "In", "values": ["true"]} in (
+        expressions(p)
+    )
     e = env(p, "jupyter")
     assert (e["CUDA_DEVICE_MEMORY_LIMIT"], e["CUDA_DEVICE_SM_LIMIT"]) == ("20480m", "30")
     assert e["GPU_CORE_UTILIZATION_POLICY"] == "force"
@@ -70,6 +73,8 @@ def limits_hami(p: Pod, warnings: tuple[str, ...]) -> None:
 
 
 def limits_mps(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert {"key": "gpuwire.io/limits.mps", "operator": "In", "values": ["true"]} in expressions(p)
+    assert "profile 'pytorch' is advisory: the framework reads it, nothing enforces it" in warnings
     e = env(p, "server")
     assert e["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20389M"
     assert e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
@@ -108,6 +113,12 @@ def driver_only(p: Pod, warnings: tuple[str, ...]) -> None:
     assert env(p, "build")["NVIDIA_VISIBLE_DEVICES"] == "none"
 
 
+def mixed_node_model(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/l4": 1}
+    assert "affinity" not in p["spec"]
+    assert any("asks for nvidia.com/l4: 1" in w for w in warnings)
+
+
 def mig_profile(p: Pod, warnings: tuple[str, ...]) -> None:
     notebook = p["spec"]["containers"][0]
     assert notebook["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "2"}
@@ -129,12 +140,19 @@ ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "no-request": no_request,
     "trusted-agent": trusted_agent,
     "driver-only": driver_only,
+    "mixed-node-model": mixed_node_model,
     "mig-profile": mig_profile,
 }
 DENIED = {
     "denied-unknown-model": [
         "gpuwire.io/gpu-model: 'B200' matches no GPU node; models present: "
-        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, Tesla-T4"
+        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, NVIDIA-L4, Tesla-T4"
+    ],
+    "denied-unenforced-limit": [
+        "gpuwire.io/gpu-memory-limit: '8Gi' needs profile mps (gpuwire.io/limit-profile: 'mps'), "
+        "which no node with gpuwire.io/gpu-model: 'T4' enforces; nodes enforcing it have: "
+        "NVIDIA-H100-80GB-HBM3, NVIDIA-L4; profiles enforced in this cluster: hami (3 nodes), "
+        "mps (2 nodes); advisory (allowed, not enforced): jax, pytorch, tensorflow"
     ],
     "denied-unknown-mig-profile": [
         "gpuwire.io/mig-profile: '1g.5gb' is offered by no GPU node; MIG profiles present: "

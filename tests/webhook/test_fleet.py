@@ -79,7 +79,10 @@ def test_nodes_added_changed_and_deleted_are_followed(api: ApiServer, watched: N
     relabelled["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
     api.put(relabelled)
     eventually(
-        lambda: watched.current.products == ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"], "relabel"
+        lambda: (
+            [n.product for n in watched.current.nodes] == ["NVIDIA-H100-80GB-HBM3", "NVIDIA-L4"]
+        ),
+        "relabel",
     )
     api.delete("nodes", "gpu-h100-0")
     eventually(lambda: names(watched) == ["gpu-t4-0"], "deletion")
@@ -174,8 +177,9 @@ def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
         tuple(Gpu(g.device, g.compute_capability) for g in found.gpus),
     )
     sick = found.gpus[3].device.uuid
-    labelled = plugin_labels.labels(gpus, assign(gpus.devices, [], "nvidia.com/gpu"))
-    annotation = plugin_labels.gpus_annotation(gpus, unhealthy={sick})
+    resources = assign(gpus.devices, [], "nvidia.com/gpu")
+    labelled = plugin_labels.labels(gpus, resources)
+    annotation = plugin_labels.gpus_annotation(gpus, resources, unhealthy={sick})
     assert plugin_labels.GPUS_ANNOTATION == fleet.GPUS_ANNOTATION
     obj = {
         "kind": "Node",

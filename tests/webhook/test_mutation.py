@@ -94,7 +94,7 @@ def test_an_unknown_gpu_is_denied_listing_the_gpus_that_exist() -> None:
     assert denial.message.startswith(f"nvidia.com/use-gpuuuid: '{missing}' names {missing}")
     assert "which no node has; GPUs present: " in denial.message
     assert A100_80[0] in denial.message
-    assert "and 10 more" in denial.message  # 22 GPUs, 12 listed
+    assert "and 12 more" in denial.message  # 24 GPUs, 12 listed
 
 
 def test_a_numeric_count_without_a_plugin_becomes_a_resource_limit() -> None:
@@ -355,10 +355,20 @@ def test_a_hand_written_limit_cannot_raise_the_granted_one() -> None:
     assert env(mutated)["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m"
 
 
-def test_mps_limits_per_device_of_all_gpus_on_the_chosen_node() -> None:
-    p = pod({a.MODEL: "A100-SXM4-80GB", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"})
+def test_mps_limits_are_for_a_container_with_one_gpu() -> None:
+    p = pod({a.MODEL: "H100", a.COUNT: "1", a.MEMORY_LIMIT: "10Gi", a.CORES_LIMIT: "20"})
     mutated, _ = admit(p, policy=Policy(limit_profiles=("mps",)))
-    assert env(mutated)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M,1=10240M,2=10240M,3=10240M"
+    assert env(mutated)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+    assert env(mutated)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
+    denial = deny(
+        pod({a.MODEL: "H100", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"}),
+        policy=Policy(limit_profiles=("mps",)),
+    )
+    assert denial.message == (
+        "gpuwire.io/gpu-memory-limit: '10Gi': profile 'mps' joins a container to one GPU's MPS "
+        "control daemon, and this container sees 8 GPUs; give it one GPU (gpuwire.io/gpu-count: "
+        "1, or nvidia.com/gpu: 1)"
+    )
 
 
 def test_a_profile_annotation_overrides_the_policy_default() -> None:
@@ -376,15 +386,28 @@ def test_a_share_against_different_gpus_takes_the_smallest_with_a_warning() -> N
     assert "taken against the smallest candidate GPU (40960 MiB)" in outcome.warnings[0]
 
 
+# A node that enforces HAMi-core limits and does not say how large its GPUs are.
+UNSIZED = Fleet.of(
+    [
+        {
+            "metadata": {
+                "name": "unsized",
+                "labels": {"nvidia.com/gpu.product": "Tesla-T4", "gpuwire.io/limits.hami": "true"},
+            }
+        }
+    ]
+)
+
+
 def test_an_enforced_limit_that_cannot_be_resolved_is_denied() -> None:
     p = pod({a.MEMORY_LIMIT: "25%"}, [container(gpus=1)])
-    denial = deny(p, nodes=Fleet())
+    denial = deny(p, nodes=UNSIZED)
     assert denial.message.startswith("gpuwire.io/gpu-memory-limit: '25%': profile 'hami' needs")
 
 
 def test_an_informational_limit_that_cannot_be_resolved_is_a_warning() -> None:
     p = pod({a.MEMORY_LIMIT: "20Gi", a.LIMIT_PROFILE: "hami,pytorch"}, [container(gpus=1)])
-    mutated, outcome = admit(p, nodes=Fleet())
+    mutated, outcome = admit(p, nodes=UNSIZED)
     assert env(mutated)["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in env(mutated)
     assert any("profile 'pytorch' skipped" in w for w in outcome.warnings)

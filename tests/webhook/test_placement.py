@@ -31,7 +31,8 @@ def test_a_model_is_a_case_insensitive_substring_of_the_product() -> None:
 def test_exclusions_apply_to_includes() -> None:
     assert products({a.MODEL: "A100,!40GB"}) == ["NVIDIA-A100-SXM4-80GB"]
     assert products({a.HAMI_USE_TYPE: "NVIDIA", a.HAMI_NOUSE_TYPE: "a100"}) == [
-        "NVIDIA-H100-80GB-HBM3"
+        "NVIDIA-H100-80GB-HBM3",
+        "NVIDIA-L4",
     ]
 
 
@@ -40,7 +41,7 @@ def test_an_unknown_model_is_denied_listing_the_models_that_exist() -> None:
         place(parse({a.MODEL: "B200,!T4"}), NODES)
     assert str(caught.value) == (
         "gpuwire.io/gpu-model: 'B200,!T4' matches no GPU node; models present: "
-        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3"
+        "NVIDIA-A100-SXM4-40GB, NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, NVIDIA-L4"
     )
 
 
@@ -68,7 +69,7 @@ def test_min_memory_filters_the_chosen_models() -> None:
 
 def test_decimal_gigabytes_include_cards_sold_as_80_gb() -> None:
     placement = place(parse({a.MIN_MEMORY: "80G"}), NODES)
-    assert [n.name for n in placement.nodes] == ["gpu-a100-80g-0", "gpu-h100-0"]
+    assert [n.name for n in placement.nodes] == ["gpu-a100-80g-0", "gpu-h100-0", "gpu-mixed-0"]
 
 
 def test_explicit_gpus_conflicting_with_the_model_are_denied() -> None:

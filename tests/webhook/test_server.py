@@ -99,7 +99,7 @@ def test_a_denial_is_allowed_false_with_a_4xx_and_the_reason(http: httpx.Client)
     assert response["status"]["code"] == 400
     assert response["status"]["message"] == (
         "gpuwire.io/gpu-model: 'B200' matches no GPU node; models present: NVIDIA-A100-SXM4-40GB, "
-        "NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, Tesla-T4"
+        "NVIDIA-A100-SXM4-80GB, NVIDIA-H100-80GB-HBM3, NVIDIA-L4, Tesla-T4"
     )
     forbidden = answer(http, request_for(GPU_POD, "sandbox-1"))["response"]
     assert forbidden["status"]["code"] == 403
@@ -234,7 +234,7 @@ def test_metrics_count_admissions_by_outcome_and_time_them(http: httpx.Client) -
         invalid: 1,
         timed: 3,
     }
-    assert metric(http, "gpuwire_webhook_inventory_gpu_nodes") == 4
+    assert metric(http, "gpuwire_webhook_inventory_gpu_nodes") == 5
 
 
 def test_plain_http_is_not_served(http: httpx.Client) -> None:

@@ -1,0 +1,165 @@
+"""NVIDIA MPS as gpuwire runs it: one control daemon per GPU, which the node agent starts and
+supervises and the runtime joins containers to. What both must agree on is here, once.
+
+Each GPU has a directory `<root>/<uuid>` (root: the node config's `mps-root`, the node
+agent's `mps.root`) holding the daemon's `pipe/` (`CUDA_MPS_PIPE_DIRECTORY`: the control
+daemon, its server and every client must name the same one) and `log/`
+(`CUDA_MPS_LOG_DIRECTORY`), and `<root>/shm`, the `/dev/shm` the daemons and their clients
+share (NVIDIA's device plugin wires it the same way: `cmd/mps-control-daemon`,
+`internal/plugin/mps.go` of NVIDIA/k8s-device-plugin). When a daemon is up and has its
+defaults, the agent writes `<root>/<uuid>/ready`: the daemon's pid, its start time (so a
+reused pid is not taken for it) and the defaults applied. A client then needs the pipe
+directory mounted, `CUDA_MPS_PIPE_DIRECTORY` naming it, and the shared `/dev/shm`; the MPS
+server enforces its limits (docs.nvidia.com/deploy/mps: the client variables
+`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` can only lower
+the daemon's defaults). A client that finds no daemon runs without MPS and without limits
+(the `nvidia-cuda-mps-control` man page), so the runtime refuses to start one instead.
+
+On the container-start path: `os`, `gpuwire.lightjson` and `gpuwire.records` only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuwire import lightjson
+from gpuwire.records import process_start
+from gpuwire.value import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+DEFAULT_ROOT = "/run/gpuwire/mps"
+CONTROL = "nvidia-cuda-mps-control"
+PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+CLIENT_ENV = (MEMORY_ENV, THREADS_ENV)  # a container asks for MPS limits by these
+# Where a client container finds its GPU's pipes: MPS's default, so that a client finds them
+# even where its environment cannot be set (the prestart hook runs after the process is made).
+CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+CONTAINER_SHM = "/dev/shm"
+READY = "ready"
+
+
+def gpu_dir(root: str, uuid: str) -> str:
+    return f"{root}/{uuid}"
+
+
+def pipe_dir(root: str, uuid: str) -> str:
+    return f"{root}/{uuid}/pipe"
+
+
+def log_dir(root: str, uuid: str) -> str:
+    return f"{root}/{uuid}/log"
+
+
+def shm_dir(root: str) -> str:
+    return f"{root}/shm"
+
+
+def limit_env(memory_mib: int | None, threads: int | None) -> dict[str, str]:
+    """The client variables for its one device (ordinal 0): memory in MiB, thread percent."""
+    env: dict[str, str] = {}
+    if memory_mib is not None:
+        env[MEMORY_ENV] = f"0={memory_mib}M"
+    if threads is not None:
+        env[THREADS_ENV] = str(threads)
+    return env
+
+
+def asks(names: Iterable[str]) -> bool:
+    """Whether an environment (its variable names) asks for MPS limits."""
+    return any(name in CLIENT_ENV for name in names)
+
+
+class Defaults(Value):
+    """What a GPU's daemon applies to every client: the share of its threads (percent) and of
+    its memory (MiB); None leaves MPS's own (100 %, no memory limit)."""
+
+    __slots__ = _fields = ("threads", "memory_mib")
+    threads: int | None
+    memory_mib: int | None
+
+    def __init__(self, threads: int | None = None, memory_mib: int | None = None) -> None:
+        self._set(threads=threads, memory_mib=memory_mib)
+
+    def commands(self) -> list[str]:
+        """The control commands that set them, for servers started after them. The memory
+        limit names the device by ordinal (0: the daemon sees its one GPU): NVIDIA's plugin
+        found limits set by UUID not applied (k8s-device-plugin v0.15.0-rc.2)."""
+        out = []
+        if self.threads is not None:
+            out.append(f"set_default_active_thread_percentage {self.threads}")
+        if self.memory_mib is not None:
+            out.append(f"set_default_device_pinned_mem_limit 0 {self.memory_mib}M")
+        return out
+
+
+class Daemon(Value):
+    """A running control daemon, as its ready marker names it."""
+
+    __slots__ = _fields = ("pid", "start", "defaults")
+    pid: int
+    start: int  # /proc/<pid>/stat field 22: when the process started, in clock ticks
+    defaults: Defaults
+
+    def __init__(self, pid: int, start: int, defaults: Defaults) -> None:
+        self._set(pid=pid, start=start, defaults=defaults)
+
+    def alive(self) -> bool:
+        """Whether the process is still the one that was marked ready."""
+        return process_start(self.pid) == self.start
+
+    def encode(self) -> bytes:
+        d = self.defaults
+        body = {
+            "pid": self.pid,
+            "start": self.start,
+            "threads": d.threads,
+            "memory_mib": d.memory_mib,
+        }
+        return lightjson.dumps(body).encode()
+
+
+def ready(root: str, uuid: str) -> Daemon | None:
+    """GPU `uuid`'s daemon, if its marker is there and the process it names still runs."""
+    try:
+        with open(f"{gpu_dir(root, uuid)}/{READY}", "rb") as f:
+            body = lightjson.loads(f.read())
+        if not isinstance(body, dict):
+            return None
+        daemon = Daemon(
+            int(body["pid"]), int(body["start"]), Defaults(body["threads"], body["memory_mib"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return daemon if daemon.alive() else None
+
+
+def control_env(root: str, uuid: str, path: str) -> dict[str, str]:
+    """The whole environment of a GPU's control daemon and of the commands sent to it: its
+    GPU alone visible, its own pipe and log directories."""
+    return {
+        "PATH": path,
+        "CUDA_VISIBLE_DEVICES": uuid,
+        PIPE_ENV: pipe_dir(root, uuid),
+        LOG_ENV: log_dir(root, uuid),
+    }
+
+
+def mark_ready(root: str, uuid: str, daemon: Daemon) -> None:
+    from gpuwire import atomicfile
+
+    atomicfile.replace(f"{gpu_dir(root, uuid)}/{READY}", daemon.encode(), 0o644)
+
+
+def unmark(root: str, uuid: str) -> bool:
+    """Remove the marker (the daemon is down or going); whether there was one."""
+    try:
+        os.unlink(f"{gpu_dir(root, uuid)}/{READY}")
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,193 @@
+"""The node agent's MPS control daemons, one per GPU, on a simulated node whose driver has the
+stand-in `nvidia-cuda-mps-control` (testbed/mps_control.py): started with their defaults and
+marked ready, restarted when they die or their defaults change, stopped with their GPU."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin import mps as daemons
+from deviceplugin.config import Config
+from deviceplugin.simulated import SimDiscovery
+from gpuwire import mps, sim
+from testbed import mps_control
+from testbed.waiting import until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    root = tmp_path / "node"
+    sim.write_node(root, sim.make_machine(gpus=2))
+    mps_control.install(root)
+    return root
+
+
+@pytest.fixture
+def supervisor(node: Path, socket_dir: Path) -> Iterator[daemons.Supervisor]:
+    control = daemons.control_binary(str(node))
+    assert control == str(node / "usr/bin/nvidia-cuda-mps-control")
+    shares = {sim.load_machine(node).devices[0].uuid: mps.Defaults(25, 20480)}
+    found = daemons.Supervisor(
+        str(socket_dir / "mps"), control, lambda g: shares.get(g.uuid, mps.Defaults()), Clock()
+    )
+    yield found
+    found.close()
+
+
+def commands(root: str, uuid: str) -> list[str]:
+    log = Path(mps.log_dir(root, uuid), "control.log").read_text().splitlines()
+    return [line.partition("CMD: ")[2] for line in log if "CMD: " in line]
+
+
+def test_each_healthy_gpu_gets_a_daemon_with_its_defaults_marked_ready(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    gpus = sim.load_machine(node).devices
+    supervisor.step(gpus, frozenset())
+    root = supervisor.root
+    first, second = (mps.ready(root, g.uuid) for g in gpus)
+    assert first is not None
+    assert second is not None
+    assert first.defaults == mps.Defaults(25, 20480)
+    assert second.defaults == mps.Defaults()
+    assert commands(root, gpus[0].uuid) == [
+        "get_default_active_thread_percentage",
+        "set_default_active_thread_percentage 25",
+        "set_default_device_pinned_mem_limit 0 20480M",
+        "get_default_active_thread_percentage",
+    ]
+    assert commands(root, gpus[1].uuid) == ["get_default_active_thread_percentage"] * 2
+    environ = Path(f"/proc/{first.pid}/environ").read_bytes().split(b"\0")
+    assert f"CUDA_VISIBLE_DEVICES={gpus[0].uuid}".encode() in environ
+    assert f"CUDA_MPS_PIPE_DIRECTORY={mps.pipe_dir(root, gpus[0].uuid)}".encode() in environ
+    assert oct(os.stat(mps.shm_dir(root)).st_mode & 0o7777) == "0o1777"
+
+
+def test_a_dead_daemon_is_restarted_and_its_marker_never_names_it(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    before = mps.ready(supervisor.root, gpus[0].uuid)
+    assert before is not None
+    os.kill(before.pid, signal.SIGKILL)
+    until(lambda: mps.ready(supervisor.root, gpus[0].uuid) is None)  # the marker names no daemon
+    supervisor.step(gpus, frozenset())
+    after = mps.ready(supervisor.root, gpus[0].uuid)
+    assert after is not None
+    assert after.pid != before.pid
+    assert after.defaults == mps.Defaults(25, 20480)
+
+
+def test_a_gpu_gone_unhealthy_loses_its_daemon_and_gets_it_back(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    gpus = sim.load_machine(node).devices
+    supervisor.step(gpus, frozenset())
+    pid = supervisor.running[gpus[1].uuid].daemon.pid
+    supervisor.step(gpus, frozenset({gpus[1].uuid}))
+    assert mps.ready(supervisor.root, gpus[1].uuid) is None
+    assert not Path(f"/proc/{pid}").exists()
+    assert commands(supervisor.root, gpus[1].uuid)[-1] == "quit"
+    supervisor.step(gpus, frozenset())
+    assert mps.ready(supervisor.root, gpus[1].uuid) is not None
+
+
+def test_new_defaults_restart_the_daemon(node: Path, socket_dir: Path) -> None:
+    gpus = sim.load_machine(node).devices[:1]
+    control = daemons.control_binary(str(node))
+    assert control is not None
+    wanted = [mps.Defaults(50, None)]
+    supervisor = daemons.Supervisor(str(socket_dir / "mps"), control, lambda g: wanted[0], Clock())
+    try:
+        supervisor.step(gpus, frozenset())
+        first = supervisor.running[gpus[0].uuid].daemon.pid
+        supervisor.step(gpus, frozenset())
+        assert supervisor.running[gpus[0].uuid].daemon.pid == first  # nothing changed
+        wanted[0] = mps.Defaults(25, None)
+        supervisor.step(gpus, frozenset())
+        now = mps.ready(supervisor.root, gpus[0].uuid)
+        assert now is not None
+        assert (now.pid != first, now.defaults) == (True, mps.Defaults(25, None))
+    finally:
+        supervisor.close()
+
+
+def test_a_daemon_left_by_an_earlier_agent_is_kept(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    pid = supervisor.running[gpus[0].uuid].daemon.pid
+    supervisor.running.clear()  # a new agent: same root, same defaults
+    try:
+        again = daemons.Supervisor(
+            supervisor.root, supervisor.control, supervisor.defaults, Clock()
+        )
+        again.step(gpus, frozenset())
+        assert again.running[gpus[0].uuid].daemon.pid == pid
+        again.close()
+        assert (
+            not Path(f"/proc/{pid}").exists()
+            or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        )
+    finally:
+        os.waitpid(pid, os.WNOHANG) if Path(f"/proc/{pid}").exists() else None
+
+
+def test_a_daemon_that_will_not_start_is_retried_with_backoff(tmp_path: Path) -> None:
+    broken = tmp_path / "nvidia-cuda-mps-control"
+    broken.write_text("#!/bin/sh\necho 'no GPU here' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    clock = Clock()
+    supervisor = daemons.Supervisor(
+        str(tmp_path / "mps"), str(broken), lambda g: mps.Defaults(), clock
+    )
+    gpu = sim.make_machine(gpus=1).devices[0]
+    supervisor.step([gpu], frozenset())
+    assert supervisor.running == {}
+    assert mps.ready(supervisor.root, gpu.uuid) is None
+    tries = Path(mps.log_dir(supervisor.root, gpu.uuid), "daemon.out")
+    assert tries.read_text() == "no GPU here\n"
+    supervisor.step([gpu], frozenset())  # within the backoff: not tried again
+    assert tries.read_text() == "no GPU here\n"
+    clock.now += 1.5
+    supervisor.step([gpu], frozenset())
+    assert tries.read_text() == "no GPU here\n" * 2
+
+
+def test_the_job_shares_a_gpu_through_its_daemon_as_the_config_says(
+    node: Path, socket_dir: Path
+) -> None:
+    config = Config(sim=str(node), mps_root=str(socket_dir / "mps"), mps_replicas=4)
+    job = daemons.job(config, SimDiscovery(node), frozenset)
+    assert job is not None
+    import threading
+
+    stop = threading.Event()
+    thread = threading.Thread(target=job, args=(stop,))
+    thread.start()
+    gpus = sim.load_machine(node).devices
+    try:
+        until(lambda: all(mps.ready(config.mps_root or "", g.uuid) for g in gpus))
+        marked = mps.ready(config.mps_root or "", gpus[0].uuid)
+        assert marked is not None
+        assert marked.defaults == mps.Defaults(25, gpus[0].memory_mib // 4)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert all(mps.ready(config.mps_root or "", g.uuid) is None for g in gpus)
+    assert daemons.job(Config(sim=str(node)), SimDiscovery(node), frozenset) is None

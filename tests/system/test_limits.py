@@ -1,0 +1,237 @@
+"""Limits that hold, with real runc on the simulated node: a container asking for MPS limits is
+joined to its GPU's control daemon (the node agent's, here the stand-in of testbed/
+mps_control.py run by deviceplugin/mps.py), one asking for HAMi-core limits preloads the
+node's HAMi-core (the simulated library), and one asking for none gets nothing of either. A
+limit the node cannot hold (no daemon up, no library, an MPS client with two GPUs) fails the
+start with the reason: no silent unlimited GPU. Through the shim and the prestart hook, each
+also served by a resident gpuwire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin import mps as daemons
+from deviceplugin.allocate import Strategies, response
+from gpuwire import allocation, mps
+from testbed.lab import Lab
+from testbed.view import view
+from tests.conftest import requires_binary, requires_root
+from tests.system.test_runc import DELIVERIES, granted_env, make_bundle, run
+
+pytestmark = [requires_root(), requires_binary("runc")]
+
+MPS_LIMITS = {
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+}
+HAMI_LIMITS = {"CUDA_DEVICE_MEMORY_LIMIT": "4096m", "CUDA_DEVICE_SM_LIMIT": "30"}
+
+
+@pytest.fixture
+def lab(tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
+    """The lab node with the node agent's MPS control daemons for GPUs 0 and 1, each with a
+    quarter of its GPU as the default."""
+    lab = Lab(tmp_path / "lab")
+    root = str(socket_dir / "mps")
+    lab.configure(**{"mps-root": root})
+    monkeypatch.setenv("GPUWIRE_CONFIG", str(lab.config))  # the shim inherits it
+    control = daemons.control_binary(str(lab.node))
+    assert control is not None
+    quarter = mps.Defaults(25, lab.machine.devices[0].memory_mib // 4)
+    supervisor = daemons.Supervisor(root, control, lambda gpu: quarter)
+    supervisor.step(lab.machine.devices[:2], frozenset())
+    lab.mps = supervisor  # type: ignore[attr-defined]
+    try:
+        yield lab
+    finally:
+        supervisor.close()
+
+
+def supervisor(lab: Lab) -> daemons.Supervisor:
+    found: daemons.Supervisor = lab.mps  # type: ignore[attr-defined]
+    return found
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_an_mps_client_is_joined_to_its_gpus_daemon_with_its_limits(
+    lab: Lab, delivery: str
+) -> None:
+    shared = Path(mps.shm_dir(supervisor(lab).root), f"mark-{delivery}")
+    shared.write_text("")  # what the daemons' /dev/shm holds
+    out = run(make_bundle(lab, granted_env(lab, "1") | MPS_LIMITS, delivery=delivery), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert mps.ready(supervisor(lab).root, lab.uuid(1)) is not None
+    # GPU 1's daemon's own pipe directory: its socket and pid file, in the container
+    assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]
+    assert shared.name in seen["shm"]
+    on_top = dict(m.split() for m in seen["mounted"])  # the last mount of a path wins
+    assert on_top.keys() == {"/dev/shm", "/tmp/nvidia-mps"}
+    assert all(o.startswith("rw,nosuid,nodev,noexec") for o in on_top.values())
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in seen["var"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in seen["var"]
+    if delivery.startswith("shim"):  # where the env can still be set; else MPS's default
+        assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in seen["var"]
+    assert seen["smi"] == [f"GPU 0: NVIDIA A100-SXM4-80GB (UUID: {lab.uuid(1)})"]
+    assert "preload" not in seen
+    assert lab.log_lines()[-1].endswith(
+        f"GPUs 1 ({lab.uuid(1)}), capabilities compute,utility, limits held by mps: grant"
+    )
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_an_mps_client_whose_daemon_is_down_does_not_start(lab: Lab, delivery: str) -> None:
+    supervisor(lab).stop(lab.uuid(0), "the test stops it")
+    out = run(make_bundle(lab, granted_env(lab, "0") | MPS_LIMITS, delivery=delivery), delivery)
+    assert out.returncode != 0
+    assert (
+        f"GPU 0 ({lab.uuid(0)}) has no MPS control daemon running (no live daemon in "
+        f"{supervisor(lab).root}/{lab.uuid(0)}/ready); without one its client would run unlimited"
+    ) in out.stderr
+    asked = ", ".join(f"{k}={v}" for k, v in MPS_LIMITS.items())
+    assert f"cannot start: the container asks for MPS limits ({asked})" in lab.log_lines()[-1]
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_mps_client_with_two_gpus_or_another_pipe_directory_does_not_start(
+    lab: Lab, delivery: str
+) -> None:
+    two = run(make_bundle(lab, granted_env(lab, "0,1") | MPS_LIMITS, delivery=delivery), delivery)
+    assert two.returncode != 0
+    assert "and has 2 GPUs; an MPS client joins one GPU's control daemon" in two.stderr
+    away = granted_env(lab, "0") | MPS_LIMITS | {"CUDA_MPS_PIPE_DIRECTORY": "/elsewhere"}
+    out = run(make_bundle(lab, away, delivery=delivery), delivery)
+    assert out.returncode != 0
+    assert "sets CUDA_MPS_PIPE_DIRECTORY=/elsewhere, which would lead its client away" in out.stderr
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_a_hami_core_container_preloads_the_library_and_sees_its_limit(
+    lab: Lab, delivery: str
+) -> None:
+    out = run(make_bundle(lab, granted_env(lab, "2") | HAMI_LIMITS, delivery=delivery), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+    assert seen["memory"] == ["4096 MiB"]  # nvidia-smi through HAMi-core's NVML hook
+    assert not {"mps", "shm"} & set(seen)  # runc's own /dev/shm, empty
+    assert [m.split()[0] for m in seen["mounted"]] == ["/dev/shm"]
+    assert lab.log_lines()[-1].endswith("limits held by hami: grant")
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_a_container_without_limits_gets_nothing_of_either(lab: Lab, delivery: str) -> None:
+    out = run(make_bundle(lab, granted_env(lab, "1"), delivery=delivery), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["memory"] == ["81920 MiB"]
+    assert not {"preload", "mps", "shm"} & set(seen)
+    assert [m.split()[0] for m in seen["mounted"]] == ["/dev/shm"]  # runc's own
+    assert not any(v.startswith("CUDA_MPS_PIPE_DIRECTORY") for v in seen.get("var", []))
+    assert "limits held" not in lab.log_lines()[-1]
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: str) -> None:
+    lab.configure(**{"mps-root": supervisor(lab).root, "hami-library": str(lab.root / "none.so")})
+    out = run(make_bundle(lab, granted_env(lab, "0") | HAMI_LIMITS, delivery=delivery), delivery)
+    assert out.returncode != 0
+    assert (
+        f"the container asks for HAMi-core limits and {lab.root}/none.so (hami-library in "
+        f"{lab.config}) is not there"
+    ) in out.stderr
+
+
+# A shared replica is held to the share its allocation token names: the device plugin's
+# Allocate answer (deviceplugin/allocate.py), mounted and in the env as the kubelet hands it.
+
+
+def replica(
+    lab: Lab, index: int, share: allocation.Share
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(index)], lab.keys, share)
+    answer = response(
+        [lab.machine.devices[index]], token.token, str(lab.allocations), Strategies(), share=share
+    )
+    mounts = [
+        {
+            "destination": m.container_path,
+            "type": "bind",
+            "source": m.host_path,
+            "options": ["rbind", "ro"],
+        }
+        for m in answer.mounts
+    ]
+    return {**answer.envs, "NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts
+
+
+QUARTER = allocation.Share("hami", 20480, 25)
+
+
+@pytest.mark.parametrize("delivery", ["shim", "shim-resident"])
+def test_the_shim_holds_a_replica_to_its_share_whatever_its_env_says(
+    lab: Lab, delivery: str
+) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    env |= {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g", "GPU_CORE_UTILIZATION_POLICY": "disable"}
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+    assert seen["memory"] == ["20480 MiB"]
+    assert {
+        "CUDA_DEVICE_MEMORY_LIMIT=20480m",
+        "CUDA_DEVICE_MEMORY_LIMIT_0=20480m",
+        "CUDA_DEVICE_SM_LIMIT=25",
+        "GPU_CORE_UTILIZATION_POLICY=force",
+    } <= set(seen["var"])
+
+
+def test_a_tighter_limit_of_its_own_stays(lab: Lab) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    out = run(
+        make_bundle(lab, env | {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, delivery="shim", mounts=mounts),
+        "shim",
+    )
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["memory"] == ["4096 MiB"]
+
+
+@pytest.mark.parametrize("delivery", ["prestart", "prestart-resident"])
+def test_the_prestart_hook_starts_a_replica_only_with_its_share_in_effect(
+    lab: Lab, delivery: str
+) -> None:
+    env, mounts = replica(lab, 2, QUARTER)
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["memory"] == ["20480 MiB"]
+    bundle = make_bundle(lab, env, delivery=delivery, mounts=mounts)
+    bundle.spec["process"]["env"].append("CUDA_DEVICE_MEMORY_LIMIT=80g")  # the pod's, after
+    bundle.save()
+    refused = run(bundle, delivery)
+    assert refused.returncode != 0
+    assert (
+        "its environment has CUDA_DEVICE_MEMORY_LIMIT=20480m,80g where 20480m is needed; the "
+        "prestart hook cannot change a created container's environment"
+    ) in refused.stderr
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_mps_replica_joins_its_gpus_daemon_whose_defaults_are_its_share(
+    lab: Lab, delivery: str
+) -> None:
+    share = allocation.Share("mps", lab.machine.devices[0].memory_mib // 4, 25)
+    env, mounts = replica(lab, 0, share)
+    out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]
+    daemon = mps.ready(supervisor(lab).root, lab.uuid(0))
+    assert daemon is not None
+    assert daemon.defaults == mps.Defaults(share.cores, share.memory_mib)
+    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={share.memory_mib}M" in seen["var"]
