@@ -4,9 +4,9 @@ one per node.
 A node is a simulated machine (`gpuwire.sim.make_machine`: models, NVLink topology, GPUs in
 MIG mode with their MIG devices); its ResourceSlices are what `gpuwire dra serve` writes for
 it (`deviceplugin.dra.devices` and `slices`, the same functions), at generation 1, with the
-shared GPUs its config would name. A machine with MIG devices is discovered as the plugin
-discovers it on a simulated node (written to a temporary directory for it: procfs says
-which MIG devices exist).
+shared GPUs its config would name (HAMi-core holding their shares unless told otherwise). A
+machine with MIG devices is discovered as the plugin discovers it on a simulated node
+(written to a temporary directory for it: procfs says which MIG devices exist).
 `install` puts the Nodes, their slices and the DeviceClasses of `deploy/overlays/dra` into a
 kube-apiserver stand-in, as a cluster with the DRA plugin on every GPU node holds them.
 What it leaves out: the PCIe roots sysfs would give (the simulated node's tree is written only
@@ -43,6 +43,7 @@ class DraNode:
     name: str
     machine: sim.Machine
     shared: tuple[str, ...] = ()  # the node config's dra.sharedGpus: UUIDs or product globs
+    enforced: tuple[str, ...] = ("hami",)  # what holds a share there: HAMi-core's library
 
     @property
     def uid(self) -> str:
@@ -63,7 +64,8 @@ class DraNode:
 
     def slices(self) -> list[Obj]:
         pool = slices.Pool(dra.DRIVER, self.name, self.uid)
-        wanted = slices.wanted(pool, devices.devices(self.gpus(), Sharing(self.shared)), {})
+        sharing = Sharing(self.shared, self.enforced)
+        wanted = slices.wanted(pool, devices.devices(self.gpus(), sharing), {})
         return slices.plan(wanted, [], "").create
 
     def node(self) -> Obj:
@@ -82,13 +84,14 @@ def node(
     nvlink: str = "pairs",
     shared: tuple[str, ...] = (),
     mig: Mapping[int, tuple[str, ...]] | None = None,
+    enforced: tuple[str, ...] = ("hami",),
 ) -> DraNode:
     """A DRA node of `gpus` GPUs (products cycling over them), its GPU UUIDs its own; `mig`:
     GPU index → the MIG profiles made on it (`("balanced",)`: mig-parted's all-balanced)."""
     machine = sim.make_machine(gpus=gpus, products=products, nvlink=nvlink, seed=name)
     for index, profiles in (mig or {}).items():
         machine = sim.with_mig(machine, index, profiles)
-    return DraNode(name, machine, shared)
+    return DraNode(name, machine, shared, enforced)
 
 
 def all_slices(nodes: Iterable[DraNode]) -> list[Obj]:

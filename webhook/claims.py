@@ -17,7 +17,9 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
 * memory and cores limits → the shared class, whose GPUs hand out `memory` and `cores` as
   consumable capacity (KEP-5075): `capacity.requests` per GPU, memory in whole GiB (the DRA
   plugin's request policy), a share of the GPU taken against the smallest shared GPU that
-  fits; the DRA plugin turns what was consumed into the limit profile's env at prepare;
+  fits; the DRA plugin turns what was consumed into the limit profile's env at prepare; an
+  enforced profile (hami, mps) → a selector on its `<profile>Limits` attribute, the shared
+  GPUs whose node holds a share with it;
 * a MIG profile (`mig-profile`, or a container's `nvidia.com/mig-<profile>`) → the MIG class
   and a selector on `profile`, counted by the count; named MIG devices by their `uuid`;
 * capabilities and the limit profile → the claim's opaque `GpuConfig`.
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuwire import annotations as keys
-from gpuwire import dra
+from gpuwire import dra, limits
 from gpuwire.annotations import GpuRequest
 from gpuwire.quantity import canonical_mib
 from webhook.placement import Unplaceable, listing
@@ -233,8 +235,33 @@ class _Translation:
                 f"needs a shared GPU whose memory and cores are handed out in shares; of the "
                 f"GPUs that fit the request, {why}",
             )
+        shared = self.enforcing(shared)
         self.shares(shared)
         return dra.SHARED_CLASS, [d for d in shared if self.fits(d)]
+
+    def enforcing(self, shared: list[PoolDevice]) -> list[PoolDevice]:
+        """Of the shared GPUs, those where the limit profile's mechanism holds a share (its
+        `<profile>Limits` attribute true; the DRA plugin refuses to prepare a share elsewhere);
+        an informational profile is held by nothing, and goes anywhere, with a warning."""
+        profile = self.ask.profile
+        if profile is None or profile not in limits.ENFORCED:
+            if profile is not None:
+                self.warnings.append(
+                    f"profile {profile!r} is advisory: the framework reads it, nothing enforces it"
+                )
+            return shared
+        held = [d for d in shared if profile in d.enforces]
+        if not held:
+            here = sorted({p for d in shared for p in d.enforces})
+            raise self.fail(
+                (keys.MEMORY_LIMIT, keys.CORES_LIMIT),
+                f"needs limit profile {profile!r} to hold the share, and no shared GPU that fits "
+                f"the request holds one with it (held there: {', '.join(here) or 'none'}; "
+                f"advisory, held by nothing: {', '.join(limits.ADVISORY)})",
+            )
+        attribute = limits.enforcement_attribute(profile)
+        self.selectors.append(f'"{attribute}" in {_ATTRIBUTES} && {_ATTRIBUTES}.{attribute}')
+        return held
 
     def shares(self, shared: list[PoolDevice]) -> None:
         r = self.request

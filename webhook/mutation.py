@@ -271,11 +271,13 @@ class _Mutation:
             mig = nvidia.mig_profile_of(c.mig[0].removeprefix(MIG_RESOURCE_PREFIX))
             count = c.mig[1]
             counted = f"container {c.name!r}'s {c.mig[0]}: {count}"
-        elif c.gpus is not None:
-            if not self.policy.claim_gpu_resources or c.gpus == 0:
+        elif (asked := self.plugin_count(c)) is not None:
+            if asked[0] != nvidia.RESOURCE:
+                return None  # a per-model resource: the device plugin's `resources` rules
+            if not self.policy.claim_gpu_resources or asked[1] == 0:
                 return None
-            self.check_plugin(c, request, c.gpus)
-            count = c.gpus
+            self.check_plugin(c, request, *asked)
+            count = asked[1]
             counted = f"container {c.name!r}'s {nvidia.RESOURCE}: {count}"
         elif mig is not None:
             count = request.count if isinstance(request.count, int) else 1

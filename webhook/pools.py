@@ -7,8 +7,8 @@ highest `pool.generation`, and only once all `pool.resourceSliceCount` of them a
 scheduler's allocator reads pools the same way (k8s.io/dynamic-resource-allocation
 `structured/pools.go`), so a pool being rewritten is neither half-seen nor seen twice. Of a
 device the webhook keeps what a request can ask about (product, UUID, memory, NVLink island,
-whether it is shared and its capacity consumable, a MIG device's profile), in slots: a
-cluster has one per GPU.
+whether it is shared and its capacity consumable, which limit profiles hold a share of it,
+a MIG device's profile), in slots: a cluster has one per GPU.
 Where the slices come from (a watch, a file) is `watch.py`'s and the CLI's business.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from gpuwire import dra
+from gpuwire import dra, limits
 from gpuwire.annotations import normalise_model
 from gpuwire.quantity import MIB, QuantityError, api_value
 
@@ -45,6 +45,7 @@ class PoolDevice:
     consumable: bool  # allowMultipleAllocations as stored: its capacity is handed out in shares
     kind: str = dra.GPU_TYPE  # the type attribute
     profile: str | None = None  # a MIG device's
+    enforces: frozenset[str] = frozenset()  # limit profiles that hold a share here (hamiLimits)
 
 
 def _attribute(entry: Obj, name: str) -> Any:
@@ -77,6 +78,9 @@ def _device(node: str, entry: Obj) -> PoolDevice | None:
         consumable=entry.get("allowMultipleAllocations") is True,
         kind=sys.intern(str(_attribute(entry, dra.TYPE) or "")),
         profile=_attribute(entry, dra.PROFILE),
+        enforces=frozenset(
+            p for p in limits.ENFORCED if _attribute(entry, limits.enforcement_attribute(p)) is True
+        ),
     )
 
 

@@ -298,7 +298,7 @@ TEMPLATES = [
     {"gpuwire.io/gpu-count": "all", "gpuwire.io/driver-capabilities": "compute,utility,video"},
     {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "2",
      "gpuwire.io/gpu-memory-limit": "25%", "gpuwire.io/gpu-cores-limit": "50",
-     "gpuwire.io/limit-profile": "mps"},
+     "gpuwire.io/limit-profile": "hami"},
     {"gpuwire.io/gpu-uuid": "!" + CLUSTER[1].machine.devices[0].uuid, "gpuwire.io/gpu-count": "3"},
 ]  # fmt: skip
 
@@ -417,6 +417,49 @@ def test_a_resource_claimed_container_keeps_its_count_on_a_second_pass(cluster: 
     assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["gpuwire-trainer"]
     again = mutate(admitted, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
     assert again.templates == ()  # nothing to create: the claim is the first pass's
+
+
+# --- limits held where their profile is enforced (the shared GPU's <profile>Limits attribute)
+
+ENFORCING = (
+    dracluster.node("unheld", 2, (T4,), nvlink="none", shared=("*T4*",), enforced=()),
+    dracluster.node("held", 2, (T4,), nvlink="none", shared=("*T4*",)),  # HAMi-core there
+)
+
+
+@pytest.fixture
+def enforcing() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, ENFORCING)
+        yield Cluster(api, ENFORCING)
+
+
+SHARE = {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "1",
+         "gpuwire.io/gpu-memory-limit": "4Gi"}  # fmt: skip
+
+
+def test_an_enforced_profile_takes_a_share_only_where_it_holds_one(enforcing: Cluster) -> None:
+    placed = [enforcing.run(SHARE) for _ in range(3)]  # hami, the policy's default profile
+    assert [p.decision.node for p in placed] == ["held"] * 3
+    assert all(p.attribute("hamiLimits") == [True] for p in placed)
+
+
+def test_an_enforced_profile_no_shared_gpu_holds_is_denied(enforcing: Cluster) -> None:
+    outcome = enforcing.admit({**SHARE, "gpuwire.io/limit-profile": "mps"})
+    assert outcome.denial is not None
+    assert "needs limit profile 'mps' to hold the share" in outcome.denial.message
+    assert "held there: hami" in outcome.denial.message
+
+
+def test_an_advisory_profile_takes_any_shared_gpu_with_a_warning(enforcing: Cluster) -> None:
+    asked = {**SHARE, "gpuwire.io/limit-profile": "pytorch"}
+    outcome = enforcing.admit(asked)
+    assert any("'pytorch' is advisory" in w for w in outcome.warnings)
+    (template,) = outcome.templates
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert not any("Limits" in s["cel"]["expression"] for s in exactly["selectors"])
+    # six shares of 4 GiB on a node's two T4s of 15 GiB: the seventh lands on the other node
+    assert {enforcing.run(asked).decision.node for _ in range(7)} == {"unheld", "held"}
 
 
 # --- MIG devices (published by the DRA plugin for GPUs in MIG mode)
