@@ -12,7 +12,8 @@ Debian's 1.7 or 2.x (testbed/containerds.py, fetched by `make demo`). The plugin
 the node agent's holders job (who holds which GPU, from the shim's container records and the
 kubelet's pod-resources API), for the inventory.
 The stand-ins are the testbed's (testbed/apiserver.py, testbed/kubelet.py,
-testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
+testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here. A second
+node, for DRA, joins later (scripts/demo/dra.py), its parts on the same ExitStack.
 
 `up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
 is interrupted.
@@ -80,6 +81,8 @@ class Cluster:
     default_handler: str = ""
     no_containers: str = ""  # why containers do not run, when they do not
     steps: list[Step] = field(default_factory=list)
+    stack: ExitStack = field(default_factory=ExitStack)  # what stops it all: up()'s
+    places: dict[str, str] = field(default_factory=dict)  # more paths the commands name
 
     def webhook(self) -> httpx.Client:
         """A client that trusts the webhook's CA, as the API server's caBundle does."""
@@ -303,6 +306,7 @@ def up() -> Iterator[Cluster]:
             node_config,
             runtime_log,
             steps=steps,
+            stack=stack,
         )
         chosen = generation()
         cluster.no_containers = containers_unavailable(chosen)
