@@ -5,21 +5,34 @@ The real `kubernetes` client talks to it; tests seed and inspect objects without
 `compact`). Faithful to: paths and discovery; errors as metav1.Status in the apiserver's wording;
 one etcd-like resourceVersion sequence; optimistic concurrency; no-op writes that change nothing;
 status subresources; label and field selectors; watch (resume, bookmarks, selector transitions,
-410 Expired once the bounded history has moved past the requested version).
+410 Expired once the bounded history has moved past the requested version); lists in chunks
+(`limit`, `continue`: every page from the snapshot of the first, in key order, the token
+encoded as the apiserver's storage layer encodes it, 410 Expired once the history no longer
+reaches back to that snapshot: "Retrieving large results sets in chunks", kubernetes.io/docs/
+reference/using-api/api-concepts/); metadata-only answers for the Accept types client-go's
+metadata client sends (`application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1` for
+a list, `...;as=PartialObjectMetadata;...` for a get or watch: k8s.io/apiserver's
+endpoints/handlers/response.go), 406 where no Accept type can be served.
+Lists are assembled from each object's encoding, kept until it changes, so a 10,000-Node list
+costs the stand-in little of what a client spends reading it.
 Deliberate limits: no authn/authz or admission; server-side apply answers 415 and `dryRun` 400;
 strategic merge is merge patch plus merge-by-key of the lists in MERGE_KEYS, no `$` directives;
-`limit`/`continue` are ignored (the whole list comes back, as from the watch cache) and list
-ignores `resourceVersion`; finalizers and grace periods are ignored (delete is immediate, a
-namespace goes with its contents); no deletecollection, no `sendInitialEvents` (watch-list);
-validation covers names and labels, not the schema (a wrongly typed field is stored as sent),
-except for `resource.k8s.io/v1` (ResourceSlices, DeviceClasses, ResourceClaims and their
-templates), whose writes validate against a Kubernetes version's schema with `schema=`; device
-taints get the server's `timeAdded`, or are dropped as by a server without DRADeviceTaints
-(`device_taints=False`). Quantities are stored as sent (the real server canonicalises them).
+list ignores `resourceVersion` (always the latest, then its snapshot), an expired `continue`
+gets no inconsistent-continuation token, no protobuf and no Table; finalizers and grace
+periods are ignored (delete is immediate, a namespace goes with its contents); no
+deletecollection, no `sendInitialEvents` (watch-list); validation covers names and labels,
+not the schema (a wrongly typed field is stored as sent), except for `resource.k8s.io/v1`
+(ResourceSlices, DeviceClasses, ResourceClaims and their templates), whose writes validate
+against a Kubernetes version's schema with `schema=`; device taints get the server's
+`timeAdded`, or are dropped as by a server without DRADeviceTaints (`device_taints=False`).
+Quantities are stored as sent (the real server canonicalises them).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
 import contextlib
 import fnmatch
 import json
@@ -39,6 +52,7 @@ from typing import Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import jsonpatch
+import orjson
 from kubernetes import client as k8s
 
 Obj = dict[str, Any]
@@ -94,6 +108,11 @@ RESOURCES = (
     Resource(DRA, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
 )
 NAMESPACES = RESOURCES[0]
+META = "meta.k8s.io/v1"
+TYPE_FIELDS = ("apiVersion", "kind")  # a typed list's items go without them
+# k8s.io/apiserver/pkg/storage/etcd3/errors.go
+CONTINUE_EXPIRED = "The provided continue parameter is too old to display a consistent list "
+CONTINUE_EXPIRED += "result. You can start a new list without the continue parameter."
 RETURNS_DELETED = (  # their registries answer a delete with the object
     "pods",
     "services",
@@ -106,9 +125,10 @@ MAX_BODY = 3 * 1024 * 1024  # kube-apiserver's MaxRequestBodyBytes
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
               "volumeMounts": "mountPath", "conditions": "type", "addresses": "type",
               "ownerReferences": "uid", "webhooks": "name"}  # fmt: skip
-REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 409: "Conflict",
-           410: "Gone", 413: "RequestEntityTooLarge", 415: "UnsupportedMediaType", 422: "Invalid",
-           429: "TooManyRequests", 503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
+REASONS = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed", 406: "NotAcceptable",
+           409: "Conflict", 410: "Gone", 413: "RequestEntityTooLarge",
+           415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests",
+           503: "ServiceUnavailable", 504: "Timeout"}  # fmt: skip
 JSON_PATCH, MERGE_PATCH, STRATEGIC = (
     "application/json-patch+json",
     "application/merge-patch+json",
@@ -284,6 +304,7 @@ class Request:
     path: str
     query: dict[str, str]
     content_type: str
+    accept: str = ""
 
 
 @dataclass
@@ -304,6 +325,52 @@ def _key(obj: Obj) -> tuple[str, str]:
 
 def _copy(obj: Obj) -> Obj:
     return cast(Obj, json.loads(json.dumps(obj)))
+
+
+def _path(key: tuple[str, str]) -> str:
+    """An object's key as etcd orders it under its resource's prefix: `ns/name`, or `name`."""
+    return f"{key[0]}/{key[1]}" if key[0] else key[1]
+
+
+def encode_continue(version: int, start: str) -> str:
+    """A `continue` token as k8s.io/apiserver's storage/continue.go encodes it: unpadded
+    base64url of {"v": "meta.k8s.io/v1", "rv": <snapshot>, "start": <next key>}."""
+    token = json.dumps({"v": META, "rv": version, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(token.encode()).rstrip(b"=").decode()
+
+
+def decode_continue(token: str) -> tuple[int, str]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        version, start, valid = int(data["rv"]), str(data["start"]), data.get("v") == META
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        valid = False
+    if not valid or version <= 0 or not start:
+        raise StatusError(400, f"continue key is not valid: {token!r}")
+    return version, start
+
+
+def partial(obj: Obj) -> Obj:
+    """An object as PartialObjectMetadata: its metadata only."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": META, "metadata": obj["metadata"]}
+
+
+def metadata_only(accept: str, listing: bool) -> bool:
+    """Whether the first type of `accept` this server produces is the metadata-only one (a
+    list asks for PartialObjectMetadataList, a get or watch for PartialObjectMetadata);
+    406 where it produces none."""
+    wanted = "PartialObjectMetadataList" if listing else "PartialObjectMetadata"
+    for media in (accept or "application/json").split(","):
+        kind, *parameters = (p.strip() for p in media.split(";"))
+        given = dict(p.partition("=")[::2] for p in parameters)
+        if kind not in ("application/json", "application/*", "*/*"):
+            continue
+        if "as" not in given:
+            return False
+        if (given["as"], given.get("g"), given.get("v")) == (wanted, "meta.k8s.io", "v1"):
+            return True
+    accepted = f"application/json, application/json;as={wanted};g=meta.k8s.io;v=v1"
+    raise StatusError(406, f"only the following media types are accepted: {accepted}")
 
 
 def _spec(obj: Obj) -> Obj:
@@ -334,6 +401,8 @@ class ApiServer:
         self._in_flight = 0  # requests logged and not yet answered in full
         self._closing = False
         self._faults: list[Fault] = []
+        self._encodings: dict[tuple[str, tuple[str, str], bool], tuple[Obj, bytes]] = {}
+        self._snapshots: dict[str, tuple[int, dict[str, Obj], list[str]]] = {}
         self._sockets: set[socket.socket] = set()
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -580,6 +649,8 @@ class ApiServer:
         obj = obj | {"metadata": obj["metadata"] | {"resourceVersion": str(self._rv)}}
         if new is None:
             del self._store[res.plural][_key(obj)]
+            for meta in (False, True):
+                self._encodings.pop((res.plural, _key(obj), meta), None)
         else:
             self._store[res.plural][_key(obj)] = obj
         kind = "DELETED" if new is None else "MODIFIED" if old else "ADDED"
@@ -587,14 +658,70 @@ class ApiServer:
         self._lock.notify_all()
         return obj
 
-    def _list(self, res: Resource, namespace: str, query: dict[str, str]) -> Obj:
+    def _list(self, res: Resource, namespace: str, query: dict[str, str], meta: bool) -> bytes:
+        """A list, or one page of it: `limit` objects in key order, from the snapshot a
+        `continue` token names; `meta`: as a PartialObjectMetadataList."""
         match = self._matcher(res, query, "")
+        limit = _number(query, "limit")
+        page: list[Obj] = []
         with self._lock:
-            items, version = sorted(self._store[res.plural].items()), str(self._rv)
-        found = [o for (ns, _), o in items if namespace in ("", ns) and match(o)]
-        untyped = [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")} for o in found]
-        listing = {"kind": f"{res.kind}List", "apiVersion": res.api_version, "items": untyped}
-        return listing | {"metadata": {"resourceVersion": version}}
+            if query.get("continue"):
+                version, start = decode_continue(query["continue"])
+            else:
+                version, start = self._rv, ""
+            objects, paths = self._snapshot(res, version)
+            listed: Obj = {"resourceVersion": str(version)}
+            for at in range(bisect.bisect_left(paths, start), len(paths)):
+                obj = objects[paths[at]]
+                if namespace not in ("", _key(obj)[0]) or not match(obj):
+                    continue
+                if limit and len(page) == limit:
+                    listed["continue"] = encode_continue(version, _path(_key(page[-1])) + "\x00")
+                    if not query.get("labelSelector") and not query.get("fieldSelector"):
+                        listed["remainingItemCount"] = len(paths) - at
+                    break
+                page.append(obj)
+        kind, api_version = (
+            ("PartialObjectMetadataList", META) if meta else (f"{res.kind}List", res.api_version)
+        )
+        head = orjson.dumps({"kind": kind, "apiVersion": api_version, "metadata": listed})
+        items = b",".join(self._encoded(res, obj, meta) for obj in page)
+        return head[:-1] + b',"items":[' + items + b"]}"
+
+    def _snapshot(self, res: Resource, version: int) -> tuple[dict[str, Obj], list[str]]:
+        """The resource's objects as they were at `version`, by key, and the keys in order
+        (under the lock): now's, with the changes since undone from the history; 410 Expired
+        where it no longer reaches back. Kept while nothing changes: the pages of one list
+        cost what they hold, as etcd's ranges do."""
+        if version < self._rv and (not self._history or self._history[0].rv > version + 1):
+            raise StatusError(410, CONTINUE_EXPIRED, "Expired")
+        kept = self._snapshots.get(res.plural)
+        if kept is not None and kept[0] == version:
+            return kept[1], kept[2]
+        objects = {_path(k): o for k, o in self._store[res.plural].items()}
+        for event in reversed(self._history if version < self._rv else ()):
+            if event.rv <= version:
+                break
+            if event.resource == res.plural and event.old is None:
+                objects.pop(_path(_key(event.obj)), None)
+            elif event.resource == res.plural and event.old is not None:
+                objects[_path(_key(event.obj))] = event.old
+        paths = sorted(objects)
+        self._snapshots[res.plural] = (version, objects, paths)
+        return objects, paths
+
+    def _encoded(self, res: Resource, obj: Obj, meta: bool) -> bytes:
+        """An object as a list item (untyped, as lists hold them; or PartialObjectMetadata),
+        encoded once while it is the stored one: the bulk of a large list's cost."""
+        key = (res.plural, _key(obj), meta)
+        kept = self._encodings.get(key)
+        if kept is not None and kept[0] is obj:
+            return kept[1]
+        item = partial(obj) if meta else {k: v for k, v in obj.items() if k not in TYPE_FIELDS}
+        data = orjson.dumps(item)
+        if self._store[res.plural].get(_key(obj)) is obj:
+            self._encodings[key] = (obj, data)
+        return data
 
     def _matcher(self, res: Resource, query: dict[str, str], name: str) -> Match:
         labels = label_selector(query.get("labelSelector", ""))
@@ -712,7 +839,8 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = self.headers.get("Content-Type", "")
         with self.api._lock:
             self.api._in_flight += 1
-            self.api.requests.append(Request(self.command, url.path, query, content_type))
+            accept = self.headers.get("Accept", "")
+            self.api.requests.append(Request(self.command, url.path, query, content_type, accept))
         try:
             self._answer(url.path, query, content_type)
         finally:
@@ -756,13 +884,19 @@ class _Handler(BaseHTTPRequestHandler):
         res, namespace, name, sub = _target(parts)
         if "dryRun" in query:
             raise StatusError(400, f"dryRun={query['dryRun']}: not supported by the test apiserver")
+        accept = self.headers.get("Accept", "")
         if method == "GET" and query.get("watch") in ("true", "1") and not sub:
-            return self._stream(api._watch(res, namespace, name, query))
+            meta = metadata_only(accept, listing=False)
+            return self._stream(api._watch(res, namespace, name, query), meta)
         if method == "GET" and name:
+            meta = metadata_only(accept, listing=False)
             obj = api._store[res.plural].get((namespace, name))
-            return self._send(200, obj) if obj else self._send(404, not_found(res, name).status)
+            if obj is None:
+                return self._send(404, not_found(res, name).status)
+            return self._send(200, partial(obj) if meta and not sub else obj)
         if method == "GET":
-            return self._send(200, api._list(res, namespace, query))
+            meta = metadata_only(accept, listing=True)
+            return self._send(200, api._list(res, namespace, query, meta))
         if method == "POST" and not name and (namespace or not res.namespaced):
             return self._send(201, api._create(res, namespace, body, check_namespace=True))
         if method == "PUT" and name:
@@ -773,24 +907,29 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, api._delete(res, namespace, name, body))
         raise StatusError(405, "the server does not allow this method on the requested resource")
 
-    def _send(self, code: int, body: Obj | str) -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
+    def _send(self, code: int, body: Obj | str | bytes) -> None:
+        """A JSON object (or its encoding, as bytes), or plain text."""
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        data = data.encode() if isinstance(data, str) else data
         self.send_response(code)
         self.send_header(
-            "Content-Type", "application/json" if isinstance(body, dict) else "text/plain"
+            "Content-Type", "text/plain" if isinstance(body, str) else "application/json"
         )
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
-    def _stream(self, events: Events) -> None:
-        """A watch: one JSON event per line and per HTTP chunk, until the watch ends."""
+    def _stream(self, events: Events, meta: bool) -> None:
+        """A watch: one JSON event per line and per HTTP chunk, until the watch ends; `meta`:
+        each object (a bookmark's too, not an error's Status) as PartialObjectMetadata."""
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         try:
             for event in events:
+                if meta and event["type"] != "ERROR":
+                    event = event | {"object": partial(event["object"])}
                 data = json.dumps(event).encode() + b"\n"
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
             self.wfile.write(b"0\r\n\r\n")

@@ -32,21 +32,15 @@ def _from_cluster(args: argparse.Namespace) -> Sources:
     admission, and the Lease whose holder removes unused ones; one client, `kubeclient`'s."""
     from kubernetes import client
 
-    from gpuwire import dra
     from webhook import templates
     from webhook.lease import Leader, Lease
-    from webhook.pools import NO_POOLS, Pools
-    from webhook.templates import Known, TemplateStore
-    from webhook.watch import ListWatch, NodeWatch
+    from webhook.templates import TemplateStore
+    from webhook.watch import NodeWatch, SliceWatch, TemplateWatch
 
     api_client = kubeclient.api_client(args.kubeconfig)
     core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
-    slices = ListWatch("slice watch", resource.list_resource_slice, Pools.of, NO_POOLS,
-                       field_selector=f"spec.driver={dra.DRIVER}")  # fmt: skip
-    sources = Sources.load(args.policy, args.grant_key_dir, NodeWatch(core), slices)
-    known = ListWatch("template watch", resource.list_resource_claim_template_for_all_namespaces,
-                      Known.of, Known(), label_selector=templates.SELECTOR)  # fmt: skip
-    sources.templates = TemplateStore(resource, known)
+    sources = Sources.load(args.policy, args.grant_key_dir, NodeWatch(core), SliceWatch(resource))
+    sources.templates = TemplateStore(resource, TemplateWatch(resource))
     lease = Lease(client.CoordinationV1Api(api_client), args.lease_namespace, LEASE, args.identity)
     grace = args.template_grace
     sources.leader = Leader(lease, lambda: templates.sweep(resource, core, time.time(), grace))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
 from gpuwire import holders, limits, nodegpus, nvidia
@@ -37,6 +38,7 @@ GPUS_ANNOTATION = nodegpus.ANNOTATION
 MIG_LABEL_PREFIX = nvidia.LABEL_PREFIX + "mig-"  # GFD's mixed strategy: mig-<profile>.count
 Gpu = nodegpus.NodeGpu
 Mig = nodegpus.NodeMig
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the safe loader, in C if built
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +129,14 @@ def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> tuple[Group, ..
         devices = count * (_int(labels.get(REPLICAS_LABEL)) or 1)
         memory = _int(labels.get(MEMORY_LABEL))
         return (Group(product, memory, nvidia.RESOURCE, count, devices),) if product else ()
+    spelled: dict[tuple[str, int, str, int], int] = {}
+    for g in gpus:  # by NVML's name first: the label's spelling is made once per model
+        key = (g.product, g.memory_mib, g.resource, g.replicas)
+        spelled[key] = spelled.get(key, 0) + 1
     counts: dict[tuple[str, int, str, int], int] = {}
-    for g in gpus:
-        key = (nvidia.gfd_product(g.product), g.memory_mib, g.resource, g.replicas)
-        counts[key] = counts.get(key, 0) + 1
+    for (product, memory, resource, replicas), n in spelled.items():
+        key = (nvidia.gfd_product(product), memory, resource, replicas)
+        counts[key] = counts.get(key, 0) + n
     return tuple(Group(p, m or None, r, n, n * k) for (p, m, r, k), n in counts.items())
 
 
@@ -179,12 +185,14 @@ def node_from_object(
     memory, count = _int(labels.get(MEMORY_LABEL)), _int(labels.get(COUNT_LABEL))
     groups = _groups(gpus, labels)
     enforces = frozenset(p for key, p in _ENFORCED.items() if labels.get(key) == "true")
+    hostname = labels.get(HOSTNAME_LABEL, name)
     if shared is not None:
         groups = shared.setdefault(groups, groups)
         enforces = shared.setdefault(enforces, enforces)
+        product = product and shared.setdefault(product, product)
     return Node(
         name=name,
-        hostname=labels.get(HOSTNAME_LABEL, name),
+        hostname=name if hostname == name else hostname,
         product=product,
         memory_mib=memory,
         count=count,
@@ -206,7 +214,11 @@ class Fleet:
     def of(cls, objects: Iterable[Mapping[str, Any]]) -> Fleet:
         shared: dict[object, Any] = {}
         found = (node_from_object(o, shared) for o in objects)
-        return cls(tuple(sorted((n for n in found if n), key=lambda n: n.name)))
+        return cls.of_nodes(n for n in found if n)
+
+    @classmethod
+    def of_nodes(cls, nodes: Iterable[Node]) -> Fleet:
+        return cls(tuple(sorted(nodes, key=lambda n: n.name)))
 
     @functools.cached_property
     def shapes(self) -> dict[Shape, tuple[Node, ...]]:
@@ -266,18 +278,38 @@ class Fleet:
         """The MIG profiles any node offers, sorted."""
         return sorted({p for n in self.nodes for p in n.offers()})
 
+    @functools.cached_property
+    def gpu_nodes(self) -> dict[str, Node]:
+        """The node of every GPU and MIG device, by `uuid_key` (made once per snapshot, when a
+        pod first names one; the keys are the reported UUIDs themselves where already folded)."""
+        found: dict[str, Node] = {}
+        for node in self.nodes:
+            for gpu in node.gpus:
+                devices: tuple[Gpu | Mig, ...] = (gpu, *(gpu.mig or ()))
+                for device in devices:
+                    key = uuid_key(device.uuid)
+                    found.setdefault(device.uuid if key == device.uuid else key, node)
+        return found
+
     def holder(self, uuid: str) -> tuple[Node, Gpu | Mig] | None:
         """The node holding GPU or MIG device `uuid` (UUIDs compare case-insensitively, as
         NVIDIA's do)."""
-        wanted = uuid.lower()
-        for node in self.nodes:
-            for gpu in node.gpus:
-                if gpu.uuid.lower() == wanted:
-                    return node, gpu
-                for m in gpu.mig or ():
-                    if m.uuid.lower() == wanted:
-                        return node, m
+        wanted = uuid_key(uuid)
+        node = self.gpu_nodes.get(wanted)
+        if node is None:
+            return None
+        for gpu in node.gpus:
+            held: tuple[Gpu | Mig, ...] = (gpu, *(gpu.mig or ()))
+            for device in held:
+                if uuid_key(device.uuid) == wanted:
+                    return node, device
         return None
+
+
+def uuid_key(uuid: str) -> str:
+    """A UUID folded so that UUIDs equal but for case are equal: NVIDIA's own spelling
+    (`GPU-` or `MIG-`, then lower-case hex) is its own key."""
+    return uuid[:4].upper() + uuid[4:].lower()
 
 
 class FleetFileError(ValueError):
@@ -286,10 +318,14 @@ class FleetFileError(ValueError):
 
 def load(path: str | Path) -> Fleet:
     """A `v1 List` (or `NodeList`) of Node objects in YAML or JSON, as `kubectl get nodes -o
-    yaml` prints it: a static fleet for local use, tests and the demo."""
+    yaml` (or `-o json`) prints it: a static fleet for local use, tests and the demo. JSON is
+    read by orjson, YAML by libyaml where PyYAML has it: a large cluster's list is hundreds of
+    MB, which PyYAML's pure-Python parser reads at about 1 MB/s."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        text = Path(path).read_bytes()
+        json_text = text.lstrip()[:1] in (b"{", b"[")
+        doc = orjson.loads(text) if json_text else yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 - a safe loader
+    except (OSError, ValueError, yaml.YAMLError) as exc:
         raise FleetFileError(f"{path}: {exc}") from exc
     if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
         raise FleetFileError(f"{path}: expected a v1 List of Node objects (with items:)")

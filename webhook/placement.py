@@ -29,6 +29,7 @@ can give one twice, which the inventory shows as a conflict.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,7 @@ class Placement:
     warnings: tuple[str, ...] = field(default=())
     resource: str | None = None  # what device-plugin containers ask for, if not nvidia.com/gpu
     memories: tuple[int, ...] = ()  # sizes of the GPUs the pod can get there, MiB, ascending
+    most_gpus: int | None = None  # the most GPUs a candidate node has
 
     def gpu_memory_mib(self) -> int | None:
         """The smallest GPU the pod can get: a share of it is never more than asked."""
@@ -86,12 +88,14 @@ class Placement:
 
     def gpu_count(self) -> int | None:
         """The most GPUs a candidate node has: what `all` can mean here."""
-        return max((c for n in self.nodes if (c := n.gpu_count)), default=None)
+        return self.most_gpus
 
 
-def listing(items: Sequence[str], most: int = 12) -> str:
+def listing(items: Sequence[str], most: int = 12, total: int | None = None) -> str:
+    """The first `most` of `items` (of `total`, where only the first are given)."""
     shown = ", ".join(items[:most]) or "none"
-    return shown + (f" and {len(items) - most} more" if len(items) > most else "")
+    total = len(items) if total is None else total
+    return shown + (f" and {total - most} more" if total > most else "")
 
 
 def _matches(name: str, words: Sequence[str]) -> bool:
@@ -348,10 +352,12 @@ class _Placer:
         found = {u: self.fleet.holder(u) for u in wanted}
         missing = [u for u, h in found.items() if h is None]
         if missing:
-            present = [g.uuid for n in self.fleet.nodes for g in n.gpus]
+            gpus = (g.uuid for n in self.fleet.nodes for g in n.gpus)
+            total = sum(len(n.gpus) for n in self.fleet.nodes)
+            present = listing(list(itertools.islice(gpus, 12)), total=total)
             self.unresolved(
                 (keys.UUID, keys.HAMI_USE_UUID),
-                f"names {listing(missing)}, which no node has; GPUs present: {listing(present)}",
+                f"names {listing(missing)}, which no node has; GPUs present: {present}",
             )
             return
         holders = {h[0].name: h[0] for h in found.values() if h}
@@ -599,6 +605,7 @@ class _Placer:
             tuple(self.warnings),
             self.resource,
             self.memories(),
+            max((s.gpu_count for s, n in self.shapes.items() if n and s.gpu_count), default=None),
         )
 
 

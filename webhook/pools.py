@@ -84,13 +84,43 @@ def _device(node: str, entry: Obj) -> PoolDevice | None:
     )
 
 
-def _complete(slices: list[Obj]) -> list[Obj]:
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    """What the webhook keeps of one of gpuwire's ResourceSlices."""
+
+    name: str
+    pool: str
+    generation: int
+    count: int  # resourceSliceCount
+    node: str
+    devices: tuple[PoolDevice, ...]
+
+
+def slice_view(obj: Obj) -> SliceView | None:
+    """A ResourceSlice of gpuwire's driver, for one node, reduced to its devices; None for
+    any other."""
+    spec = obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    node = spec.get("nodeName")
+    if spec.get("driver") != dra.DRIVER or not isinstance(pool.get("name"), str) or not node:
+        return None
+    devices = (_device(str(node), e) for e in spec.get("devices") or ())
+    return SliceView(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        pool=sys.intern(pool["name"]),
+        generation=int(pool.get("generation") or 0),
+        count=int(pool.get("resourceSliceCount") or 1),
+        node=sys.intern(str(node)),
+        devices=tuple(d for d in devices if d),
+    )
+
+
+def _complete(slices: list[SliceView]) -> list[SliceView]:
     """The slices of one pool a reader may use: those at its highest generation, if all of
     them are there; none otherwise."""
-    generation = max(int(s["spec"]["pool"].get("generation") or 0) for s in slices)
-    current = [s for s in slices if int(s["spec"]["pool"].get("generation") or 0) == generation]
-    wanted = int(current[0]["spec"]["pool"].get("resourceSliceCount") or 1)
-    return current if len(current) == wanted else []
+    generation = max(s.generation for s in slices)
+    current = [s for s in slices if s.generation == generation]
+    return current if len(current) == current[0].count else []
 
 
 @dataclass(frozen=True)
@@ -101,19 +131,18 @@ class Pools:
 
     @classmethod
     def of(cls, slices: Iterable[Obj]) -> Pools:
-        by_pool: dict[str, list[Obj]] = {}
-        for s in slices:
-            spec = s.get("spec") or {}
-            pool = (spec.get("pool") or {}).get("name")
-            if spec.get("driver") == dra.DRIVER and isinstance(pool, str) and spec.get("nodeName"):
-                by_pool.setdefault(pool, []).append(s)
+        return cls.of_views(v for v in map(slice_view, slices) if v is not None)
+
+    @classmethod
+    def of_views(cls, views: Iterable[SliceView]) -> Pools:
+        by_pool: dict[str, list[SliceView]] = {}
+        for v in views:
+            by_pool.setdefault(v.pool, []).append(v)
         nodes: dict[str, tuple[PoolDevice, ...]] = {}
         for _, found in sorted(by_pool.items()):
-            found.sort(key=lambda s: str((s.get("metadata") or {}).get("name", "")))
-            for s in _complete(found):
-                node = str(s["spec"]["nodeName"])
-                devices = [_device(node, e) for e in s["spec"].get("devices") or ()]
-                nodes[node] = nodes.get(node, ()) + tuple(d for d in devices if d)
+            found.sort(key=lambda v: v.name)
+            for v in _complete(found):
+                nodes[v.node] = nodes.get(v.node, ()) + v.devices
         return cls(nodes)
 
     @functools.cached_property

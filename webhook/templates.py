@@ -59,6 +59,22 @@ def _within(ours: Any, stored: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class Seen:
+    """What the watch keeps of one of gpuwire's templates."""
+
+    namespace: str
+    name: str
+    spec: Obj
+    marked: bool  # marked unused
+
+
+def seen(obj: Obj) -> Seen:
+    meta = obj.get("metadata") or {}
+    marked = UNUSED in (meta.get("annotations") or {})
+    return Seen(str(meta.get("namespace")), str(meta.get("name")), obj.get("spec") or {}, marked)
+
+
+@dataclass(frozen=True)
 class Known:
     """The gpuwire templates the watch shows: (namespace, name) → (spec, marked unused)."""
 
@@ -66,15 +82,7 @@ class Known:
 
     @classmethod
     def of(cls, objects: Iterable[Obj]) -> Known:
-        found = {}
-        for o in objects:
-            meta = o.get("metadata") or {}
-            marked = UNUSED in (meta.get("annotations") or {})
-            found[(str(meta.get("namespace")), str(meta.get("name")))] = (
-                o.get("spec") or {},
-                marked,
-            )
-        return cls(found)
+        return cls({(s.namespace, s.name): (s.spec, s.marked) for s in map(seen, objects)})
 
 
 def _rfc3339(at: float) -> str:

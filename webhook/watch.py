@@ -1,168 +1,111 @@
-"""What the webhook reads of the cluster, kept current: a list + watch of one resource.
+"""What the webhook reads of the cluster, listed in pages and watched (`listwatch.ListWatch`):
+the fleet from its Nodes, metadata only; the DRA path's pools from gpuwire's ResourceSlices
+and the ResourceClaimTemplates gpuwire made.
 
 An admission must not wait on the API server (mutating webhooks run in sequence, on every pod
-create), so the webhook lists a resource once, then follows a watch, and publishes an
-immutable snapshot after each event: the Nodes as the `Fleet`, gpuwire's ResourceSlices as
-its `Pools`, gpuwire's ResourceClaimTemplates as the ones it knows exist. Readers take
-`current` without a lock. A watch that expires (410 Gone) or breaks is followed by a fresh
-list, with backoff while the API server is away; until the first list succeeds the webhook
-is not ready. A resource the API server does not serve (404: `resource.k8s.io/v1` before
-Kubernetes 1.34) counts as listed and empty, and is listed again every minute.
+create), so the webhook keeps the fleet itself: `listwatch.ListWatch` lists the Nodes, then
+follows a watch, each Node reduced at once to its `fleet.Node` (a node without GPUs to
+nothing). The fleet reads only metadata (labels, annotations), so only metadata is asked for.
+A new immutable `Fleet` snapshot is published only when a GPU node's view changed (most events
+are status heartbeats and holders annotations, which change none), so what admissions resolved
+against a snapshot stays with it; readers take `current` without a lock. Until the first
+whole list the webhook is not ready.
+
+The slices (only the driver `gpu.gpuwire.io`'s, by field selector) are each kept as their
+`pools.SliceView` and published as `Pools`; the templates (gpuwire's label) as what
+`templates.Known` reads of them. Both are `resource.k8s.io/v1`: on an API server that does
+not serve it they count as listed and empty.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, TypeVar
+import functools
+from collections.abc import Mapping
+from typing import Any
 
-from kubernetes import client, watch
-
-from webhook.fleet import Fleet
-
-log = logging.getLogger(__name__)
-_new_watch: Any = watch.Watch  # untyped in the client
-Snapshot = TypeVar("Snapshot")
-NOT_SERVED_RETRY = 60.0
+from gpuwire import dra
+from webhook import templates
+from webhook.fleet import Fleet, Node, node_from_object
+from webhook.listwatch import PAGE, ListWatch
+from webhook.pools import NO_POOLS, Pools, SliceView, slice_view
+from webhook.templates import Known
 
 
-class ListWatch(Generic[Snapshot]):
-    """One resource's objects, kept current by a watch in a background thread, as the
-    snapshot `snapshot` makes of them (`empty` before the first list). `list_call` is the
-    generated client's list function, `selectors` its `field_selector`/`label_selector`."""
+class NodeWatch(ListWatch[Node]):
+    """The cluster's GPU nodes, kept current by a list + watch in a background thread."""
 
-    def __init__(
-        self,
-        name: str,
-        list_call: Callable[..., Any],
-        snapshot: Callable[[Iterable[Mapping[str, Any]]], Snapshot],
-        empty: Snapshot,
-        timeout_seconds: int = 300,
-        **selectors: str,
-    ) -> None:
-        self.name = name
-        self.list_call = list_call
-        self.snapshot = snapshot
-        self.selectors = selectors
-        self.timeout_seconds = timeout_seconds
-        self._current = empty
-        self._synced = threading.Event()
-        self._stop = threading.Event()
-        self._objects: dict[str, Mapping[str, Any]] = {}
-        self._watch: Any = None
-        self._thread = threading.Thread(target=self._run, name=f"gpuwire-{name}", daemon=True)
+    def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
+        """`api`: a `kubernetes.client.CoreV1Api`."""
+        self._current = Fleet()
+        self._shared: dict[object, Any] = {}  # one object per distinct GPU make-up, profiles
+        super().__init__(
+            "node watch",
+            api.list_node,
+            self._node,
+            self._snapshot,
+            metadata_only=True,
+            timeout_seconds=timeout_seconds,
+            page=page,
+        )
 
     @property
-    def current(self) -> Snapshot:
+    def current(self) -> Fleet:
         return self._current
-
-    @property
-    def synced(self) -> bool:
-        return self._synced.is_set()
-
-    def wait_synced(self, timeout: float) -> bool:
-        return self._synced.wait(timeout)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Ends the watch; a watch request still being set up is stopped once it is."""
-        self._stop.set()
-        deadline = time.monotonic() + 5
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            if self._watch is not None:
-                self._watch.stop()
-            self._thread.join(0.05)
 
     def refresh(self) -> None:
         """Nothing to poll: the watch pushes."""
 
-    def _publish(self) -> None:
-        """A new snapshot only when it differs: most events are heartbeats or objects the
-        snapshot leaves out, and what admissions worked out against a snapshot is kept with
-        it."""
-        found = self.snapshot(self._objects.values())
-        if found != self._current:
-            self._current = found
+    def _node(self, obj: dict[str, Any]) -> Node | None:
+        return node_from_object(obj, self._shared)
 
-    def _run(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
-            try:
-                version = self._list()
-                backoff = 0.5
-                if version is None:
-                    self._stop.wait(NOT_SERVED_RETRY)
-                    continue
-                self._follow(version)
-            except client.ApiException as exc:
-                if exc.status == 410:
-                    log.info("%s: history expired (410); relisting", self.name)
-                else:
-                    log.warning("%s: API error %s %s; relisting", self.name, exc.status, exc.reason)
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 30)
-            except Exception as exc:  # the API server away, a reset connection: relist later
-                if self._stop.is_set():
-                    return
-                log.warning("%s: %s; relisting in %.1fs", self.name, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30)
-
-    def _list(self) -> str | None:
-        """List and publish; the version to watch from, None where the API server does not
-        serve the resource."""
-        try:
-            response = self.list_call(_preload_content=False, **self.selectors)
-        except client.ApiException as exc:
-            if exc.status != 404:
-                raise
-            self._objects = {}
-            self._publish()
-            self._synced.set()
-            log.info("%s: not served by the API server; none", self.name)
-            return None
-        body = json.loads(response.data)
-        self._objects = {_key(o["metadata"]): o for o in body.get("items") or []}
-        self._publish()
-        self._synced.set()
-        log.info("%s: %d object(s) listed", self.name, len(self._objects))
-        return str(body["metadata"]["resourceVersion"])
-
-    def _follow(self, version: str) -> None:
-        """Apply watch events from `version` until the watch ends; returns to relist."""
-        while not self._stop.is_set():
-            self._watch = _new_watch()
-            for event in self._watch.stream(
-                self.list_call,
-                resource_version=version,
-                timeout_seconds=self.timeout_seconds,
-                allow_watch_bookmarks=True,
-                **self.selectors,
-            ):
-                obj = event["raw_object"]
-                version = obj["metadata"].get("resourceVersion", version)
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    self._objects[_key(obj["metadata"])] = obj
-                elif event["type"] == "DELETED":
-                    self._objects.pop(_key(obj["metadata"]), None)
-                else:
-                    continue  # BOOKMARK: only the version moves
-                self._publish()
+    def _snapshot(self, nodes: Mapping[str, Node]) -> None:
+        self._current = Fleet.of_nodes(nodes.values())
 
 
-def _key(meta: Mapping[str, Any]) -> str:
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta['name']}" if namespace else str(meta.get("name"))
+class SliceWatch(ListWatch[SliceView]):
+    """gpuwire's ResourceSlices as the pools the DRA path reads (RBAC: list, watch on
+    resourceslices)."""
+
+    def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
+        """`api`: a `kubernetes.client.ResourceV1Api`."""
+        self._current = NO_POOLS
+        calls = functools.partial(
+            api.list_resource_slice, field_selector=f"spec.driver={dra.DRIVER}"
+        )
+        super().__init__("slice watch", calls, slice_view, self._snapshot, metadata_only=False,
+                         timeout_seconds=timeout_seconds, page=page, optional=True)  # fmt: skip
+
+    @property
+    def current(self) -> Pools:
+        return self._current
+
+    def refresh(self) -> None:
+        """Nothing to poll: the watch pushes."""
+
+    def _snapshot(self, views: Mapping[str, SliceView]) -> None:
+        self._current = Pools.of_views(views.values())
 
 
-class NodeWatch(ListWatch[Fleet]):
-    """The cluster's GPU nodes (RBAC: get, list, watch on nodes)."""
+class TemplateWatch(ListWatch[templates.Seen]):
+    """The ResourceClaimTemplates gpuwire made, in every namespace (RBAC: list, watch on
+    resourceclaimtemplates)."""
 
-    def __init__(self, api: client.CoreV1Api, timeout_seconds: int = 300) -> None:
-        calls: Any = api  # the client's methods are untyped
-        super().__init__("node watch", calls.list_node, Fleet.of, Fleet(), timeout_seconds)
+    def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
+        """`api`: a `kubernetes.client.ResourceV1Api`."""
+        self._current = Known()
+        calls = functools.partial(
+            api.list_resource_claim_template_for_all_namespaces, label_selector=templates.SELECTOR
+        )
+        super().__init__("template watch", calls, templates.seen, self._snapshot,
+                         metadata_only=False, timeout_seconds=timeout_seconds, page=page,
+                         optional=True)  # fmt: skip
+
+    @property
+    def current(self) -> Known:
+        return self._current
+
+    def refresh(self) -> None:
+        """Nothing to poll: the watch pushes."""
+
+    def _snapshot(self, views: Mapping[str, templates.Seen]) -> None:
+        self._current = Known({(v.namespace, v.name): (v.spec, v.marked) for v in views.values()})

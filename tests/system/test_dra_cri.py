@@ -169,6 +169,7 @@ def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     if generation.cdi:  # the ids name nothing any more: the start fails, naming them
         with pytest.raises(CRIError, match=f"claim={ref[2]}-gpu-1"):
             run_view(kubelet, pod(), ids)
+    dra_node.api.delete("resourceclaims", ref[1], ref[0])  # its GPUs free for the next test
 
 
 def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(

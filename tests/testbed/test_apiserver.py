@@ -324,6 +324,96 @@ def test_watch_from_a_compacted_version_gets_410_expired() -> None:
         assert events(nodes.list_node, 1, resource_version=recent)[0][:2] == ("ADDED", "gpu-9")
 
 
+PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
+def pages(nodes: Any, limit: int, between: Callable[[], object] = lambda: None) -> list[Obj]:
+    """Every page of the node list, `between` run after each but the last."""
+    found: list[Obj] = []
+    token = None
+    while True:
+        raw = nodes.list_node(limit=limit, _continue=token, _preload_content=False)
+        found.append(json.loads(raw.data))
+        token = found[-1]["metadata"].get("continue")
+        if not token:
+            return found
+        between()
+
+
+def test_a_list_in_chunks_is_the_snapshot_of_its_first_page(api: ApiServer, core: Any) -> None:
+    for i in range(7):
+        core.create_node({"metadata": {"name": f"gpu-{i}"}})
+    changes = iter(range(100))
+
+    def meanwhile() -> None:
+        i = next(changes)
+        core.create_node({"metadata": {"name": f"gpu-{i}a"}})  # sorts inside the listed range
+        core.delete_node(f"gpu-{6 - i}")
+        core.patch_node("gpu-0", {"metadata": {"labels": {"seen": str(i)}}})
+
+    listed = pages(core, 3, meanwhile)
+    names = [n["metadata"]["name"] for page in listed for n in page["items"]]
+    assert names == [f"gpu-{i}" for i in range(7)]
+    assert [len(page["items"]) for page in listed] == [3, 3, 1]
+    assert {page["metadata"]["resourceVersion"] for page in listed} == {
+        listed[0]["metadata"]["resourceVersion"]
+    }
+    assert [page["metadata"].get("remainingItemCount") for page in listed] == [4, 1, None]
+    assert "labels" not in listed[0]["items"][0]["metadata"]  # gpu-0 as it was then
+    assert len(core.list_node().items) == 7 + 2 - 2
+
+
+def test_a_continue_token_the_history_no_longer_reaches_is_410_expired() -> None:
+    with ApiServer(history=3) as small, small.client() as api_client:
+        nodes = core_v1(api_client)
+        for i in range(4):
+            nodes.create_node({"metadata": {"name": f"gpu-{i}"}})
+        first = json.loads(nodes.list_node(limit=2, _preload_content=False).data)
+        token = first["metadata"]["continue"]
+        nodes.create_node({"metadata": {"name": "gpu-9"}})  # one change: still consistent
+        second = json.loads(nodes.list_node(limit=2, _continue=token, _preload_content=False).data)
+        assert [n["metadata"]["name"] for n in second["items"]] == ["gpu-2", "gpu-3"]
+        small.compact()
+        expired = failure(lambda: nodes.list_node(limit=2, _continue=token))
+        assert (expired["code"], expired["reason"]) == (410, "Expired")
+        assert expired["message"].startswith("The provided continue parameter is too old")
+        invalid = failure(lambda: nodes.list_node(limit=2, _continue="not-a-token"))
+        assert (invalid["code"], invalid["message"]) == (
+            400,
+            "continue key is not valid: 'not-a-token'",
+        )
+
+
+def test_metadata_only_lists_watches_and_gets(api: ApiServer, core: Any) -> None:
+    node = {"metadata": {"name": "gpu-1", "labels": {"a": "b"}}, "status": {"capacity": {"x": "1"}}}
+    start = core.list_node().metadata.resource_version
+    core.create_node(node)
+    listed = json.loads(
+        core.list_node(_preload_content=False, _headers={"Accept": PARTIAL_LIST}).data
+    )
+    assert (listed["kind"], listed["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    (item,) = listed["items"]
+    assert set(item) == {"kind", "apiVersion", "metadata"}
+    assert (item["kind"], item["metadata"]["labels"]) == ("PartialObjectMetadata", {"a": "b"})
+    got = json.loads(
+        core.read_node("gpu-1", _preload_content=False, _headers={"Accept": PARTIAL}).data
+    )
+    assert set(got) == {"kind", "apiVersion", "metadata"}
+    raw = core.list_node(
+        watch=True, resource_version=start, timeout_seconds=1, _preload_content=False,
+        _headers={"Accept": PARTIAL},
+    )  # fmt: skip
+    event = json.loads(raw.data.decode().splitlines()[0])
+    assert (event["type"], event["object"]["kind"]) == ("ADDED", "PartialObjectMetadata")
+    assert "status" not in event["object"]
+    full = json.loads(core.list_node(_preload_content=False).data)
+    assert full["kind"] == "NodeList"
+    assert full["items"][0]["status"] == {"capacity": {"x": "1"}}
+    refused = failure(lambda: core.list_node(_headers={"Accept": PARTIAL.split(",")[0]}))
+    assert (refused["code"], refused["reason"]) == (406, "NotAcceptable")
+
+
 def test_watch_with_a_selector_sees_objects_enter_and_leave_it(core: Any) -> None:
     start = core.list_namespaced_pod("default").metadata.resource_version
     core.create_namespaced_pod("default", pod("p", {"pool": "a100"}))

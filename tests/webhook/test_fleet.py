@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from deviceplugin import labels as plugin_labels
 from deviceplugin.discovery import Gpu, NodeGpus
 from deviceplugin.resources import assign
 from gpuwire import annotations as a
-from gpuwire import sim
+from gpuwire import nodegpus, sim
 from testbed.apiserver import ApiServer
 from testbed.webhook import serving
 from tests.webhook.support import EXAMPLES, client, container, eventually, make_files, pod
@@ -111,6 +112,86 @@ def test_a_watch_that_falls_behind_the_history_ends_consistent(
         api.delete("nodes", f"gpu-t4-{i}")
     expected = sorted(f"gpu-t4-{i}" for i in range(1, 30, 2))
     eventually(lambda: names(watched) == expected, "the state after the burst")
+
+
+def test_the_list_comes_in_pages_of_metadata_and_the_watch_follows_its_version(
+    api: ApiServer,
+) -> None:
+    from kubernetes import client
+
+    for i in range(5):
+        renamed = node("gpu-t4-0")
+        renamed["metadata"]["name"] = f"gpu-t4-{i}"
+        api.put(renamed | {"status": {"images": [{"names": ["big"], "sizeBytes": 1}]}})
+    api.put(node("cpu-0"))
+    with api.client() as api_client:
+        nodes = NodeWatch(client.CoreV1Api(api_client), page=2)
+        nodes.start()
+        try:
+            assert nodes.wait_synced(10)
+            assert names(nodes) == [f"gpu-t4-{i}" for i in range(5)]
+            eventually(lambda: any(r.query.get("watch") for r in api.requests), "the watch")
+        finally:
+            nodes.stop()
+    lists = [r for r in api.requests if r.path == "/api/v1/nodes" and not r.query.get("watch")]
+    assert [r.query.get("limit") for r in lists] == ["2", "2", "2"]
+    assert [bool(r.query.get("continue")) for r in lists] == [False, True, True]
+    assert all("as=PartialObjectMetadataList;g=meta.k8s.io;v=v1" in r.accept for r in lists)
+    watch = next(r for r in api.requests if r.query.get("watch"))
+    assert "as=PartialObjectMetadata;g=meta.k8s.io;v=v1" in watch.accept
+    assert watch.query["resourceVersion"] == api.resource_version  # the list's, nothing missed
+
+
+def test_an_expired_continue_token_lists_again_from_the_start(api: ApiServer) -> None:
+    """The history gone between two pages (etcd compacted): 410 on the second page; the
+    list starts over and holds what changed meanwhile, never half of either list."""
+    from kubernetes import client
+
+    for name in ("gpu-a100-40g-0", "gpu-a100-80g-0", "gpu-h100-0"):
+        api.put(node(name))
+    with api.client() as api_client:
+        core = client.CoreV1Api(api_client)
+        compacted: list[str] = []
+
+        class Compacting:
+            def list_node(self, **query: Any) -> Any:
+                if query.get("_continue") and not compacted:
+                    api.delete("nodes", "gpu-h100-0")
+                    api.put(node("gpu-t4-0"))
+                    api.compact()
+                    compacted.append(query["_continue"])
+                return core.list_node(**query)
+
+        nodes = NodeWatch(Compacting(), page=2)
+        nodes.start()
+        try:
+            assert nodes.wait_synced(10)
+            assert names(nodes) == ["gpu-a100-40g-0", "gpu-a100-80g-0", "gpu-t4-0"]
+        finally:
+            nodes.stop()
+    pages = [r.query.get("continue", "") for r in api.requests if r.path == "/api/v1/nodes"]
+    assert pages[:4] == ["", compacted[0], "", pages[3]]  # the 410, then a new list
+
+
+def test_a_heartbeat_keeps_the_node_view_and_a_gpu_change_replaces_it(
+    api: ApiServer, watched: NodeWatch
+) -> None:
+    api.put(node("gpu-t4-0"))
+    eventually(lambda: names(watched) == ["gpu-t4-0"], "the node")
+    seen = watched.current.nodes[0]
+    beating = node("gpu-t4-0") | {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    api.put(beating)
+    api.put(node("gpu-h100-0"))
+    eventually(lambda: names(watched) == ["gpu-h100-0", "gpu-t4-0"], "the second node")
+    assert watched.current.nodes[1] is seen
+    sick = node("gpu-t4-0")
+    annotations = sick["metadata"]["annotations"]
+    gpus = nodegpus.decode(annotations[fleet.GPUS_ANNOTATION])
+    annotations[fleet.GPUS_ANNOTATION] = nodegpus.encode(
+        [replace(gpus[0], healthy=False), *gpus[1:]]
+    )
+    api.put(sick)
+    eventually(lambda: not watched.current.nodes[1].gpus[0].healthy, "the sick GPU")
 
 
 def test_api_errors_are_retried_until_the_list_succeeds(api: ApiServer) -> None:

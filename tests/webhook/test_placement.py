@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuwire import annotations as a
 from gpuwire.annotations import parse
-from tests.webhook.support import H100, NODES
+from tests.webhook.support import EXAMPLES, H100, NODES
 from webhook import fleet
 from webhook.fleet import GPUS_ANNOTATION, Fleet, node_from_object
 from webhook.placement import Unplaceable, place
@@ -131,3 +132,15 @@ def test_the_nodes_file_must_be_a_node_list(tmp_path: Any) -> None:
         fleet.load(path)
     with pytest.raises(fleet.FleetFileError, match="No such file"):
         fleet.load(tmp_path / "missing.yaml")
+    path.write_text('{"kind": "List", "items": [')
+    with pytest.raises(fleet.FleetFileError, match=r"nodes\.yaml: unexpected end of data"):
+        fleet.load(path)
+
+
+def test_a_nodes_file_in_json_is_the_same_fleet_as_in_yaml(tmp_path: Any) -> None:
+    """`kubectl get nodes -o json` and `-o yaml` of one cluster: one fleet."""
+    listing = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text())
+    as_json = tmp_path / "nodes.json"
+    as_json.write_text("\n  " + json.dumps(listing, indent=2))
+    assert fleet.load(as_json) == fleet.load(EXAMPLES / "nodes.yaml")
+    assert len(fleet.load(as_json).nodes) == 5

@@ -23,12 +23,11 @@ from testbed.apiserver import ApiServer
 from testbed.webhook import WebhookProcess, serving
 from tests.webhook.support import client as https_client
 from tests.webhook.support import eventually, make_files
-from webhook import templates
 from webhook.claims import MANAGED_BY, TEMPLATE_LABEL
 from webhook.lease import Leader, Lease
 from webhook.review import decode_patch, request_for
-from webhook.templates import UNUSED, Known, TemplateStore, sweep
-from webhook.watch import ListWatch
+from webhook.templates import UNUSED, TemplateStore, sweep
+from webhook.watch import SliceWatch, TemplateWatch
 
 NAMESPACE = "team-a"
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates"
@@ -235,8 +234,7 @@ def test_an_admission_unmarking_a_template_wins_over_its_deletion(
     name = template["metadata"]["name"]
     now = time.time()
     sweep(resource, core, now, grace=1)
-    known = ListWatch("templates", resource.list_resource_claim_template_for_all_namespaces,
-                      Known.of, Known(), label_selector=templates.SELECTOR)  # fmt: skip
+    known = TemplateWatch(resource)
     known.start()
     try:
         assert known.wait_synced(10)
@@ -307,3 +305,23 @@ def test_a_leader_that_dies_without_leaving_is_replaced_after_the_lease_duration
     time.sleep(1.1)
     assert alive.try_acquire_or_renew()
     assert not dead.try_acquire_or_renew()  # the old holder finds it taken
+
+
+def test_slices_and_templates_an_api_server_does_not_serve_count_as_none(api: ApiServer) -> None:
+    """Before Kubernetes 1.34 there is no `resource.k8s.io/v1`: 404. The watches are synced
+    and empty (the webhook is ready; the DRA path finds no pools), and list again later."""
+    for path in ("/apis/resource.k8s.io/v1/resourceslices",
+                 "/apis/resource.k8s.io/v1/resourceclaimtemplates"):  # fmt: skip
+        api.fail("GET", path, 404, times=1)
+    resource = client.ResourceV1Api(api.client())
+    slices, known = SliceWatch(resource), TemplateWatch(resource)
+    for watched in (slices, known):
+        watched.start()
+    try:
+        assert slices.wait_synced(10)
+        assert known.wait_synced(10)
+        assert slices.current.nodes == {}
+        assert known.current.templates == {}
+    finally:
+        slices.stop()
+        known.stop()
