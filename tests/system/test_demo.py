@@ -284,13 +284,19 @@ def test_the_mps_pod_gets_its_limits_and_one_gpu(outcomes: dict[str, Outcome]) -
     assert "limits held by mps: allocation" in said
 
 
-@needs_containers
-def test_the_dra_pair_sees_exactly_its_claims_gpus(
-    outcomes: dict[str, Outcome], dra_node: DraNode
-) -> None:
+@pytest.fixture
+def dra_ran(dra_node: DraNode) -> DraNode:
+    """The DRA node, where its containers ran (containerd 1.7 or 2.x is here)."""
     if dra_node.containerd is None:
         pytest.skip(dra_node.no_containers)
-    expected = granted_view(dra_node.devices, (0, 1))
+    return dra_node
+
+
+@needs_containers
+def test_the_dra_pair_sees_exactly_its_claims_gpus(
+    outcomes: dict[str, Outcome], dra_ran: DraNode
+) -> None:
+    expected = granted_view(dra_ran.devices, (0, 1))
     view = seen(outcomes["dra-linked"])
     assert shown(view, expected) == expected
     started = outcomes["dra-linked"].containers[0]
@@ -300,13 +306,11 @@ def test_the_dra_pair_sees_exactly_its_claims_gpus(
 
 @needs_containers
 def test_the_dra_shares_see_gpu_3_held_to_30_gib_by_hami_core(
-    outcomes: dict[str, Outcome], dra_node: DraNode
+    outcomes: dict[str, Outcome], dra_ran: DraNode
 ) -> None:
-    if dra_node.containerd is None:
-        pytest.skip(dra_node.no_containers)
     for key in ("dra-share-a", "dra-share-b"):
         view = seen(outcomes[key])
-        assert gpus(view) == (dra_node.shared.minor,)
+        assert gpus(view) == (dra_ran.shared.minor,)
         assert variables(view)["CUDA_DEVICE_MEMORY_LIMIT"] == "30720m"
         assert any("libvgpu.so" in line for line in view.get("preload", [])), view
 
