@@ -41,7 +41,22 @@ class CelError(ValueError):
 
 
 @functools.total_ordering
-class Quantity:
+class _Ordered:
+    """A value CEL compares by its key, equal only to a value of its own kind."""
+
+    key: Any
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.key == other.key
+
+    def __lt__(self, other: _Ordered) -> bool:
+        return bool(self.key < other.key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+class Quantity(_Ordered):
     """A resource.Quantity: its exact value."""
 
     def __init__(self, text: str) -> None:
@@ -49,24 +64,14 @@ class Quantity:
             numerator, denominator = api_value(text)
         except QuantityError as exc:
             raise CelError(str(exc)) from None
-        self.value = Fraction(numerator, denominator)
+        self.value = self.key = Fraction(numerator, denominator)
         self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Quantity) and self.value == other.value
-
-    def __lt__(self, other: Quantity) -> bool:
-        return self.value < other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
 
     def __repr__(self) -> str:
         return f"quantity({self.text!r})"
 
 
-@functools.total_ordering
-class Semver:
+class Semver(_Ordered):
     """A semantic version (semver 2.0.0; a pre-release orders before its release)."""
 
     def __init__(self, text: str) -> None:
@@ -75,15 +80,6 @@ class Semver:
             raise CelError(f"{text!r} is not a semantic version")
         self.key = (int(m[1]), int(m[2]), int(m[3]), m[4] is None, m[4] or "")
         self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Semver) and self.key == other.key
-
-    def __lt__(self, other: Semver) -> bool:
-        return self.key < other.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
 
 
 def _compare(a: Any, b: Any) -> ct.IntType:

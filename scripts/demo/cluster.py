@@ -234,7 +234,7 @@ def start_webhook(
     args = [
         "--tls-cert", str(tls / pki.CERT_FILE), "--tls-key", str(tls / pki.KEY_FILE),
         "--grant-key-dir", str(workdir / "keys"), "--policy", str(POLICY),
-        "--kubeconfig", str(kubeconfig),
+        "--kubeconfig", str(kubeconfig), "--lease-namespace", "default",
     ]  # fmt: skip
     served = stack.enter_context(serving(args))
     steps.append(Step("the webhook", (GPUWIRE, "webhook", "serve", "--port", "0", *args)))
