@@ -2,18 +2,22 @@
 node annotation that carries it to the cluster. Pure functions; the node agent and the
 `gpuwire inventory` CLI both use them, so both judge a node the same way.
 
-Two sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
-allocations, as device IDs) and the runtime side's container records (`gpuwire.records`:
-every container gpuwire gave GPUs, plugin-less ones and those of DRA claims included). A
-container in both is one holder. A container granted only the `utility` capability (a
+Three sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
+allocations, as device IDs, and DRA claims' devices, `dynamic_resources`), and the runtime
+side's container records (`gpuwire.records`: every container gpuwire gave GPUs, plugin-less
+ones and those of DRA claims included). A container in several is one holder; its path says
+how it got its GPUs (`plugin`, `plugin-less`, `dra`, with the claims it holds them through).
+A container granted only the `utility` capability (a
 monitoring agent, the device plugin itself) can watch a GPU through NVML but not run work or
 take memory on it: it holds nothing and is left out.
 
 Conflicts, the ways GPUs get oversubscribed silently:
 - `shared-gpu`: a GPU held by two or more containers although it is not shared (the device
-  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`; no DRA claim holds
-  it as a share of a shared GPU) and they do not all hold it through one DRA claim (a claim
-  serves every container that references it: a pod's containers, or a shared claim's pods);
+  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`, and no DRA claim
+  holds a share of it) by containers that do not all hold it through one DRA claim (a claim
+  serves every container that references it: a pod's containers, or a shared claim's pods),
+  or held through DRA and another way at once (a share of a DRA GPU is no license for a
+  container the scheduler did not place there);
 - `all-beside-plugin`: a plugin-less container that asked for `all` GPUs of a node on which
   a device plugin also hands them out, so the scheduler places plugin pods on its GPUs.
 """
@@ -25,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwire.devices import Device, MigDevice
-from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
+from gpuwire.records import DRA, PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
 
 ANNOTATION = "gpuwire.io/holders"
 VERSION = 1
@@ -48,7 +52,7 @@ class Holder:
     namespace: str
     pod: str
     container: str
-    path: str  # PLUGIN, DRA or PLUGIN_LESS
+    path: str  # PLUGIN, PLUGIN_LESS or DRA
     gpus: tuple[str, ...]  # UUIDs, sorted
     whole_node: bool = False  # asked for `all`
     claims: tuple[str, ...] = ()  # DRA: the claims it holds them through, `namespace/name`
@@ -72,6 +76,21 @@ class Assignment:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A device of a DRA claim the kubelet prepared for a container (pod-resources
+    `dynamic_resources`: `ClaimResource`); `share_id` for a share of a shared device."""
+
+    namespace: str
+    pod: str
+    container: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
+    claim: str = ""  # `namespace/name`
 
 
 @dataclass(frozen=True)
@@ -150,16 +169,32 @@ def from_assignments(
     return holders
 
 
+def from_claims(claimed: Iterable[Claimed], names: Mapping[str, str]) -> list[Holder]:
+    """Holders of DRA devices; `names`: the node's DRA device names → GPU or MIG UUIDs."""
+    found: dict[tuple[str, str, str], tuple[set[str], set[str]]] = {}
+    for c in claimed:
+        uuid = names.get(c.device)
+        if uuid is not None:
+            uuids, claims = found.setdefault((c.namespace, c.pod, c.container), (set(), set()))
+            uuids.add(uuid)
+            claims |= {c.claim} if c.claim else set()
+    return [
+        Holder(*key, DRA, tuple(sorted(uuids)), claims=tuple(sorted(claims)))
+        for key, (uuids, claims) in found.items()
+    ]
+
+
 def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
-    """One holder per container: the union of its GPUs and claims; its path the first of
-    `plugin`, `dra`, `plugin-less` that any source says."""
+    """One holder per container: the union of its GPUs and claims; its path `dra`, else
+    `plugin`, if any source says so."""
     merged: dict[tuple[str, str, str], Holder] = {}
     for h in holders:
         seen = merged.get(h.key)
         if seen is not None:
+            paths = (h.path, seen.path)
             h = Holder(
                 *h.key,
-                next(p for p in PATHS if p in (h.path, seen.path)),
+                DRA if DRA in paths else PLUGIN if PLUGIN in paths else PLUGIN_LESS,
                 tuple(sorted(set(h.gpus) | set(seen.gpus))),
                 h.whole_node or seen.whole_node,
                 tuple(sorted(set(h.claims) | set(seen.claims))),
@@ -175,28 +210,41 @@ def node_holders(
     allocatable: Sequence[tuple[str, tuple[str, ...]]],
     plugin: bool = False,
     mig: Sequence[MigDevice] = (),
+    claimed: Sequence[Claimed] = (),
+    dra_names: Mapping[str, str] | None = None,
 ) -> NodeHolders:
-    """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
+    """Everything the node's sources say. `allocatable`: (resource, device IDs) from
     pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
     `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
     pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs).
-    A GPU a DRA claim holds as a share (of a shared GPU's consumable capacity) is shared."""
+    `claimed`: DRA claims' devices of gpuwire's driver, `dra_names` naming their GPUs. A GPU
+    a DRA claim holds as a share (of a shared GPU's consumable capacity) is shared, whether
+    pod-resources or a record says so."""
     records = list(records)
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
     on_gpus = [(i, gpu_of(r, i, gpus, mig)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
+    names = dra_names or {}
+    shared |= {u for c in claimed if c.share_id and (u := names.get(c.device)) is not None}
     shared |= {uuid for r in records for uuid in r.shares}
-    holders = merge([*from_records(records), *from_assignments(assignments, gpus, mig)])
+    holders = merge([
+        *from_records(records),
+        *from_assignments(assignments, gpus, mig),
+        *from_claims(claimed, names),
+    ])  # fmt: skip
     plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
 
 
 def conflicts(node: NodeHolders) -> list[Conflict]:
     found = []
-    for uuid in sorted({u for h in node.holders for u in h.gpus} - set(node.shared)):
+    for uuid in sorted({u for h in node.holders for u in h.gpus}):
         holding = node.of_gpu(uuid)
-        if len(holding) > 1 and not set.intersection(*(set(h.claims) for h in holding)):
+        paths = {h.path for h in holding}
+        mixed = DRA in paths and len(paths) > 1  # a DRA share is not anyone's to take
+        one_claim = bool(set.intersection(*(set(h.claims) for h in holding)))
+        if len(holding) > 1 and (mixed or (uuid not in node.shared and not one_claim)):
             found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
     if node.plugin:
         for h in node.holders:

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
-from deviceplugin.dra.devices import DRIVER, DraDevice
+from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import atomicfile, cdi, claimtoken, driver, edits, nvidia
+from gpuwire.dra import DRIVER
 from gpuwire.grant import KeyRing
 from gpuwire.nvidia import Roots
 

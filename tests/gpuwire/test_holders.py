@@ -228,6 +228,30 @@ def test_a_container_seen_as_dra_and_plugin_less_is_one_dra_holder() -> None:
     assert (holder.path, holder.gpus, holder.claims) == (DRA, (U[0], U[1]), ("team-a/c",))
 
 
+def test_pod_resources_and_a_record_of_one_claim_are_one_holder_of_it() -> None:
+    """pod-resources names each DRA device's claim: a pod's two containers of one claim hold
+    its GPU together; the record of one of them (gpuwire's runtime) is the same holder, and
+    a container of another claim on that GPU is a conflict."""
+    names_of = {"gpu-0": U[0]}
+    claimed = [
+        holders.Claimed("team-a", "p", c, "gpu.gpuwire.io", "node", "gpu-0", claim="team-a/x")
+        for c in ("main", "sidecar")
+    ]
+    record = rec("main", [0], pod="p", path=DRA, claims=("team-a/x",))
+    node = holders.node_holders(GPUS, [record], [], [], claimed=claimed, dra_names=names_of)
+    assert [(h.container, h.path, h.gpus, h.claims) for h in node.holders] == [
+        ("main", DRA, (U[0],), ("team-a/x",)),
+        ("sidecar", DRA, (U[0],), ("team-a/x",)),
+    ]
+    assert holders.conflicts(node) == []
+    assert holders.decode(holders.encode(node)) == node
+    other = holders.Claimed(
+        "team-a", "q", "main", "gpu.gpuwire.io", "node", "gpu-0", claim="team-a/y"
+    )
+    crowded = holders.node_holders(GPUS, [], [], [], claimed=[*claimed, other], dra_names=names_of)
+    assert [c.holders for c in holders.conflicts(crowded)] == [("team-a/p", "team-a/p", "team-a/q")]
+
+
 def test_a_plugin_only_seen_in_what_it_allocated_still_counts() -> None:
     """A kubelet without GetAllocatableResources: the plugin shows in its allocations."""
     node = holders.node_holders(

@@ -16,10 +16,10 @@ import pytest
 
 from deviceplugin.allocate import Strategies, response
 from deviceplugin.dra import devices
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.resources import as_device
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import allocation
+from gpuwire.dra import DRIVER
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
 from testbed.kuberuntime import KubeRuntime, run_pod
@@ -151,4 +151,4 @@ def test_a_dra_claim_allocated_a_mig_device_sees_that_mig_device_only(
     assert seen["caps"] == expected_caps(lab, 1)
     assert seen["smi"] == smi(lab, 1)
     assert seen["sibling"] == [EPERM]
-    assert seen["env"] == ["void"]
+    assert seen["env"] == [target.uuid]  # the claim's spec names the MIG device it gives
