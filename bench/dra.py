@@ -36,8 +36,8 @@ import grpc
 from bench.common import Summary, report, summarise, timed
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
 from deviceplugin.discovery import LOOK
-from deviceplugin.dra.devices import DRIVER
 from gpuwire import sim
+from gpuwire.dra import DRIVER
 from testbed.apiserver import ApiServer
 from testbed.kubelet_dra import DraKubelet
 from testbed.waiting import until

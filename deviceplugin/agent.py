@@ -13,15 +13,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin import labeler, metrics, podresources
 from deviceplugin.discovery import Discovery, NodeGpus
+from deviceplugin.dra.devices import Sharing
+from deviceplugin.dra.devices import devices as dra_devices
 from deviceplugin.metrics import Metrics, Snapshot
 from gpuwire import holders, records
 from gpuwire.devices import Device, MigDevice
+from gpuwire.dra import DRIVER
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +45,25 @@ class Settings:
 
 
 def observe(
-    settings: Settings, gpus: Sequence[Device], now: float, mig: Sequence[MigDevice] = ()
+    settings: Settings,
+    gpus: Sequence[Device],
+    now: float,
+    mig: Sequence[MigDevice] = (),
+    dra_names: Mapping[str, str] | None = None,
 ) -> holders.NodeHolders:
-    """The node's holders now; records of containers that are gone are removed on the way."""
+    """The node's holders now; records of containers that are gone are removed on the way.
+    `dra_names`: the node's DRA device names → the GPU or MIG UUID each is."""
     live, removed = records.sweep(settings.records_dir, settings.grace, now, settings.host_root)
     if removed:
         log.info("removed %d record(s) of containers that are gone: %s", len(removed), removed)
     assignments: list[holders.Assignment] = []
     allocatable: podresources.Allocatable = []
+    claimed: list[holders.Claimed] = []
     if os.path.exists(settings.pod_resources):
-        assignments, allocatable = podresources.read(settings.pod_resources)
-    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin, mig)
+        assignments, allocatable, claimed = podresources.read(settings.pod_resources)
+    ours = [c for c in claimed if c.driver == DRIVER]
+    return holders.node_holders(gpus, live, assignments, allocatable, settings.plugin, mig, ours,
+                                dra_names)  # fmt: skip
 
 
 class Publisher:
@@ -91,11 +102,13 @@ class Agent:
         api: Any = None,
         metrics: Metrics | None = None,
         mig: Callable[[], Sequence[MigDevice]] = tuple,
+        dra_names: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.settings = settings
         self.node = node
         self.gpus = gpus
         self.mig = mig
+        self.dra_names = dra_names
         self.unhealthy = unhealthy
         self.publisher = Publisher(api, node) if settings.publish else None
         self.metrics = metrics
@@ -103,7 +116,7 @@ class Agent:
 
     def step(self, now: float) -> Snapshot:
         gpus, mig = tuple(self.gpus()), tuple(self.mig())
-        held = observe(self.settings, gpus, now, mig)
+        held = observe(self.settings, gpus, now, mig, self.dra_names())
         found = tuple(holders.conflicts(held))
         names = {g.uuid: f"GPU {g.index}" for g in gpus}
         names |= {m.uuid: f"MIG {m.profile} of GPU {m.parent_index}" for m in mig}
@@ -151,6 +164,7 @@ def job(
         api,
         collector,
         lambda: found().mig_devices,
+        lambda: {d.name: d.uuid for d in dra_devices(found(), Sharing())},
     )
 
     def run(stop: threading.Event) -> None:

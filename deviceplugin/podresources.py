@@ -1,5 +1,7 @@
 """A client of the kubelet's pod-resources API (`v1.PodResourcesLister`): which device IDs
-the kubelet gave which container, and which device IDs it can give at all.
+the kubelet gave which container, which DRA claims' devices it prepared for which container
+(`dynamic_resources`, GA from 1.36; the driver, pool and device of each, and a share's ID),
+and which device IDs it can give at all.
 
 The kubelet serves it on `/var/lib/kubelet/pod-resources/kubelet.sock` for monitoring agents.
 A DaemonSet mounts the directory, not the socket: a restarting kubelet makes a new socket,
@@ -14,7 +16,7 @@ from __future__ import annotations
 import grpc
 
 from deviceplugin.api import podresources_pb2, podresources_pb2_grpc
-from gpuwire.holders import Assignment
+from gpuwire.holders import Assignment, Claimed
 
 SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 TIMEOUT = 5.0
@@ -26,8 +28,11 @@ class PodResourcesError(RuntimeError):
     """The kubelet's pod-resources API did not answer; the message says where and why."""
 
 
-def read(socket: str, timeout: float = TIMEOUT) -> tuple[list[Assignment], Allocatable]:
-    """Every container's device IDs (`List`), and every device ID the kubelet knows."""
+def read(
+    socket: str, timeout: float = TIMEOUT
+) -> tuple[list[Assignment], Allocatable, list[Claimed]]:
+    """Every container's device IDs (`List`), every device ID the kubelet knows, and every
+    container's DRA devices."""
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
         try:
@@ -41,7 +46,15 @@ def read(socket: str, timeout: float = TIMEOUT) -> tuple[list[Assignment], Alloc
         for container in pod.containers
         for d in container.devices
     ]
-    return assignments, allocatable
+    claimed = [
+        Claimed(pod.namespace, pod.name, container.name, r.driver_name, r.pool_name,
+                r.device_name, r.share_id if r.HasField("share_id") else None)
+        for pod in listed.pod_resources
+        for container in pod.containers
+        for dynamic in container.dynamic_resources
+        for r in dynamic.claim_resources
+    ]  # fmt: skip
+    return assignments, allocatable, claimed
 
 
 def _allocatable(stub: podresources_pb2_grpc.PodResourcesListerStub, timeout: float) -> Allocatable:

@@ -2,16 +2,19 @@
 node annotation that carries it to the cluster. Pure functions; the node agent and the
 `gpuwire inventory` CLI both use them, so both judge a node the same way.
 
-Two sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
-allocations, as device IDs) and the runtime side's container records (`gpuwire.records`:
-every container gpuwire gave GPUs, plugin-less ones included). A container in both is one
-holder. A container granted only the `utility` capability (a monitoring agent, the device
-plugin itself) can watch a GPU through NVML but not run work or take memory on it: it holds
-nothing and is left out.
+Three sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
+allocations, as device IDs, and DRA claims' devices, `dynamic_resources`), and the runtime
+side's container records (`gpuwire.records`: every container gpuwire gave GPUs, plugin-less
+ones included). A container in several is one holder; its path says how it got its GPUs
+(`plugin`, `plugin-less`, `dra`). A container granted only the `utility` capability (a
+monitoring agent, the device plugin itself) can watch a GPU through NVML but not run work or
+take memory on it: it holds nothing and is left out.
 
 Conflicts, the ways GPUs get oversubscribed silently:
 - `shared-gpu`: a GPU held by two or more containers although it is not shared (the device
-  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`);
+  plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`, and no DRA claim
+  holds a share of it), or held through DRA and another way at once (a share of a DRA GPU
+  is no license for a container the scheduler did not place there);
 - `all-beside-plugin`: a plugin-less container that asked for `all` GPUs of a node on which
   a device plugin also hands them out, so the scheduler places plugin pods on its GPUs.
 """
@@ -26,6 +29,7 @@ from gpuwire.devices import Device, MigDevice
 from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
 
 ANNOTATION = "gpuwire.io/holders"
+DRA = "dra"  # a holder whose GPUs a DRA claim gave it
 VERSION = 1
 REPLICA_SEPARATOR = "::"  # time-slicing device IDs: `<uuid>::<n>` (NVIDIA's format)
 WATCH_ONLY = frozenset({"utility"})
@@ -46,7 +50,7 @@ class Holder:
     namespace: str
     pod: str
     container: str
-    path: str  # PLUGIN or PLUGIN_LESS
+    path: str  # PLUGIN, PLUGIN_LESS or DRA
     gpus: tuple[str, ...]  # UUIDs, sorted
     whole_node: bool = False  # asked for `all`
 
@@ -69,6 +73,20 @@ class Assignment:
     container: str
     resource: str
     device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A device of a DRA claim the kubelet prepared for a container (pod-resources
+    `dynamic_resources`: `ClaimResource`); `share_id` for a share of a shared device."""
+
+    namespace: str
+    pod: str
+    container: str
+    driver: str
+    pool: str
+    device: str
+    share_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,15 +164,27 @@ def from_assignments(
     return holders
 
 
+def from_claims(claimed: Iterable[Claimed], names: Mapping[str, str]) -> list[Holder]:
+    """Holders of DRA devices; `names`: the node's DRA device names → GPU or MIG UUIDs."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for c in claimed:
+        uuid = names.get(c.device)
+        if uuid is not None:
+            found.setdefault((c.namespace, c.pod, c.container), set()).add(uuid)
+    return [Holder(*key, DRA, tuple(sorted(uuids))) for key, uuids in found.items()]
+
+
 def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
-    """One holder per container: the union of its GPUs; `plugin` if any source says so."""
+    """One holder per container: the union of its GPUs; its path `dra`, else `plugin`, if
+    any source says so."""
     merged: dict[tuple[str, str, str], Holder] = {}
     for h in holders:
         seen = merged.get(h.key)
         if seen is not None:
+            paths = (h.path, seen.path)
             h = Holder(
                 *h.key,
-                PLUGIN if PLUGIN in (h.path, seen.path) else PLUGIN_LESS,
+                DRA if DRA in paths else PLUGIN if PLUGIN in paths else PLUGIN_LESS,
                 tuple(sorted(set(h.gpus) | set(seen.gpus))),
                 h.whole_node or seen.whole_node,
             )
@@ -169,25 +199,36 @@ def node_holders(
     allocatable: Sequence[tuple[str, tuple[str, ...]]],
     plugin: bool = False,
     mig: Sequence[MigDevice] = (),
+    claimed: Sequence[Claimed] = (),
+    dra_names: Mapping[str, str] | None = None,
 ) -> NodeHolders:
-    """Everything the node's two sources say. `allocatable`: (resource, device IDs) from
+    """Everything the node's sources say. `allocatable`: (resource, device IDs) from
     pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
     `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
-    pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs)."""
+    pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs).
+    `claimed`: DRA claims' devices of gpuwire's driver, `dra_names` naming their GPUs."""
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
     on_gpus = [(i, gpu_of(r, i, gpus, mig)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
-    holders = merge([*from_records(records), *from_assignments(assignments, gpus, mig)])
+    names = dra_names or {}
+    shared |= {u for c in claimed if c.share_id and (u := names.get(c.device)) is not None}
+    holders = merge([
+        *from_records(records),
+        *from_assignments(assignments, gpus, mig),
+        *from_claims(claimed, names),
+    ])  # fmt: skip
     plugin = plugin or any(uuid is not None for _, uuid in on_gpus)
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
 
 
 def conflicts(node: NodeHolders) -> list[Conflict]:
     found = []
-    for uuid in sorted({u for h in node.holders for u in h.gpus} - set(node.shared)):
+    for uuid in sorted({u for h in node.holders for u in h.gpus}):
         holding = node.of_gpu(uuid)
-        if len(holding) > 1:
+        paths = {h.path for h in holding}
+        mixed = DRA in paths and len(paths) > 1  # a DRA share is not anyone's to take
+        if len(holding) > 1 and (uuid not in node.shared or mixed):
             found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
     if node.plugin:
         for h in node.holders:
@@ -241,6 +282,6 @@ def decode(text: str) -> NodeHolders:
 
 
 def _path(value: object) -> str:
-    if value not in PATHS:
-        raise HoldersError(f"path {value!r}: expected one of {', '.join(PATHS)}")
+    if value not in (*PATHS, DRA):
+        raise HoldersError(f"path {value!r}: expected one of {', '.join((*PATHS, DRA))}")
     return str(value)

@@ -1,7 +1,9 @@
 """`gpuwire inventory` and the kubectl plugin `kubectl-gpuwire` (`kubectl gpuwire inventory`).
 
-Two reads per look: all nodes, and the Pending pods. Everything else comes from the node
-annotations the gpuwire agents keep, so the command needs `list` on nodes and pods only.
+Four reads per look: all nodes, the pods that are not done, and DRA's ResourceClaims and
+gpuwire's ResourceSlices (none where the API server does not serve `resource.k8s.io/v1`).
+Everything else comes from the node annotations the gpuwire agents keep, so the command needs
+`list` on nodes, pods, resourceclaims and resourceslices only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 import kubeclient
+from gpuwire.dra import DRIVER
 from inventory import table, view
 
 OUTPUTS = ("table", "wide", "json")
@@ -27,6 +30,8 @@ def report(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     *,
+    claims: Iterable[Mapping[str, Any]] = (),
+    slices: Iterable[Mapping[str, Any]] = (),
     node: str | None = None,
     namespace: str | None = None,
     output: str = "table",
@@ -34,7 +39,8 @@ def report(
     color: bool = False,
 ) -> str:
     """The inventory of these API objects (JSON dicts) as the command prints it."""
-    inventory = view.build(nodes, pods, node=node, namespace=namespace)
+    inventory = view.build(nodes, pods, claims=claims, slices=slices, node=node,
+                           namespace=namespace)  # fmt: skip
     if output == "json":
         return json.dumps(view.as_json(inventory), indent=2) + "\n"
     return table.render(inventory, width=width, wide=output == "wide", color=color)
@@ -46,15 +52,33 @@ def core_api(kubeconfig: str | None, context: str | None) -> Any:
     return client.CoreV1Api(kubeclient.api_client(kubeconfig, context))
 
 
-def fetch(api: Any, namespace: str | None) -> tuple[list[Any], list[Any]]:
-    """All nodes, and the Pending pods (of `namespace`, if given), as JSON dicts."""
-    nodes = json.loads(api.list_node(_preload_content=False).data)["items"]
-    pending = "status.phase=Pending"
+NOT_DONE = "status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _listed(call: Any, **query: Any) -> list[Any]:
+    """A list's items; none where the API server does not serve the resource (404)."""
+    client: Any = importlib.import_module("kubernetes.client")
+    try:
+        return list(json.loads(call(_preload_content=False, **query).data)["items"])
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return []
+        raise
+
+
+def fetch(api: Any, namespace: str | None) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """All nodes, the pods not done and DRA's claims (of `namespace`, if given), and
+    gpuwire's slices, as JSON dicts."""
+    client: Any = importlib.import_module("kubernetes.client")
+    resource = client.ResourceV1Api(api.api_client)
     if namespace is None:
-        answer = api.list_pod_for_all_namespaces(field_selector=pending, _preload_content=False)
+        pods = _listed(api.list_pod_for_all_namespaces, field_selector=NOT_DONE)
+        claims = _listed(resource.list_resource_claim_for_all_namespaces)
     else:
-        answer = api.list_namespaced_pod(namespace, field_selector=pending, _preload_content=False)
-    return nodes, json.loads(answer.data)["items"]
+        pods = _listed(api.list_namespaced_pod, namespace=namespace, field_selector=NOT_DONE)
+        claims = _listed(resource.list_namespaced_resource_claim, namespace=namespace)
+    slices = _listed(resource.list_resource_slice, field_selector=f"spec.driver={DRIVER}")
+    return _listed(api.list_node), pods, claims, slices
 
 
 def _output(text: str) -> str:
@@ -128,7 +152,7 @@ def _show(p: argparse.ArgumentParser, args: argparse.Namespace, api: Any, stream
     shown = None
     while True:
         try:
-            nodes, pods = fetch(api, args.namespace)
+            nodes, pods, claims, slices = fetch(api, args.namespace)
         except Exception as exc:  # the API server is away or refuses: say which and why
             if not args.watch:
                 p.exit(1, f"{p.prog}: {_api_error(api, exc)}\n")
@@ -137,6 +161,8 @@ def _show(p: argparse.ArgumentParser, args: argparse.Namespace, api: Any, stream
             text = report(
                 nodes,
                 pods,
+                claims=claims,
+                slices=slices,
                 node=args.node,
                 namespace=args.namespace,
                 output=args.output,

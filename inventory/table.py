@@ -2,8 +2,10 @@
 then the pending GPU pods and the conflicts.
 
 A GPU in MIG mode has a line for each of its MIG devices below it (`└`, the profile, its
-memory, health and holders). It fits `width` columns (80 by default): long names are cut
-with `…`, several holders and long reasons wrap onto further lines. `wide` adds UUIDs,
+memory, health and holders). A GPU shared through DRA shows the memory its claims' shares
+hold of it (`24/80 GiB`); a holder of a DRA claim reads as any other (`wide` says `dra`).
+It fits `width` columns (80 by default): long names are cut with `…`, several holders and
+long reasons wrap onto further lines. `wide` adds UUIDs,
 container names and paths and cuts nothing. Colour (ANSI) only when asked for; the CLI asks
 on a terminal without `NO_COLOR`.
 """
@@ -84,6 +86,14 @@ def memory(mib: int) -> str:
     return f"{round(mib / 1024)} GiB" if mib else "?"
 
 
+def memory_cell(device: Gpu | Mig) -> str:
+    """The memory; a shared DRA GPU's as what its shares hold of it: `24/80 GiB`."""
+    used = device.shared_mib if isinstance(device, Gpu) else None
+    if used is None:
+        return memory(device.memory_mib)
+    return f"{round(used / 1024)}/{memory(device.memory_mib)}"
+
+
 def holder_text(holder: Holder, wide: bool) -> str:
     if wide:
         who = "/".join(p for p in (holder.namespace, holder.pod, holder.container) if p)
@@ -124,7 +134,7 @@ def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> li
         3,
         *([max([4, *(len(d.uuid) for _, _, d in rows)])] if wide else []),
         max([7, *(len(name) for _, name, _ in rows)]),
-        6,
+        max([6, *(len(memory_cell(d)) for _, _, d in rows)]),
         6,
     ]
     if not wide:
@@ -143,7 +153,7 @@ def _gpu_table(inventory: Inventory, width: int, wide: bool, paint: Paint) -> li
                     health = ("ok", "") if device.healthy else ("FAIL", RED)
                     cells += [(index.rjust(3), "")]
                     cells += [(device.uuid, "")] if wide else []
-                    cells += [(_cut(name, widths[-4]), ""), (memory(device.memory_mib), "")]
+                    cells += [(_cut(name, widths[-4]), ""), (memory_cell(device), "")]
                     cells += [health]
                 else:
                     cells += [("", "")] * (len(widths) - 2)

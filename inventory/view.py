@@ -4,7 +4,11 @@ Nodes carry what their gpuwire agent found: `gpuwire.io/gpus` (each GPU: index, 
 product, memory, health, and its MIG devices; written by the labeler) and `gpuwire.io/holders`
 (each container holding GPUs or MIG devices, from the kubelet's pod-resources and the runtime
 side's records). A MIG device's holders are shown under its GPU, which counts as allocated
-when it or one of its MIG devices is held. Pods tell
+when it or one of its MIG devices is held. DRA claims add what the scheduler allocated: each
+result of gpuwire's driver (`status.allocation`) names a device of a ResourceSlice, whose
+`uuid` says which GPU or MIG device it is, held by the containers of the claim's consumers
+(`reservedFor`) that use the claim (`resources.claims`) — before the kubelet has started
+them; a shared GPU's shares (`consumedCapacity`) add up to its memory in use. Pods tell
 which GPU pods are still Pending and why (their PodScheduled condition, or once bound, why
 their containers wait). The input is the API's JSON (dicts), as `kubectl get -o json` or the
 `kubernetes` client with `_preload_content=False` gives it.
@@ -12,15 +16,17 @@ their containers wait). The input is the API's JSON (dicts), as `kubectl get -o 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwire import annotations as gpu_annotations
+from gpuwire import dra, nodegpus
 from gpuwire import holders as holding
-from gpuwire import nodegpus
+from gpuwire.quantity import MIB, QuantityError, api_value
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+GPU_TEMPLATES = "gpuwire-"  # the ResourceClaimTemplates gpuwire's webhook makes for GPU pods
 
 Obj = Mapping[str, Any]
 
@@ -49,6 +55,7 @@ class Gpu:
     holders: tuple[holding.Holder, ...]
     conflicted: bool
     mig: tuple[Mig, ...] | None = None  # None: not in MIG mode
+    shared_mib: int | None = None  # a shared DRA GPU: the memory its claims' shares hold
 
     @property
     def name(self) -> str:
@@ -115,16 +122,21 @@ def build(
     nodes: Iterable[Obj],
     pods: Iterable[Obj],
     *,
+    claims: Iterable[Obj] = (),
+    slices: Iterable[Obj] = (),
     node: str | None = None,
     namespace: str | None = None,
 ) -> Inventory:
-    """The inventory of `nodes` (those with GPUs) and the pending GPU pods among `pods`.
+    """The inventory of `nodes` (those with GPUs) and the pending GPU pods among `pods`, with
+    what the DRA `claims` allocated of gpuwire's `slices`.
 
     `node` keeps that node only (and the pods bound to it). `namespace` keeps the holders and
     pending pods of that namespace, and the nodes and GPUs they hold; the totals still count
     every GPU.
     """
-    views = [v for v in (_node(n) for n in nodes if node in (None, _name(n))) if v.total]
+    pods = list(pods)
+    claimed = _claimed(claims, pods, _dra_devices(slices))
+    views = [v for v in (_node(n, claimed) for n in nodes if node in (None, _name(n))) if v.total]
     counts = len(views), sum(v.total for v in views), sum(v.allocated for v in views)
     if namespace is not None:
         views = [v for v in (_only_namespace(v, namespace) for v in views) if v.gpus]
@@ -150,7 +162,99 @@ def _meta(obj: Obj) -> Obj:
     return obj.get("metadata") or {}
 
 
-def _node(obj: Obj) -> Node:
+@dataclass(frozen=True)
+class _DraDevice:
+    uuid: str
+    shared: bool  # allows multiple allocations: its memory is handed out in shares
+
+
+@dataclass
+class _Claimed:
+    """What the DRA claims hold: holders by node, shares of shared GPUs by UUID."""
+
+    holders: dict[str, list[holding.Holder]]
+    shared: dict[str, int]  # UUID → MiB its shares consume
+
+
+def _dra_devices(slices: Iterable[Obj]) -> dict[tuple[str, str], _DraDevice]:
+    """(pool, device name) → the GPU or MIG device it is, of gpuwire's driver."""
+    found = {}
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != dra.DRIVER:
+            continue
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        for d in spec.get("devices") or ():
+            uuid = ((d.get("attributes") or {}).get(dra.UUID) or {}).get("string")
+            if uuid:
+                found[(pool, str(d["name"]))] = _DraDevice(
+                    uuid, d.get("allowMultipleAllocations") is True
+                )
+    return found
+
+
+def _mib(text: object) -> int:
+    try:
+        numerator, denominator = api_value(str(text))
+    except QuantityError:
+        return 0
+    return numerator // (denominator * MIB)
+
+
+def _users(claim: Obj, pods: Mapping[tuple[str, str], Obj]) -> list[tuple[str, str]]:
+    """(pod, container) of each container of the claim's consumers that uses it."""
+    meta = _meta(claim)
+    namespace, name = meta.get("namespace"), meta.get("name")
+    out = []
+    for consumer in (claim.get("status") or {}).get("reservedFor") or ():
+        pod = pods.get((str(namespace), str(consumer.get("name"))))
+        if pod is None:
+            out.append((str(consumer.get("name")), ""))
+            continue
+        statuses = (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+        generated = {s.get("name"): s.get("resourceClaimName") for s in statuses}
+        spec = pod.get("spec") or {}
+        entries = {
+            e.get("name")
+            for e in spec.get("resourceClaims") or ()
+            if name in (e.get("resourceClaimName"), generated.get(e.get("name")))
+        }
+        for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+            uses = (c.get("resources") or {}).get("claims") or ()
+            if any(r.get("name") in entries for r in uses):
+                out.append((_name(pod), str(c.get("name"))))
+    return out
+
+
+def _claimed(
+    claims: Iterable[Obj], pods: Sequence[Obj], devices: Mapping[tuple[str, str], _DraDevice]
+) -> _Claimed:
+    by_name = {(str(_meta(p).get("namespace")), _name(p)): p for p in pods}
+    found = _Claimed({}, {})
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        held: dict[str, set[str]] = {}
+        for r in (allocation.get("devices") or {}).get("results") or ():
+            device = devices.get((str(r.get("pool")), str(r.get("device"))))
+            if r.get("driver") != dra.DRIVER or device is None:
+                continue
+            held.setdefault(str(r["pool"]), set()).add(device.uuid)
+            if r.get("shareID"):
+                memory = (r.get("consumedCapacity") or {}).get(dra.MEMORY, 0)
+                found.shared[device.uuid] = found.shared.get(device.uuid, 0) + _mib(memory)
+        namespace = str(_meta(claim).get("namespace", ""))
+        for node, uuids in held.items():
+            for pod, container in _users(claim, by_name):
+                found.holders.setdefault(node, []).append(
+                    holding.Holder(namespace, pod, container, holding.DRA, tuple(sorted(uuids)))
+                )
+    for device in devices.values():
+        if device.shared:
+            found.shared.setdefault(device.uuid, 0)
+    return found
+
+
+def _node(obj: Obj, claimed: _Claimed) -> Node:
     annotations = _meta(obj).get("annotations") or {}
     problems = []
     listed: tuple[nodegpus.NodeGpu, ...] = ()
@@ -165,6 +269,13 @@ def _node(obj: Obj) -> Node:
             held = holding.decode(annotations[holding.ANNOTATION])
         except holding.HoldersError as exc:
             problems.append(str(exc))
+    known = held is not None
+    extra = claimed.holders.get(_name(obj), [])
+    if extra or held is not None:
+        base = held or holding.NodeHolders((), (), False)
+        shares = {u for u in claimed.shared if any(u in h.gpus for h in extra)}
+        held = holding.NodeHolders(holding.merge([*base.holders, *extra]),
+                                   tuple(sorted({*base.shared, *shares})), base.plugin)  # fmt: skip
     conflicts = tuple(holding.conflicts(held)) if held is not None else ()
     conflicted = {u for c in conflicts for u in c.gpus}
 
@@ -195,6 +306,7 @@ def _node(obj: Obj) -> Node:
                 )
                 for m in g.mig
             ),
+            claimed.shared.get(g.uuid),
         )
         for g in sorted(listed, key=lambda g: g.index)
     )
@@ -212,7 +324,7 @@ def _node(obj: Obj) -> Node:
         sum(1 for g in gpus if g.held),
         ready,
         not (obj.get("spec") or {}).get("unschedulable", False),
-        held is not None,
+        known,
         tuple(problems),
         conflicts,
     )
@@ -260,6 +372,10 @@ def _requests(pod: Obj) -> list[str]:
     asked = _annotated(_meta(pod).get("annotations") or {})
     if asked:
         return asked
+    named = [str(e.get("resourceClaimTemplateName", "")) for e in spec.get("resourceClaims") or ()]
+    templates = [t for t in named if t.startswith(GPU_TEMPLATES)]
+    if templates:
+        return [f"claim from {t}" for t in templates]
     for c in containers:
         for e in c.get("env") or ():
             if e.get("name") == VISIBLE_DEVICES and e.get("value") not in (
@@ -376,6 +492,11 @@ def as_json(inventory: Inventory) -> dict[str, Any]:
                         "conflict": g.conflicted,
                         "holders": [holder(h) for h in g.holders],
                         **mig(g),
+                        **(
+                            {"sharedMemory": {"usedMiB": g.shared_mib, "totalMiB": g.memory_mib}}
+                            if g.shared_mib is not None
+                            else {}
+                        ),
                     }
                     for g in n.gpus
                 ],

@@ -7,8 +7,11 @@ allocated, per resource; `GetAllocatableResources` has every device ID of every 
 resource; `Get` has one pod, or an error naming it. The devices come from where the kubelet
 takes them, its device manager: given a `testbed.kubelet.Kubelet`, the allocations it made
 (`admit`) and the devices its plugins advertise; `assign` and `advertise` add more by hand.
+A container's DRA devices (`dynamic_resources`: per claim, each device's driver, pool,
+name, CDI ids and share ID) are what the kubelet's DRA manager prepared for it: `claim` adds
+them, from a claim's allocation as the kubelet stand-in for DRA prepared it.
 `allocatable=False` makes `GetAllocatableResources` UNIMPLEMENTED, like a kubelet before it
-existed. Left out: CPU, memory and DRA fields (always empty), topology, the rate limit.
+existed. Left out: CPU and memory, topology, the rate limit.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Pod:
     uid: str
     containers: list[str]
     devices: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # container → ids
+    claims: dict[str, list[pb.DynamicResource]] = field(default_factory=dict)  # container → DRA
 
 
 class PodResourcesKubelet:
@@ -76,6 +80,28 @@ class PodResourcesKubelet:
         with self._lock:
             self.pods[uid].devices.setdefault(container, {})[resource] = ids
 
+    def claim(
+        self, uid: str, container: str, claim: dict[str, Any], cdi_ids: dict[str, list[str]]
+    ) -> None:
+        """A DRA claim of the pod (its allocation) prepared for `container`; `cdi_ids`:
+        device name → the CDI ids its plugin answered."""
+        results = claim["status"]["allocation"]["devices"]["results"]
+        resources = [
+            pb.ClaimResource(
+                cdi_devices=[pb.CDIDevice(name=i) for i in cdi_ids.get(r["device"], [])],
+                driver_name=r["driver"],
+                pool_name=r["pool"],
+                device_name=r["device"],
+                share_id=r.get("shareID"),
+            )
+            for r in results
+        ]
+        meta = claim["metadata"]
+        dynamic = pb.DynamicResource(claim_name=meta["name"], claim_namespace=meta["namespace"],
+                                     claim_resources=resources)  # fmt: skip
+        with self._lock:
+            self.pods[uid].claims.setdefault(container, []).append(dynamic)
+
     def advertise(self, resource: str, ids: list[str]) -> None:
         with self._lock:
             self.advertised[resource] = ids
@@ -92,7 +118,10 @@ class PodResourcesKubelet:
 
     def _pod(self, pod: Pod) -> pb.PodResources:
         containers = [
-            pb.ContainerResources(name=c, devices=self._devices(pod, c)) for c in pod.containers
+            pb.ContainerResources(
+                name=c, devices=self._devices(pod, c), dynamic_resources=pod.claims.get(c, [])
+            )
+            for c in pod.containers
         ]
         return pb.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 

@@ -23,6 +23,9 @@ results sets in chunks": kubernetes.io/docs/reference/using-api/api-concepts/):
   so spec and status (a Node's images, conditions) never cross the wire; a server that
   ignores it answers full objects, whose metadata is the same.
 
+- `optional`: a resource the API server may not serve (404: `resource.k8s.io/v1` before
+  Kubernetes 1.34) counts as listed and empty (synced), and is listed again every minute.
+
 `publish(views)` is called, from the watch thread, after each whole list and after each event
 that changed a view (views compare equal: a heartbeat that changes nothing of a view publishes
 nothing); it gets the live mapping, to read at once, never to keep.
@@ -47,6 +50,11 @@ PAGE = 250
 LIST_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 WATCH_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 CONNECT_SECONDS = 10.0
+NOT_SERVED_RETRY = 60.0
+
+
+class NotServed(Exception):
+    """The API server does not serve the resource (404)."""
 
 
 class Expired(Exception):
@@ -86,6 +94,7 @@ class ListWatch(Generic[View]):
         metadata_only: bool,
         timeout_seconds: int = 300,
         page: int = PAGE,
+        optional: bool = False,
     ) -> None:
         self.name = name
         self._call = list_call
@@ -94,6 +103,7 @@ class ListWatch(Generic[View]):
         self._accept = (LIST_METADATA, WATCH_METADATA) if metadata_only else (None, None)
         self.timeout_seconds = timeout_seconds
         self.page = page
+        self.optional = optional
         self.views: dict[str, View] = {}
         self.listed = 0  # objects the last whole list held, views or not
         self._synced = threading.Event()
@@ -131,6 +141,8 @@ class ListWatch(Generic[View]):
                 self._follow(version)
             except Expired as exc:
                 log.info("%s: %s; listing again", self.name, exc)
+            except NotServed:
+                self._stop.wait(NOT_SERVED_RETRY)
             except Exception as exc:  # the API server away, a reset connection: list later
                 if self._stop.is_set():
                     return
@@ -160,9 +172,18 @@ class ListWatch(Generic[View]):
         token, listed = None, 0
         timeout = (CONNECT_SECONDS, self.timeout_seconds)
         while True:
-            answer = self._request(
-                self._accept[0], limit=self.page, _continue=token, _request_timeout=timeout
-            )
+            try:
+                answer = self._request(
+                    self._accept[0], limit=self.page, _continue=token, _request_timeout=timeout
+                )
+            except client.ApiException as exc:
+                if exc.status != 404 or not self.optional:
+                    raise
+                self.views, self.listed = {}, 0
+                self._publish(self.views)
+                self._synced.set()
+                log.info("%s: not served by the API server; none", self.name)
+                raise NotServed from exc
             body = orjson.loads(answer.data)
             answer.release_conn()
             self._response = answer = None  # the page goes as soon as its views are made

@@ -17,11 +17,17 @@ and the tests call it directly. The rules, in the order a container meets them:
 * A MIG profile (`gpuwire.io/mig-profile`, counted by `gpuwire.io/gpu-count`) becomes the
   device plugin's mixed-strategy resource `nvidia.com/mig-<profile>` where the cluster runs
   one, else MIG devices the webhook names for the container (`webhook/placement.py`).
+* Where the policy says DRA (`allocation: dra`, or `auto` where the cluster's ResourceSlices
+  can give it), a GPU container gets a ResourceClaim instead, made from a template named by
+  its request (`webhook/claims.py`): an entry in `spec.resourceClaims`, the container's
+  `resources.claims`, its `nvidia.com/gpu` resource dropped, and `NVIDIA_VISIBLE_DEVICES=void`
+  (the claim's CDI spec gives its GPUs). The templates to create come back with the patch.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,11 +36,14 @@ from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
 from webhook import affinity
+from webhook import claims as dra_claims
+from webhook.claims import Ask, Claimed
 from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, pointer, set_path
 from webhook.placement import Demand, Placement, Unplaceable, place
 from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
+from webhook.pools import NO_POOLS, Pools
 
 VISIBLE = nvidia.VISIBLE_DEVICES_ENV
 CAPS = nvidia.CAPABILITIES_ENV
@@ -58,6 +67,9 @@ class Outcome:
     warnings: tuple[str, ...] = ()
     denial: Denial | None = None
     skipped: str | None = None  # why the pod passed untouched
+    # ResourceClaimTemplates the patch's claims are made from: they must exist (the server
+    # creates them before answering, except on a dry run)
+    templates: tuple[dict[str, Any], ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -95,12 +107,15 @@ class _Mutation:
         policy: Policy,
         fleet: Fleet,
         keyring: grant.KeyRing,
+        pools: Pools = NO_POOLS,
     ) -> None:
         self.pod = pod
         self.namespace = namespace
         self.policy = policy
         self.fleet = fleet
         self.keyring = keyring
+        self.pools = pools
+        self.allocation = policy.allocation_for(namespace)
         self.rule = policy.rule(namespace) or NO_RULE
         self.warnings: list[str] = []
         self.granted = False
@@ -135,19 +150,22 @@ class _Mutation:
                 f"{keys.MEMORY_LIMIT} or {keys.CORES_LIMIT}"
             )
         gpu = self.gpu_containers(request)
+        claimed = self.claims(gpu, request) if gpu and self.allocation != "devicePlugin" else {}
         placement = NOWHERE
-        if gpu:
+        if rest := gpu - set(claimed):
             allow = self.policy.unknown_model == "allow"
             try:
-                named = self.named_mig(gpu)
-                demand = self.demand(request, gpu)
+                named = self.named_mig(rest)
+                demand = self.demand(request, rest)
                 placement = place(request, self.fleet, allow, demand, named)
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
         ops: list[Op] = cdi
         for c in self.pod.containers:
-            if c.name in gpu:
+            if c.name in claimed:
+                ops += self.claim_container(c, claimed[c.name])
+            elif c.name in gpu:
                 ops += self.gpu_container(c, request, placement)
             else:
                 ops += self.other_container(c)
@@ -156,7 +174,9 @@ class _Mutation:
                 {"op": "add", "path": "/spec/runtimeClassName", "value": self.policy.runtime_class}
             )
         ops += affinity.require(self.pod.spec, placement.expressions)
-        return Outcome(tuple(ops), tuple(self.warnings))
+        ops += self.claim_entries(claimed)
+        templates = {c.name: c.template(self.namespace) for c in claimed.values() if c}
+        return Outcome(tuple(ops), tuple(self.warnings), templates=tuple(templates.values()))
 
     def cdi_annotations(self) -> list[Op]:
         """containerd (>= 1.7) and CRI-O inject the CDI devices a pod annotation
@@ -197,11 +217,152 @@ class _Mutation:
         with_resource = {
             c.name
             for c in self.pod.containers
-            if ((asked := self.plugin_count(c)) and asked[1]) or c.mig
+            if ((asked := self.plugin_count(c)) and asked[1]) or c.mig or self.translated(c)
         }
         if with_resource or not request.asks:
             return with_resource
         return {c.name for c in self.pod.app_containers}
+
+    # --- the DRA path
+
+    def translated(self, c: Container) -> bool:
+        """Whether an earlier admission gave the container its claim (its entry names a
+        gpuwire template): it keeps it, as it is."""
+        entry = _entry(c.name)
+        template = self.pod.resource_claims.get(entry)
+        return entry in c.claims and bool(template and template.startswith(dra_claims.PREFIX))
+
+    def claims(self, gpu: set[str], request: GpuRequest) -> dict[str, Claimed | None]:
+        """The GPU containers that get a claim, and from which template (None: the one an
+        earlier admission gave them); the others go the device-plugin way."""
+        out: dict[str, Claimed | None] = {}
+        for c in self.pod.containers:
+            if c.name not in gpu:
+                continue
+            if self.translated(c):
+                out[c.name] = None
+                continue
+            ask = self.ask(c, request)
+            if ask is None:
+                continue
+            try:
+                found = dra_claims.claim(ask, self.pools)
+            except Unplaceable as exc:
+                if self.allocation == "dra":
+                    raise Denied(400, str(exc)) from exc
+                continue  # auto: the device-plugin way
+            visible = "all" if ask.count == "all" else "claim"
+            self.check_count(c, request, _Devices(visible, found.gpus))
+            self.warnings += [w for w in found.warnings if w not in self.warnings]
+            out[c.name] = found
+        return out
+
+    def ask(self, c: Container, request: GpuRequest) -> Ask | None:
+        """What the container's claim must give; None where it takes the device-plugin way
+        (a GPU resource the policy keeps; under `auto`, driver files without a GPU)."""
+        dra_only = self.allocation == "dra"
+        mig = request.mig_profile
+        count: dra_claims.Count
+        counted = ""
+        if c.mig is not None:
+            if not self.policy.claim_gpu_resources:
+                return None
+            self.mig_resource(c, request, *c.mig)
+            mig = nvidia.mig_profile_of(c.mig[0].removeprefix(MIG_RESOURCE_PREFIX))
+            count = c.mig[1]
+            counted = f"container {c.name!r}'s {c.mig[0]}: {count}"
+        elif (asked := self.plugin_count(c)) is not None:
+            if asked[0] != nvidia.RESOURCE:
+                return None  # a per-model resource: the device plugin's `resources` rules
+            if not self.policy.claim_gpu_resources or asked[1] == 0:
+                return None
+            self.check_plugin(c, request, *asked)
+            count = asked[1]
+            counted = f"container {c.name!r}'s {nvidia.RESOURCE}: {count}"
+        elif mig is not None:
+            count = request.count if isinstance(request.count, int) else 1
+        elif request.uuids:
+            count = len(request.uuids)
+            counted = f"{len(request.uuids)} named GPU(s)"
+        else:
+            wanted = request.count if request.count is not None else self.policy.gpu_count
+            if wanted == "none":
+                if not dra_only:
+                    return None
+                value = request.given.get(keys.COUNT, "unset (policy default gpuCount: none)")
+                raise Denied(
+                    400,
+                    f"{keys.COUNT}: {value!r} asks for the driver's files without a GPU, which "
+                    "no ResourceClaim gives (the policy sends this namespace's GPU pods the DRA "
+                    "way); accepted here: all or a positive integer",
+                )
+            count = wanted
+        profile = None
+        if request.wants_limits:
+            profiles = request.profiles or self.policy.limit_profiles
+            if len(profiles) != 1:
+                key, value = (
+                    request.source(keys.LIMIT_PROFILE)
+                    if request.profiles
+                    else ("the policy's limitProfile", ",".join(profiles))
+                )
+                raise Denied(
+                    400,
+                    f"{key}: {value!r} names {len(profiles)} limit profiles; a claim's share "
+                    "is held by one (its GpuConfig limitProfile); accepted: one of "
+                    f"{', '.join(limits.PROFILES)}",
+                )
+            profile = profiles[0]
+        caps = self.capabilities(request)
+        return Ask(request, count, caps, profile, self.policy.nvlink, mig, counted)
+
+    def claim_container(self, c: Container, claimed: Claimed | None) -> list[Op]:
+        """Its claim in `resources.claims`, its GPU resource gone, and no GPU by env: the
+        claim's CDI spec gives the GPUs (and sets NVIDIA_VISIBLE_DEVICES=void itself)."""
+        ops: list[Op] = []
+        if claimed is not None:
+            resources = c.raw.get("resources") or {}
+            claimed_away = {nvidia.RESOURCE, *(c.mig[:1] if c.mig else ())}
+            for section in ("limits", "requests"):
+                held = resources.get(section) or {}
+                gone = [n for n in held if n in claimed_away]
+                if gone and len(gone) == len(held):  # nothing else left: the section goes
+                    ops.append({"op": "remove", "path": pointer(c.path, "resources", section)})
+                    continue
+                ops += [{"op": "remove", "path": pointer(c.path, "resources", section, n)}
+                        for n in gone]  # fmt: skip
+            entry = {"name": _entry(c.name)}
+            if not isinstance(resources.get("claims"), list):
+                op = set_path(c.raw, c.path, ("resources", "claims"), [entry])
+                ops += [op] if op else []
+            elif entry["name"] not in c.claims:
+                ops.append({"op": "add", "path": c.path + "/resources/claims/-", "value": entry})
+        return ops + self.env(c, {VISIBLE: VOID, grant.ENV: None})
+
+    def claim_entries(self, claimed: dict[str, Claimed | None]) -> list[Op]:
+        """The pod's claim entries, one per container that gets a claim, each made from its
+        template; the pod's own entries are left alone."""
+        new = []
+        for container, found in claimed.items():
+            if found is None:
+                continue
+            name = _entry(container)
+            existing = self.pod.resource_claims.get(name, "")
+            if existing == found.name:
+                continue
+            if name in self.pod.resource_claims:
+                raise Denied(
+                    400,
+                    f"spec.resourceClaims already has an entry {name!r} (from "
+                    f"{existing or 'a claim by name'}), which gpuwire uses for container "
+                    f"{container!r}'s GPUs; rename the pod's own entry",
+                )
+            new.append({"name": name, "resourceClaimTemplateName": found.name})
+        if not new:
+            return []
+        if isinstance(self.pod.spec.get("resourceClaims"), list):
+            return [{"op": "add", "path": "/spec/resourceClaims/-", "value": e} for e in new]
+        return [{"op": "add", "path": "/spec/resourceClaims", "value": new}]
 
     def plugin_count(self, c: Container) -> tuple[str, int] | None:
         """The GPU resource a container asks the device plugin for, and how many; the
@@ -468,6 +629,14 @@ class _Mutation:
         return ops
 
 
+def _entry(container: str) -> str:
+    """The pod's claim entry for a container's GPUs (a DNS label: at most 63 characters)."""
+    name = dra_claims.PREFIX + container
+    if len(name) <= 63:
+        return name
+    return dra_claims.PREFIX + hashlib.sha256(container.encode()).hexdigest()[:16]
+
+
 @functools.lru_cache(maxsize=4096)
 def _grant(
     key_id: str, key: bytes, namespace: str, container: str, visible: str, caps: str | None
@@ -484,15 +653,17 @@ def mutate(
     policy: Policy,
     fleet: Fleet,
     keyring: grant.KeyRing,
+    pools: Pools = NO_POOLS,
 ) -> Outcome:
-    """The JSON patch (or denial) the webhook answers for a pod being created in `namespace`."""
+    """The JSON patch (or denial) the webhook answers for a pod being created in `namespace`;
+    `pools`: the cluster's DRA devices, for the policy's DRA path."""
     if policy.excluded(namespace):
         return Outcome(skipped=f"namespace {namespace} is excluded by the policy")
     try:
         pod = Pod.read(raw_pod)
         if pod.mirror:
             return Outcome(skipped="mirror pod")
-        return _Mutation(pod, namespace, policy, fleet, keyring).run()
+        return _Mutation(pod, namespace, policy, fleet, keyring, pools).run()
     except MalformedPod as exc:
         return Outcome(denial=Denial(400, f"malformed pod: {exc}"))
     except Denied as exc:

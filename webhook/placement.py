@@ -87,7 +87,7 @@ class Placement:
         return self.most_gpus
 
 
-def _listing(items: Sequence[str], most: int = 12, total: int | None = None) -> str:
+def listing(items: Sequence[str], most: int = 12, total: int | None = None) -> str:
     """The first `most` of `items` (of `total`, where only the first are given)."""
     shown = ", ".join(items[:most]) or "none"
     total = len(items) if total is None else total
@@ -241,7 +241,7 @@ class _Placer:
             if not chosen:
                 self.unresolved(
                     (keys.MODEL, keys.HAMI_USE_TYPE),
-                    f"matches no GPU node; models present: {_listing(allowed)}",
+                    f"matches no GPU node; models present: {listing(allowed)}",
                 )
                 self.includes = self.excludes = ()
                 return
@@ -266,7 +266,7 @@ class _Placer:
             of_model = " of that model" if self.request.models else ""
             self.unresolved(
                 (keys.MIN_MEMORY,),
-                f"(= {least} MiB) fits no GPU node{of_model}; GPUs present: {_listing(sizes)}",
+                f"(= {least} MiB) fits no GPU node{of_model}; GPUs present: {listing(sizes)}",
             )
             return
         self.least = least
@@ -296,7 +296,7 @@ class _Placer:
             accepted = f"a number of GPUs, or named GPUs ({keys.UUID})"
         raise Unplaceable(
             f"no GPU node satisfies {self.others(())} for {whom}: {why}; accepted: {accepted}; "
-            f"models present: {_listing(self.fleet.products)}"
+            f"models present: {listing(self.fleet.products)}"
         )
 
     def enforcement(self) -> None:
@@ -333,7 +333,7 @@ class _Placer:
             raise Unplaceable(
                 f"{asked} needs profile {', '.join(wanted)} ({self.demand.profile_source}), "
                 f"which no node with {asking} enforces; nodes enforcing it have: "
-                f"{_listing(have)}; {accepted}"
+                f"{listing(have)}; {accepted}"
             )
         self.shapes = enforcing
         self.narrowed = True
@@ -350,10 +350,10 @@ class _Placer:
         if missing:
             gpus = (g.uuid for n in self.fleet.nodes for g in n.gpus)
             total = sum(len(n.gpus) for n in self.fleet.nodes)
-            present = _listing(list(itertools.islice(gpus, 12)), total=total)
+            present = listing(list(itertools.islice(gpus, 12)), total=total)
             self.unresolved(
                 (keys.UUID, keys.HAMI_USE_UUID),
-                f"names {_listing(missing)}, which no node has; GPUs present: {present}",
+                f"names {listing(missing)}, which no node has; GPUs present: {present}",
             )
             return
         holders = {h[0].name: h[0] for h in found.values() if h}
@@ -432,7 +432,7 @@ class _Placer:
             left = f" that {self.others(())} leaves" if self.words or self.narrowed else ""
             raise Unplaceable(
                 f"no GPU node{left} lists {wanted} {asks} for the pod's containers; "
-                f"resources they list: {_listing(listed)}; accepted: one of those resources, or "
+                f"resources they list: {listing(listed)}; accepted: one of those resources, or "
                 f"{keys.MODEL} naming a model one of them lists alone"
             )
         counted = {r: sum(map(len, shapes.values())) for r, shapes in by_resource.items()}
@@ -520,7 +520,7 @@ class _Placer:
         plugin = self.demand.device_plugin
         if not offering:
             of_model = " of that model" if self.request.models else ""
-            present = _listing(self.fleet.mig_profiles())
+            present = listing(self.fleet.mig_profiles())
             if plugin:
                 self.unresolved(
                     (keys.MIG_PROFILE,),

@@ -60,6 +60,7 @@ class Container:
     gpus: int | None  # the nvidia.com/gpu resource (limits, else requests), if any
     raw: Mapping[str, Any]
     mig: tuple[str, int] | None = None  # a nvidia.com/mig-<profile> resource and its count
+    claims: tuple[str, ...] = ()  # resources.claims: the pod's claim entries it uses
 
     @property
     def path(self) -> str:
@@ -162,7 +163,27 @@ def _container(raw: object, field: str, index: int) -> Container:
     gpus = _count(resources, where, nvidia.RESOURCE)
     mig = _count(resources, where, MIG_RESOURCE_PREFIX)
     count = None if gpus is None else gpus[1]
-    return Container(field, index, name, env, named, count, body, mig)
+    claims = tuple(
+        _str(
+            _mapping(c, f"{where}.resources.claims[{i}]").get("name"),
+            where,
+            f".resources.claims[{i}].name",
+        )
+        for i, c in enumerate(_list(resources.get("claims"), where, ".resources.claims"))
+    )
+    return Container(field, index, name, env, named, count, body, mig, claims)
+
+
+def _resource_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for i, entry in enumerate(_list(spec.get("resourceClaims"), "spec", ".resourceClaims")):
+        where = f"spec.resourceClaims[{i}]"
+        body = _mapping(entry, where)
+        template = body.get("resourceClaimTemplateName")
+        found[_str(body.get("name"), where, ".name")] = (
+            None if template is None else _str(template, where, ".resourceClaimTemplateName")
+        )
+    return found
 
 
 @dataclass(frozen=True)
@@ -171,6 +192,8 @@ class Pod:
     annotations: Mapping[str, str]
     containers: tuple[Container, ...]  # init containers first, then app containers
     spec: Mapping[str, Any]
+    # spec.resourceClaims: entry name → the template it is made from (None: a claim by name)
+    resource_claims: Mapping[str, str | None]
 
     @classmethod
     def read(cls, raw: object) -> Pod:
@@ -188,7 +211,7 @@ class Pod:
         ]
         if not spec.get("containers"):
             raise MalformedPod("spec.containers is empty: a pod needs at least one container")
-        return cls(pod, annotations, tuple(containers), spec)
+        return cls(pod, annotations, tuple(containers), spec, _resource_claims(spec))
 
     @property
     def mirror(self) -> bool:

@@ -3,6 +3,10 @@
 ```yaml
 excludedNamespaces: [kube-system]   # pods here pass untouched
 devicePlugin: true                  # a numeric gpu-count becomes limits: nvidia.com/gpu
+allocation: devicePlugin            # how GPUs are given: devicePlugin | dra | auto
+dra:                                # the DRA path (allocation dra, or auto where it fits)
+  nvlink: preferred                 # several GPUs on one NVLink island: preferred | required
+  gpuResources: claim               # nvidia.com/gpu: N becomes a claim (claim) or stays (keep)
 unknownModel: deny                  # deny | allow (admit without the unresolvable constraint)
 defaults:
   capabilities: compute,utility
@@ -15,6 +19,7 @@ namespaces:                         # first match wins; unmatched namespaces may
     trustVisibleDevices: true       # hand-written NVIDIA_VISIBLE_DEVICES kept (and granted)
     cdiAnnotations: allow           # cdi.k8s.io/* pod annotations kept (strip | deny | allow)
   - match: ["team-*"]
+    allocation: dra                 # this namespace's pods get ResourceClaims
     maxGpus: 4
     explicitDevices: false          # no gpuwire.io/gpu-uuid
     capabilities: [compute, utility]
@@ -37,6 +42,9 @@ import yaml
 from gpuwire import limits, nvidia
 from gpuwire.annotations import Count
 
+Allocation = Literal["devicePlugin", "dra", "auto"]
+ALLOCATIONS = ("devicePlugin", "dra", "auto")
+
 
 class PolicyError(ValueError):
     """A policy file that does not say something the webhook can enforce."""
@@ -53,6 +61,7 @@ class Rule:
     # What becomes of `cdi.k8s.io/*` pod annotations, which name CDI devices for containerd
     # and CRI-O to inject: removed with a warning, the pod denied, or kept.
     cdi_annotations: Literal["strip", "deny", "allow"] = "strip"
+    allocation: Allocation | None = None  # None: the policy's
 
     def matches(self, namespace: str) -> bool:
         return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.match)
@@ -62,6 +71,12 @@ class Rule:
 class Policy:
     excluded_namespaces: tuple[str, ...] = ("kube-system",)
     device_plugin: bool = True
+    # How GPU containers get GPUs: the device plugin's resource or named GPUs (today's
+    # way), a ResourceClaim the scheduler allocates (DRA), or DRA where the cluster's
+    # ResourceSlices can give what is asked and the device-plugin way elsewhere.
+    allocation: Allocation = "devicePlugin"
+    nvlink: Literal["required", "preferred"] = "preferred"  # several GPUs, on the DRA path
+    claim_gpu_resources: bool = True  # nvidia.com/gpu: N becomes a claim on the DRA path
     unknown_model: Literal["deny", "allow"] = "deny"
     capabilities: str = "compute,utility"  # canonical
     limit_profiles: tuple[str, ...] = (limits.DEFAULT_PROFILE,)
@@ -87,6 +102,10 @@ class Policy:
 
     def rule(self, namespace: str) -> Rule | None:
         return self._lookup(namespace)[1]
+
+    def allocation_for(self, namespace: str) -> Allocation:
+        rule = self.rule(namespace)
+        return rule.allocation if rule is not None and rule.allocation else self.allocation
 
 
 # --- reading the file: each key has one reader, which names the key, the value and what it takes
@@ -182,6 +201,7 @@ RULE_KEYS: dict[str, tuple[str, Reader]] = {
     "capabilities": ("capabilities", _capabilities),
     "trustVisibleDevices": ("trust_visible_devices", _bool),
     "cdiAnnotations": ("cdi_annotations", _choice("strip", "deny", "allow")),
+    "allocation": ("allocation", _choice(*ALLOCATIONS)),
 }
 DEFAULT_KEYS: dict[str, tuple[str, Reader]] = {
     "capabilities": (
@@ -192,6 +212,12 @@ DEFAULT_KEYS: dict[str, tuple[str, Reader]] = {
     "runtimeClassName": ("runtime_class", _optional_name),
     "gpuCount": ("gpu_count", _gpu_count),
     "voidUnrequested": ("void_unrequested", _bool),
+}
+
+
+DRA_KEYS: dict[str, tuple[str, Reader]] = {
+    "nvlink": ("nvlink", _choice("required", "preferred")),
+    "gpuResources": ("claim_gpu_resources", lambda w, v: _choice("claim", "keep")(w, v) == "claim"),
 }
 
 
@@ -210,6 +236,8 @@ def _rules(where: str, value: object) -> tuple[Rule, ...]:
 TOP_KEYS: dict[str, tuple[str, Reader]] = {
     "excludedNamespaces": ("excluded_namespaces", lambda w, v: () if v == [] else _names(w, v)),
     "devicePlugin": ("device_plugin", _bool),
+    "allocation": ("allocation", _choice(*ALLOCATIONS)),
+    "dra": ("dra", lambda w, v: _read(w, v, DRA_KEYS)),
     "unknownModel": ("unknown_model", _choice("deny", "allow")),
     "defaults": ("defaults", lambda w, v: _read(w, v, DEFAULT_KEYS)),
     "namespaces": ("rules", _rules),
@@ -223,7 +251,8 @@ def parse(text: str, source: str = "policy") -> Policy:
         raise PolicyError(f"{source}: not YAML: {exc}") from exc
     fields = _read("", raw, TOP_KEYS)
     defaults = fields.pop("defaults", {})
-    return Policy(**fields, **defaults)
+    dra = fields.pop("dra", {})
+    return Policy(**fields, **defaults, **dra)
 
 
 def load(path: str | Path | None) -> Policy:

@@ -26,6 +26,8 @@ from webhook.mutation import Outcome
 
 VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_LENGTH = 120  # longer warnings may be truncated by clients
+# metav1.StatusReason of a denial's code (apimachinery `pkg/apis/meta/v1/types.go`)
+REASONS = {403: "Forbidden", 409: "Conflict", 503: "ServiceUnavailable"}
 
 
 class BadReview(ValueError):
@@ -92,7 +94,7 @@ def _warnings(outcome: Outcome) -> list[str]:
 def response(review: Review, outcome: Outcome) -> dict[str, Any]:
     answer: dict[str, Any] = {"uid": review.uid, "allowed": outcome.allowed}
     if outcome.denial:
-        reason = "Forbidden" if outcome.denial.code == 403 else "BadRequest"
+        reason = REASONS.get(outcome.denial.code, "BadRequest")
         answer["status"] = {
             "status": "Failure",
             "code": outcome.denial.code,
@@ -126,16 +128,21 @@ def status(code: int, message: str) -> dict[str, Any]:
     }
 
 
+def outcome_of(review: Review, decide: Callable[[Review], Outcome]) -> Outcome:
+    """The webhook's decision on a review: pods being created are its business, the rest
+    passes untouched."""
+    if review.kind != "Pod" or review.operation != "CREATE":
+        return Outcome(skipped=f"{review.operation} {review.kind or 'object'} is not handled")
+    return decide(review)
+
+
 def answer(body: bytes, decide: Callable[[Review], Outcome]) -> tuple[int, dict[str, Any], str]:
     """(HTTP status, JSON body, outcome label) for a request body."""
     try:
         review = parse(body)
     except BadReview as exc:
         return 400, status(400, str(exc)), "invalid"
-    if review.kind != "Pod" or review.operation != "CREATE":
-        outcome = Outcome(skipped=f"{review.operation} {review.kind or 'object'} is not handled")
-    else:
-        outcome = decide(review)
+    outcome = outcome_of(review, decide)
     return 200, response(review, outcome), label(outcome)
 
 

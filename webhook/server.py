@@ -1,7 +1,10 @@
 """The admission server: starlette routes around `review.answer` and the current sources.
 
 `POST /mutate` answers AdmissionReviews; `/healthz` says the process serves, `/readyz` that
-it can answer correctly (fleet synced, a grant key loaded), `/metrics` is Prometheus.
+it can answer correctly (fleet, pools and templates synced, a grant key loaded), `/metrics`
+is Prometheus. An admission whose patch names ResourceClaimTemplates has them made to exist
+first (not on a dry run), in a worker thread and within `template_seconds`, so the event loop
+keeps answering others; a template that cannot be made denies the pod, saying why.
 Bodies are capped at MAX_BODY: the API server caps a request at 3 MiB, and a CREATE review
 holds one object, so anything larger is not a review and gets 413 without being read whole.
 """
@@ -25,6 +28,7 @@ from starlette.routing import Route
 
 from webhook import review
 from webhook.metrics import Metrics
+from webhook.mutation import Denial, Outcome
 from webhook.reload import Reloadable, Watched
 from webhook.sources import Sources
 
@@ -56,11 +60,34 @@ def create_app(
     sources: Sources,
     tls: Watched[None] | None = None,
     reload_seconds: float = 1.0,
+    template_seconds: float = 2.0,
 ) -> Starlette:
     watched: dict[str, Reloadable] = {"policy": sources.policy, "keys": sources.keys}
     if tls is not None:
         watched["tls"] = tls
     metrics = Metrics(sources, watched)
+
+    async def templates_made(reviewed: review.Review, outcome: Outcome) -> Outcome:
+        """The outcome once its templates exist, or the denial saying why they do not."""
+        store = sources.templates
+        if not outcome.templates or reviewed.dry_run or store is None:
+            return outcome
+        try:
+            made = asyncio.to_thread(store.ensure, outcome.templates, template_seconds)
+            denial = await asyncio.wait_for(made, template_seconds + 0.5)
+        except TimeoutError:
+            names = ", ".join(t["metadata"]["name"] for t in outcome.templates)
+            denial = Denial(503, f"ResourceClaimTemplate {names} not created within "
+                                 f"{template_seconds:g}s; try again")  # fmt: skip
+        return outcome if denial is None else Outcome(warnings=outcome.warnings, denial=denial)
+
+    async def decide(body: bytes) -> tuple[int, dict[str, Any], str]:
+        try:
+            reviewed = review.parse(body)
+        except review.BadReview as exc:
+            return 400, review.status(400, str(exc)), "invalid"
+        outcome = await templates_made(reviewed, review.outcome_of(reviewed, sources.decide))
+        return 200, review.response(reviewed, outcome), review.label(outcome)
 
     async def mutate(request: Request) -> Response:
         started = time.perf_counter()
@@ -69,7 +96,7 @@ def create_app(
             reply = review.status(413, f"body over {MAX_BODY} bytes")
             status, outcome = 413, "invalid"
         else:
-            status, reply, outcome = review.answer(body, sources.decide)
+            status, reply, outcome = await decide(body)
         if outcome in ("denied", "invalid"):
             why: dict[str, Any] = reply["response"]["status"] if "response" in reply else reply
             log.info("%s (%s): %s", outcome, why.get("code"), why.get("message"))
@@ -83,6 +110,10 @@ def create_app(
         problems = []
         if not sources.fleet.synced:
             problems.append("node inventory not synced yet")
+        if not sources.pools.synced:
+            problems.append("ResourceSlices not synced yet")
+        if sources.templates is not None and not sources.templates.known.synced:
+            problems.append("ResourceClaimTemplates not synced yet")
         if not sources.keys.value.keys:
             problems.append("no grant key loaded")
         return PlainTextResponse("\n".join(problems) or "ok", 503 if problems else 200)
@@ -99,13 +130,19 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        sources.fleet.start()
+        for source in sources.watches:
+            source.start()
+        if sources.leader is not None:
+            sources.leader.start()
         task = asyncio.create_task(refresh())
         try:
             yield
         finally:
             task.cancel()
-            sources.fleet.stop()
+            if sources.leader is not None:
+                sources.leader.stop()
+            for source in sources.watches:
+                source.stop()
 
     routes = [
         Route("/mutate", mutate, methods=["POST"]),

@@ -1,27 +1,38 @@
-"""What each admission reads: the policy, the grant keys and the fleet, kept current.
+"""What each admission reads: the policy, the grant keys, the fleet and the cluster's DRA
+pools, kept current; and, where the webhook talks to an API server, the templates it creates.
 
 Policy and keys come from mounted files (a ConfigMap, a Secret) and are reloaded when those
-change; the fleet comes from a Node watch or a `--nodes` file. `decide` reads whatever is
-current and calls the pure mutation, so the server and `gpuwire mutate` answer alike.
+change; the fleet and the pools come from watches (Nodes, ResourceSlices) or from files
+(`--nodes`, `--slices`). `decide` reads whatever is current and calls the pure mutation, so
+the server and `gpuwire mutate` answer alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from gpuwire import grant
-from webhook import fleet, policy
+from webhook import fleet, policy, pools
 from webhook.fleet import Fleet
+from webhook.lease import Leader
 from webhook.mutation import Outcome, mutate
+from webhook.pools import NO_POOLS, Pools
 from webhook.reload import Watched
 from webhook.review import Review
+from webhook.templates import TemplateStore
+
+T = TypeVar("T", covariant=True)
+S = TypeVar("S")
 
 
-class FleetSource(Protocol):
+class Source(Protocol[T]):
+    """A snapshot kept current: a watch (`webhook.watch.ListWatch`) or a file."""
+
     @property
-    def current(self) -> Fleet: ...
+    def current(self) -> T: ...
 
     @property
     def synced(self) -> bool: ...
@@ -30,21 +41,19 @@ class FleetSource(Protocol):
 
     def stop(self) -> None: ...
 
-    def refresh(self) -> None: ...
+    def refresh(self) -> object: ...
 
 
-class FleetFile:
-    """`--nodes FILE`: a static Node list, reloaded when the file changes."""
+class FileSource(Watched[S]):
+    """A static snapshot from a file, reloaded when the file changes (none: `empty`)."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, what: str, path: str | Path | None, load: Callable[[str], S], empty: S):
         paths = [Path(path)] if path else []
-        self._file = Watched(
-            f"nodes file {path}", paths, lambda: fleet.load(path) if path else Fleet()
-        )
+        super().__init__(f"{what} {path}", paths, lambda: load(str(path)) if path else empty)
 
     @property
-    def current(self) -> Fleet:
-        return self._file.value
+    def current(self) -> S:
+        return self.value
 
     @property
     def synced(self) -> bool:
@@ -56,18 +65,34 @@ class FleetFile:
     def stop(self) -> None:
         """Nothing to stop."""
 
-    def refresh(self) -> None:
-        self._file.refresh()
+
+def fleet_file(path: str | Path | None) -> FileSource[Fleet]:
+    """`--nodes FILE`: a static Node list."""
+    return FileSource("nodes file", path, fleet.load, Fleet())
+
+
+def slices_file(path: str | Path | None) -> FileSource[Pools]:
+    """`--slices FILE`: a static ResourceSlice list."""
+    return FileSource("slices file", path, pools.load, NO_POOLS)
 
 
 @dataclass
 class Sources:
     policy: Watched[policy.Policy]
     keys: Watched[grant.KeyRing]
-    fleet: FleetSource
+    fleet: Source[Fleet]
+    pools: Source[Pools]
+    templates: TemplateStore | None = None  # None: no API server to create them in
+    leader: Leader | None = None  # removes unused templates while this replica leads
 
     @classmethod
-    def load(cls, policy_path: str | None, key_dir: str | None, nodes: FleetSource) -> Sources:
+    def load(
+        cls,
+        policy_path: str | None,
+        key_dir: str | None,
+        nodes: Source[Fleet],
+        slices: Source[Pools] | None = None,
+    ) -> Sources:
         """Everything read once now (a bad file fails here, loudly) and watched after."""
         policies = Watched(
             f"policy {policy_path}",
@@ -79,7 +104,15 @@ class Sources:
             [Path(key_dir)] if key_dir else [],
             lambda: grant.KeyRing.load(key_dir) if key_dir else grant.KeyRing({}),
         )
-        return cls(policies, keys, nodes)
+        return cls(policies, keys, nodes, slices or slices_file(None))
+
+    @property
+    def watches(self) -> list[Source[object]]:
+        """What runs in the background while the server serves."""
+        found: list[Source[object]] = [self.fleet, self.pools]
+        if self.templates is not None:
+            found.append(self.templates.known)
+        return found
 
     def decide(self, review: Review) -> Outcome:
         return mutate(
@@ -88,9 +121,11 @@ class Sources:
             self.policy.value,
             self.fleet.current,
             self.keys.value,
+            self.pools.current,
         )
 
     def refresh(self) -> None:
         self.policy.refresh()
         self.keys.refresh()
-        self.fleet.refresh()
+        for source in self.watches:
+            source.refresh()

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
-from deviceplugin.dra.devices import DRIVER, DraDevice
+from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import atomicfile, cdi, driver, edits
+from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 
 VENDOR = f"k8s.{DRIVER}"

@@ -29,10 +29,9 @@ from typing import Any
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.taints import Taint
 from gpuwire import limits, nvidia
+from gpuwire.dra import CONFIG_API_VERSION, CONFIG_CAPABILITIES, CONFIG_KIND, CONFIG_LIMIT_PROFILE
 
-CONFIG_API_VERSION = "gpu.gpuwire.io/v1alpha1"
-CONFIG_KIND = "GpuConfig"
-CONFIG_FIELDS = ("driverCapabilities", "limitProfile")
+CONFIG_FIELDS = (CONFIG_CAPABILITIES, CONFIG_LIMIT_PROFILE)
 
 
 class ClaimError(ValueError):

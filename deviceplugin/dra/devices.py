@@ -46,16 +46,15 @@ from deviceplugin.discovery import Gpu, Mig, NodeGpus
 from deviceplugin.labels import model_token
 from gpuwire import limits, nvidia
 from gpuwire.devices import Device, MigDevice
+from gpuwire.dra import CORES as CORES_CAPACITY
+from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE, PROFILE
 from gpuwire.quantity import canonical_mib
 
-DRIVER = "gpu.gpuwire.io"
 STANDARD = "resource.kubernetes.io/"
-GPU_TYPE = "gpu"
-MIG_TYPE = "mig"
 
 # Consumable capacity of a shared GPU: memory in whole GiB (a claim that names none gets
 # 1 GiB), cores as a percentage (a claim that names none reserves none: it time-slices).
-MEMORY_STEP = "1Gi"
+MEMORY_STEP = canonical_mib(MEMORY_STEP_MIB)
 CORES = 100
 
 Entry = dict[str, Any]
@@ -130,12 +129,12 @@ def islands(devices: Sequence[Device]) -> dict[int, int]:
 def _capacity(gpu: Device, shared: bool) -> Entry:
     memory = canonical_mib(gpu.memory_mib)
     if not shared:
-        return {"memory": {"value": memory}}
+        return {MEMORY: {"value": memory}}
     step = {"default": MEMORY_STEP, "validRange": {"min": MEMORY_STEP, "step": MEMORY_STEP}}
     cores = {"default": "0", "validRange": {"min": "0", "max": str(CORES), "step": "1"}}
     return {
-        "memory": {"value": memory, "requestPolicy": step},
-        "cores": {"value": str(CORES), "requestPolicy": cores},
+        MEMORY: {"value": memory, "requestPolicy": step},
+        CORES_CAPACITY: {"value": str(CORES), "requestPolicy": cores},
     }
 
 
@@ -223,13 +222,13 @@ def mig_entry(gpu: Gpu, m: Mig, node: NodeGpus) -> Entry:
         "ofaEngines": ofa,
     }
     capacity: Entry = {name: {"value": str(n)} for name, n in counts.items()}
-    capacity["memory"] = {"value": canonical_mib(m.device.memory_mib)}
+    capacity[MEMORY] = {"value": canonical_mib(m.device.memory_mib)}
     capacity |= {f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)}
     attributes: Entry = {
         "type": string(MIG_TYPE),
         "uuid": string(m.device.uuid),
         "parentUUID": string(gpu.device.uuid),
-        "profile": string(m.device.profile),
+        PROFILE: string(m.device.profile),
         **parent_attributes(gpu, node),
     }
     return {"name": mig_name(gpu.device, m), "attributes": attributes, "capacity": capacity}

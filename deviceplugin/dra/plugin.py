@@ -24,7 +24,7 @@ from deviceplugin.discovery import Discovery, NodeGpus, follow
 from deviceplugin.dra import devices, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
-from deviceplugin.dra.devices import DRIVER, DraDevice, Sharing
+from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.dra.endpoint import Endpoint, Sockets
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
@@ -32,6 +32,7 @@ from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
 from deviceplugin.health import HealthBook, HealthPolicy
 from gpuwire import hamicore
+from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 
 log = logging.getLogger(__name__)

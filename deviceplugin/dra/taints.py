@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from deviceplugin.discovery import HealthEvent
-from deviceplugin.dra.devices import DRIVER
+from gpuwire.dra import DRIVER
 
 XID_KEY = f"{DRIVER}/xid"
 LOST_KEY = f"{DRIVER}/gpu-lost"

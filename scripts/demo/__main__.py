@@ -11,8 +11,8 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from scripts.demo import cluster, holders, show
-from scripts.demo.scenarios import SCENARIOS, play
+from scripts.demo import cluster, dra, holders, show
+from scripts.demo.scenarios import DRA_SCENARIOS, SCENARIOS, play
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -26,7 +26,7 @@ def say(lines: Iterable[str]) -> None:
 def main() -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     style = show.Style(sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-    say([style.title("gpuwire demo: pods get GPUs by annotation, on one simulated node"), ""])
+    say([style.title("gpuwire demo: pods get GPUs by annotation, on simulated nodes"), ""])
     try:
         with cluster.up() as running:
             say(show.node(running, style))
@@ -36,10 +36,18 @@ def main() -> int:
                 outcomes.append(outcome)
                 results.append((item.key, item.expected, item.judge(outcome, running.devices)))
                 say(show.scenario(number, item, outcome, running.devices, style))
-            taken = holders.take(running, outcomes)
+            node = dra.join(running, DRA_SCENARIOS[0].load())
+            say(show.dra_node(node, style))
+            for number, item in enumerate(DRA_SCENARIOS, len(SCENARIOS) + 1):
+                outcome = play(running, item, node)
+                outcomes.append(outcome)
+                results.append((item.key, item.expected, item.judge(outcome, node.devices)))
+                say(show.scenario(number, item, outcome, node.devices, style))
+            taken = holders.take(running, outcomes, node.devices)
             results.append(("inventory", "each pod on its GPUs", holders.judge(taken)))
-            say(show.inventory(len(SCENARIOS) + 1, taken, running, style))
-            say(show.summary(results, running, style))
+            results.append(("inventory-dra", "DRA pods on their claims", holders.judge_dra(taken)))
+            say(show.inventory(len(outcomes) + 1, taken, running, style))
+            say(show.summary(results, running, style, node))
             say(show.by_hand(running, [taken.step], style))
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started is stopped and removed", file=sys.stderr)

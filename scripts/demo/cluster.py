@@ -12,7 +12,8 @@ Debian's 1.7 or 2.x (testbed/containerds.py, fetched by `make demo`). The plugin
 the node agent's holders job (who holds which GPU, from the shim's container records and the
 kubelet's pod-resources API), for the inventory.
 The stand-ins are the testbed's (testbed/apiserver.py, testbed/kubelet.py,
-testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here.
+testbed/podresources.py): a kube-apiserver and a kubelet are what cannot run here. A second
+node, for DRA, joins later (scripts/demo/dra.py), its parts on the same ExitStack.
 
 `up` stops everything in reverse order, by pid and by path, whether the block ends, fails or
 is interrupted.
@@ -29,9 +30,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
-import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,57 +44,23 @@ from certs.grantkey import key_id
 from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import mps, nvidia, sim
 from gpuwire.devices import Device
+from scripts.demo.base import GPUWIRE, ROOT, Handler, Step, handlers_of, import_images, run, until
 from testbed import containerds, mps_control
 from testbed.apiserver import ApiServer
-from testbed.containerd import CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
+from testbed.containerd import Containerd
 from testbed.containerds import Generation
 from testbed.host import LabError, stop
-from testbed.image import write_layout_tar
 from testbed.kubelet import Kubelet
 from testbed.kuberuntime import KubeRuntime
 from testbed.podresources import PodResourcesKubelet
 from testbed.resident import Resident, command
-from testbed.view import VIEW_SCRIPT
 from testbed.webhook import serving
 
-ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples/policy.yaml"
 RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"
-BIN = Path(sys.executable).parent
-GPUWIRE = str(BIN / "gpuwire")
 NODE = "gpu-node-0"
 POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /var/lib/kubelet
 RESOURCE = nvidia.RESOURCE
-
-# The demo's images: busybox whose command prints what the container sees of the GPUs
-# (testbed.view), then `VIEWED`, then keeps running (holding its GPUs) until the demo
-# ends. `cuda` also bakes in the env NVIDIA's CUDA images carry.
-IMAGE = "docker.io/gpuwire/demo:latest"
-CUDA_IMAGE = "docker.io/gpuwire/demo:cuda"
-CUDA_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
-VIEWED = "viewed: yes"
-JOB = "/usr/bin/gpu-job"
-SCRIPTS = {
-    "/usr/bin/gpu-view": "#!/bin/sh" + VIEW_SCRIPT,
-    JOB: f"#!/bin/sh\ngpu-view\necho '{VIEWED}'\nexec sleep 86400\n",
-}
-
-
-@dataclass(frozen=True)
-class Step:
-    """A command the demo ran (or started), for the list of commands to run by hand."""
-
-    what: str
-    argv: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Handler:
-    """A containerd runtime handler, as the CRI plugin reads it from its config."""
-
-    name: str
-    runtime_type: str
-    binary: str | None  # options.BinaryName: what the runc shim runs instead of runc
 
 
 @dataclass
@@ -116,6 +81,8 @@ class Cluster:
     default_handler: str = ""
     no_containers: str = ""  # why containers do not run, when they do not
     steps: list[Step] = field(default_factory=list)
+    stack: ExitStack = field(default_factory=ExitStack)  # what stops it all: up()'s
+    places: dict[str, str] = field(default_factory=dict)  # more paths the commands name
 
     def webhook(self) -> httpx.Client:
         """A client that trusts the webhook's CA, as the API server's caBundle does."""
@@ -129,18 +96,6 @@ class Cluster:
 
 def webhook_client(url: str, ca: Path) -> httpx.Client:
     return httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=ca))
-
-
-def run(
-    steps: list[Step], what: str, argv: Sequence[str], env: dict[str, str] | None = None
-) -> None:
-    """Run a command to completion (LabError if it fails) and add it to `steps`."""
-    out = subprocess.run(
-        list(argv), capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env
-    )
-    if out.returncode != 0:
-        raise LabError(f"{' '.join(argv)}: {out.stderr.strip()}")
-    steps.append(Step(what, tuple(argv)))
 
 
 def generation() -> Generation | str:
@@ -167,15 +122,6 @@ def containers_unavailable(chosen: Generation | str) -> str:
     if missing:
         return f"{', '.join(missing)} not installed (`make demo` installs them as root)"
     return ""
-
-
-def until(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    """Wait for something another process does; LabError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise LabError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
@@ -288,23 +234,13 @@ def start_webhook(
     args = [
         "--tls-cert", str(tls / pki.CERT_FILE), "--tls-key", str(tls / pki.KEY_FILE),
         "--grant-key-dir", str(workdir / "keys"), "--policy", str(POLICY),
-        "--kubeconfig", str(kubeconfig),
+        "--kubeconfig", str(kubeconfig), "--lease-namespace", "default",
     ]  # fmt: skip
     served = stack.enter_context(serving(args))
     steps.append(Step("the webhook", (GPUWIRE, "webhook", "serve", "--port", "0", *args)))
     with webhook_client(served.url, tls / pki.CA_FILE) as http:
         until(lambda: http.get("/readyz").status_code == 200, "the webhook to be ready")
     return served.url, tls / pki.CA_FILE
-
-
-def handlers_of(dump: str, config_version: int) -> tuple[dict[str, Handler], str]:
-    """The CRI plugin's runtime handlers and its default, from `containerd config dump`."""
-    section = tomllib.loads(dump)["plugins"][RUNTIME_PLUGIN[config_version]]["containerd"]
-    handlers = {
-        name: Handler(name, entry["runtime_type"], entry.get("options", {}).get("BinaryName"))
-        for name, entry in section["runtimes"].items()
-    }
-    return handlers, section["default_runtime_name"]
 
 
 def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation) -> None:
@@ -328,10 +264,7 @@ def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation)
     cluster.handlers, cluster.default_handler = handlers_of(
         containerd.dump(), generation.config_version
     )
-    for name, env in ((IMAGE, None), (CUDA_IMAGE, CUDA_ENV)):
-        tar = write_layout_tar(cluster.workdir / f"{name.rsplit(':', 1)[1]}.tar", name,
-                               env=env, cmd=(JOB,), scripts=SCRIPTS)  # fmt: skip
-        containerd.import_image(tar, CRI_NAMESPACE)
+    import_images(containerd, cluster.workdir)
     cluster.containerd = containerd
     cluster.runtime = stack.enter_context(containerd.kuberuntime())
 
@@ -373,6 +306,7 @@ def up() -> Iterator[Cluster]:
             node_config,
             runtime_log,
             steps=steps,
+            stack=stack,
         )
         chosen = generation()
         cluster.no_containers = containers_unavailable(chosen)

@@ -3,20 +3,24 @@
 The kube-apiserver stand-in stores objects but runs no admission chain and there is no
 scheduler, so these steps are done here the way those components do them: the AdmissionReview
 goes to the webhook over TLS, checked against its CA (the caBundle), and the JSONPatch that
-comes back is applied; the pod is stored with the API server's uid; the scheduler's filters
-that a GPU pod meets (node selector, the RuntimeClass's scheduling selector, required node
-affinity, extended resources) decide whether it binds to the node.
+comes back is applied; the pod is stored with the API server's uid; the testbed's scheduler
+stand-in (testbed/scheduler.py: the filters a GPU pod meets — node selector, the
+RuntimeClass's scheduling selector, required node affinity, extended resources — and DRA's
+claims, made from their templates and allocated) binds it to a node or says why not.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import jsonpatch
 
 from gpuwire.annotations import KNOWN
 from scripts.demo.cluster import Cluster
+from testbed.scheduler import Scheduler
 from webhook.review import decode_patch, request_for
 
 Obj = dict[str, Any]
@@ -54,11 +58,17 @@ class Admission:
         return admitted
 
 
-def review(cluster: Cluster, pod: Obj) -> Admission:
-    """Send `pod` to the webhook as the API server does on create (AdmissionReview v1)."""
+def review(
+    cluster: Cluster, pod: Obj, dry_run: bool = False, http: httpx.Client | None = None
+) -> Admission:
+    """Send `pod` to the webhook as the API server does on create (AdmissionReview v1;
+    `dry_run`: as for `kubectl create --dry-run=server`, which makes nothing)."""
     namespace = pod["metadata"].get("namespace", "default")
-    with cluster.webhook() as http:
-        reply = http.post("/mutate", json=request_for(pod, namespace, uid=pod["metadata"]["name"]))
+    body = request_for(pod, namespace, uid=pod["metadata"]["name"])
+    body["request"]["dryRun"] = dry_run
+    with contextlib.ExitStack() as stack:
+        client = http or stack.enter_context(cluster.webhook())
+        reply = client.post("/mutate", json=body)
     reply.raise_for_status()
     body = reply.json()
     answer = body["response"]
@@ -73,55 +83,13 @@ def review(cluster: Cluster, pod: Obj) -> Admission:
     )
 
 
-def _holds(requirement: Obj, labels: dict[str, str]) -> bool:
-    """One node selector requirement against a node's labels (the scheduler's semantics)."""
-    key, op, values = requirement["key"], requirement["operator"], requirement.get("values", [])
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    if op == "In":
-        return labels.get(key) in values
-    if op == "NotIn":
-        return labels.get(key) not in values
-    if key not in labels or not labels[key].lstrip("-").isdigit():
-        return False
-    return int(labels[key]) > int(values[0]) if op == "Gt" else int(labels[key]) < int(values[0])
-
-
-def unfit(pod: Obj, node: Obj, runtime_class: Obj | None) -> str:
-    """Why the scheduler would not bind `pod` to `node` ("" when it fits)."""
-    labels = node["metadata"].get("labels", {})
-    spec = pod["spec"]
-    selector = {**spec.get("nodeSelector", {})}
-    if runtime_class is not None:
-        selector |= (runtime_class.get("scheduling") or {}).get("nodeSelector", {})
-    missing = [f"{k}={v}" for k, v in selector.items() if labels.get(k) != v]
-    if missing:
-        return f"node selector {', '.join(missing)} does not match"
-    affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
-    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required and not any(
-        all(_holds(r, labels) for r in term.get("matchExpressions", []))
-        for term in required["nodeSelectorTerms"]
-    ):
-        return "required node affinity does not match"
-    allocatable = node.get("status", {}).get("allocatable", {})
-    for container in spec["containers"]:
-        for name, count in ((container.get("resources") or {}).get("limits") or {}).items():
-            if "/" in name and int(count) > int(allocatable.get(name, 0)):
-                return f"Insufficient {name}"
-    return ""
-
-
 def create(cluster: Cluster, admission: Admission) -> tuple[Obj, str]:
-    """Store the admitted pod and bind it to the node; the stored pod and, when it does not
-    fit the node, why it stays Pending."""
+    """Store the admitted pod and schedule it (testbed/scheduler.py: the resourceclaim
+    controller makes its claims, the scheduler's filters and DRA allocator pick its node);
+    the stored pod and, when no node takes it, the scheduler's reason it stays Pending."""
     pod = cluster.api.put(admission.admitted())
-    class_name = pod["spec"].get("runtimeClassName")
-    runtime_class = cluster.api.get("runtimeclasses", class_name) if class_name else None
-    reason = unfit(pod, cluster.node(), runtime_class)
-    if not reason:
-        pod["spec"]["nodeName"] = cluster.node()["metadata"]["name"]
-        pod = cluster.api.put(pod)
-    return pod, reason
+    meta = pod["metadata"]
+    decision = Scheduler(cluster.api).schedule(meta["namespace"], meta["name"])
+    stored = cluster.api.get("pods", meta["name"], meta["namespace"])
+    assert stored is not None
+    return stored, decision.message

@@ -25,10 +25,11 @@ from typing import Any
 import grpc
 
 from deviceplugin.api import api_pb2
-from scripts.demo.cluster import VIEWED, Cluster, Handler, until
+from scripts.demo.base import VIEWED, Handler, until
+from scripts.demo.cluster import Cluster
 from testbed.cri import api_pb2 as cri
 from testbed.kubelet import KubeletError
-from testbed.kuberuntime import CRIError, Sandbox
+from testbed.kuberuntime import CRIError, KubeRuntime, Sandbox
 from testbed.view import view
 
 Obj = dict[str, Any]
@@ -75,6 +76,7 @@ class Started:
     annotations: Mapping[str, str] = field(default_factory=dict)  # containerd's, on its spec
     error: str = ""  # why it did not start or run
     runtime_log: tuple[str, ...] = ()  # what gpuwire-runtime said about it
+    cdi_ids: tuple[str, ...] = ()  # its prepared DRA claims' devices, sent in CDI_devices
 
 
 def allocate(cluster: Cluster, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
@@ -106,11 +108,11 @@ def handler_for(cluster: Cluster, pod: Obj) -> Handler:
     return cluster.handlers[handler]
 
 
-def _runtime_log(cluster: Cluster, offset: int, cid: str) -> tuple[str, ...]:
-    """What gpuwire-runtime logged about container `cid` after `offset`."""
-    if not cluster.runtime_log.exists():
+def _runtime_log(path: Path, offset: int, cid: str) -> tuple[str, ...]:
+    """What gpuwire-runtime logged (to `path`) about container `cid` after `offset`."""
+    if not path.exists():
         return ()
-    with cluster.runtime_log.open() as f:
+    with path.open() as f:
         f.seek(offset)
         lines = f.read().splitlines()
     mark = f" {cid}: "
@@ -118,28 +120,30 @@ def _runtime_log(cluster: Cluster, offset: int, cid: str) -> tuple[str, ...]:
 
 
 def start(
-    cluster: Cluster,
+    runtime: KubeRuntime,
+    runtime_log: Path,
     sandbox: Sandbox,
     pod: Obj,
     spec: Obj,
     allocations: tuple[Allocation, ...],
     handler: Handler,
+    cdi_ids: tuple[str, ...] = (),
 ) -> Started:
-    """CreateContainer and StartContainer in the pod's sandbox; once the container has
-    printed what it sees (or has stopped), what it printed."""
-    runtime = cluster.runtime
-    assert runtime is not None
+    """CreateContainer (with the device plugin's answers, and the CDI ids of its prepared
+    claims) and StartContainer in the pod's sandbox; once the container has printed what it
+    sees (or has stopped), what it printed. `runtime_log`: where gpuwire-runtime logs."""
     name = spec["name"]
-    offset = cluster.runtime_log.stat().st_size if cluster.runtime_log.exists() else 0
+    offset = runtime_log.stat().st_size if runtime_log.exists() else 0
     try:
-        cid = runtime.create(sandbox, pod, spec, [a.answer for a in allocations])
+        cid = runtime.create(sandbox, pod, spec, [a.answer for a in allocations], cdi_ids)
     except CRIError as exc:
-        return Started(name, allocations, handler, error=str(exc))
+        return Started(name, allocations, handler, error=str(exc), cdi_ids=cdi_ids)
     try:
         runtime.start(cid)
     except CRIError as exc:
-        log = _runtime_log(cluster, offset, cid)
-        return Started(name, allocations, handler, cid, error=str(exc), runtime_log=log)
+        log = _runtime_log(runtime_log, offset, cid)
+        return Started(name, allocations, handler, cid, error=str(exc), runtime_log=log,
+                       cdi_ids=cdi_ids)  # fmt: skip
 
     def running() -> bool:
         return runtime.status(cid).state == cri.CONTAINER_RUNNING
@@ -157,7 +161,8 @@ def start(
         seen=view(printed) if VIEWED in printed else None,
         annotations=runtime.spec(cid).get("annotations", {}),
         error="" if up else (printed.strip() or "it exited"),
-        runtime_log=_runtime_log(cluster, offset, cid),
+        runtime_log=_runtime_log(runtime_log, offset, cid),
+        cdi_ids=cdi_ids,
     )
 
 
@@ -197,7 +202,9 @@ def run_pod(cluster: Cluster, pod: Obj) -> tuple[Started, ...]:
         if isinstance(sandbox, str):
             started.append(Started(name, allocations, handler, error=sandbox))
             continue
-        started.append(start(cluster, sandbox, pod, container, allocations, handler))
+        runtime = cluster.runtime
+        started.append(start(runtime, cluster.runtime_log, sandbox, pod, container, allocations,
+                             handler))  # fmt: skip
     if cluster.runtime is not None:
         phase = "Running" if all(s.running for s in started) else "Failed"
         pod["status"] = {**pod.get("status", {}), "phase": phase}

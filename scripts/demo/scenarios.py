@@ -16,6 +16,7 @@ import yaml
 
 from gpuwire import nvidia
 from gpuwire.devices import Device
+from scripts.demo import dra
 from scripts.demo.cluster import Cluster
 from scripts.demo.controlplane import Admission, create, review
 from scripts.demo.kubelet import Started, run_pod
@@ -37,6 +38,7 @@ class Outcome:
     pod: dict[str, Any] | None = None  # as stored; None when denied
     pending: str = ""  # why the scheduler did not bind it
     containers: tuple[Started, ...] = ()
+    claims: tuple[dict[str, Any], ...] = ()  # its ResourceClaims, as the scheduler left them
 
 
 @dataclass(frozen=True)
@@ -46,21 +48,28 @@ class Scenario:
     pod: Path
     expected: str
     judge: Callable[[Outcome, Sequence[Device]], Verdict]  # what was seen, and is it right
+    dra: bool = False  # played on the DRA node (scripts/demo/dra.py), judged by its GPUs
 
     def load(self) -> dict[str, Any]:
         pod: dict[str, Any] = yaml.safe_load(self.pod.read_text())
         return pod
 
 
-def play(cluster: Cluster, scenario: Scenario) -> Outcome:
-    """Submit the scenario's pod; if admitted, store and schedule it; if bound, run it."""
+def play(cluster: Cluster, scenario: Scenario, dra_node: dra.DraNode | None = None) -> Outcome:
+    """Submit the scenario's pod; if admitted, store and schedule it; if bound, run it (on
+    the DRA node where the scheduler bound it there)."""
     admission = review(cluster, scenario.load())
     if not admission.allowed:
         return Outcome(admission)
     pod, pending = create(cluster, admission)
+    claims = tuple(claim for _, claim in dra.claims_of(cluster, pod))
     if pending:
-        return Outcome(admission, pod, pending)
-    return Outcome(admission, pod, containers=run_pod(cluster, pod))
+        return Outcome(admission, pod, pending, claims=claims)
+    if dra_node is not None and pod["spec"]["nodeName"] == dra.NODE:
+        containers = dra.run_pod(cluster, dra_node, pod)
+    else:
+        containers = run_pod(cluster, pod)
+    return Outcome(admission, pod, containers=containers, claims=claims)
 
 
 # --- reading what a container saw
@@ -222,5 +231,111 @@ SCENARIOS = (
         PODS / "mps-limits.yaml",
         "1 GPU, 25 % MPS limits, held by its GPU's MPS daemon",
         judge_mps,
+    ),
+)
+
+
+# --- the DRA node's scenes
+
+
+def _minors(outcome: Outcome) -> tuple[int, ...]:
+    return tuple(sorted(int(name.removeprefix("gpu-")) for name in dra.allocated(outcome.claims)))
+
+
+def _allocated(outcome: Outcome) -> Started | Verdict:
+    """The pod's one container once the scheduler allocated its claim; else why not."""
+    admission = outcome.admission
+    if not admission.allowed:
+        return Verdict(f"denied ({admission.code}): {admission.message}", False)
+    if outcome.pending:
+        return Verdict(f"Pending: {outcome.pending}", False)
+    if len(outcome.containers) != 1 or not outcome.claims:
+        return Verdict(f"{len(outcome.containers)} containers, {len(outcome.claims)} claims", False)
+    return outcome.containers[0]
+
+
+def judge_linked(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    """Two GPUs of one NVLink island, of at least 40 GiB, allocated and seen."""
+    started = _allocated(outcome)
+    if isinstance(started, Verdict):
+        return started
+    minors = _minors(outcome)
+    chosen = [d for d in devices if d.minor in minors]
+    linked = len(chosen) == 2 and any(p == chosen[1].index for p, _ in chosen[0].nvlinks)
+    big = all(d.memory_mib >= 40 * 1024 for d in chosen)
+    pair = f"GPUs {_numbers(minors)}" + (" (NVLink)" if linked else "")
+    if started.seen is None:
+        if started.handler is None and not started.error.startswith("NodePrepare"):
+            return Verdict(f"allocated {pair}; not run", None if linked and big else False)
+        return Verdict(f"allocated {pair}; failed: {started.error}", False)
+    found = gpus(started.seen)
+    sees = found == minors and listed(started.seen) == 2
+    return Verdict(f"allocated {pair}; sees GPUs {_numbers(found)}", linked and big and sees)
+
+
+def judge_share(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    """30 GiB of the shared GPU, held by HAMi-core's limit in the container."""
+    started = _allocated(outcome)
+    if isinstance(started, Verdict):
+        return started
+    shared = devices[dra.SHARED]
+    (result,) = [r for c in outcome.claims for r in c["status"]["allocation"]["devices"]["results"]]
+    consumed = (result.get("consumedCapacity") or {}).get("memory", "")
+    on_it = result["device"] == f"gpu-{shared.minor}" and consumed == "30Gi"
+    share = f"{consumed or 'no'} share of GPU {result['device'].removeprefix('gpu-')}"
+    if started.seen is None:
+        if started.handler is None and not started.error.startswith("NodePrepare"):
+            return Verdict(f"allocated a {share}; not run", None if on_it else False)
+        return Verdict(f"allocated a {share}; failed: {started.error}", False)
+    limit = variables(started.seen).get("CUDA_DEVICE_MEMORY_LIMIT", "unset")
+    sees = gpus(started.seen) == (shared.minor,)
+    seen = f"a {share}; sees GPUs {_numbers(gpus(started.seen))}, CUDA_DEVICE_MEMORY_LIMIT={limit}"
+    return Verdict(seen, on_it and sees and limit == "30720m")
+
+
+def judge_waiting(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    """Pending, with the scheduler's reason, its claim left unallocated."""
+    if not outcome.admission.allowed:
+        return Verdict(f"denied ({outcome.admission.code}): {outcome.admission.message}", False)
+    if not outcome.pending:
+        return Verdict(f"bound to {outcome.pod and outcome.pod['spec'].get('nodeName')}", False)
+    unallocated = not dra.allocated(outcome.claims)
+    return Verdict(f"Pending: {outcome.pending}", unallocated and CANNOT in outcome.pending)
+
+
+CANNOT = "cannot allocate all claims"  # the scheduler's DynamicResources filter's reason
+
+DRA_SCENARIOS = (
+    Scenario(
+        "dra-linked",
+        "DRA: 2 GPUs on one NVLink island, A100 or H100, at least 40 GiB each",
+        PODS / "dra-linked.yaml",
+        "an NVLink pair of H100s",
+        judge_linked,
+        dra=True,
+    ),
+    Scenario(
+        "dra-share-a",
+        "DRA: 30 GiB of an H100, a share of its shared GPU",
+        PODS / "dra-share-a.yaml",
+        "30 GiB of GPU 3, held",
+        judge_share,
+        dra=True,
+    ),
+    Scenario(
+        "dra-share-b",
+        "DRA: another 30 GiB beside it, on the same GPU",
+        PODS / "dra-share-b.yaml",
+        "30 GiB of GPU 3, held",
+        judge_share,
+        dra=True,
+    ),
+    Scenario(
+        "dra-share-c",
+        "DRA: a third 30 GiB, which that GPU no longer has",
+        PODS / "dra-share-c.yaml",
+        "Pending, the scheduler's reason",
+        judge_waiting,
+        dra=True,
     ),
 )

@@ -17,8 +17,12 @@ from typing import Any
 from deviceplugin.labels import GPUS_ANNOTATION
 from gpuwire import grant
 from gpuwire.devices import Device
+from gpuwire.dra import DRIVER
 from gpuwire.holders import ANNOTATION
-from scripts.demo.cluster import BIN, NODE, RESOURCE, ROOT, Cluster, Step
+from scripts.demo.base import BIN, ROOT, Step
+from scripts.demo.cluster import NODE, RESOURCE, Cluster
+from scripts.demo.dra import NODE as DRA_NODE
+from scripts.demo.dra import DraNode
 from scripts.demo.holders import Inventory
 from scripts.demo.kubelet import Allocation, Started
 from scripts.demo.scenarios import Outcome, Scenario, Verdict, capabilities, variables
@@ -178,6 +182,8 @@ def allocation_lines(allocation: Allocation, devices: Sequence[Device]) -> list[
 
 def container_lines(started: Started, devices: Sequence[Device], style: Style) -> list[str]:
     kubelet = [line for a in started.allocations for line in allocation_lines(a, devices)]
+    if started.cdi_ids:
+        kubelet += keyed("NodePrepareResources → CDI", list(started.cdi_ids))
     if started.handler is not None:
         kubelet.append(f"runtime handler {started.handler.name!r}: {started.handler.binary}")
     lines = rows("kubelet", kubelet)
@@ -213,12 +219,82 @@ def scenario(
     changes = [line for op in admission.patch for line in patch_lines(pod, op)]
     lines += rows("webhook", changes or ["admitted, unchanged"])
     lines += rows("", [f"warning: {w}" for w in admission.warnings], style.dim)
+    lines += rows("", _templates(admission.patch), style.dim)
+    claims = [claim_line(c, devices) for c in outcome.claims]
     if outcome.pending:
-        return lines + rows("scheduler", [f"Pending: {outcome.pending}"])
-    lines += rows("scheduler", [f"bound to {NODE}"])
+        return lines + rows("scheduler", [*claims, f"Pending: {outcome.pending}"])
+    assert outcome.pod is not None
+    lines += rows("scheduler", [*claims, f"bound to {outcome.pod['spec']['nodeName']}"])
     for started in outcome.containers:
         lines += container_lines(started, devices, style)
     return lines
+
+
+def _templates(patch: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The ResourceClaimTemplates the pod's claim entries name (the webhook made them)."""
+    entries = []
+    for op in patch:
+        if op["path"].startswith("/spec/resourceClaims"):
+            value = op["value"]
+            entries += value if isinstance(value, list) else [value]
+    return [
+        f"ResourceClaimTemplate {e['resourceClaimTemplateName']} made at admission "
+        "(pods asking alike share it)"
+        for e in entries
+    ]
+
+
+def claim_line(claim: Mapping[str, Any], devices: Sequence[Device]) -> str:
+    """A claim as the resourceclaim controller made it and the scheduler allocated it."""
+    name = claim["metadata"]["name"]
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        return f"claim {name}: not allocated"
+    parts = []
+    for r in allocation["devices"]["results"]:
+        part = f"{r['pool']}/{r['device']}"
+        consumed = r.get("consumedCapacity") or {}
+        if consumed:
+            part += " (" + ", ".join(f"{k} {v}" for k, v in sorted(consumed.items())) + ")"
+        parts.append(part)
+    return f"claim {name}: allocated {', '.join(parts)}"
+
+
+# --- the DRA node
+
+
+def dra_node(node: DraNode, style: Style) -> list[str]:
+    devices = node.devices
+    pairs = sorted({tuple(sorted((d.index, peer))) for d in devices for peer, _ in d.nvlinks})
+    lines = ["", style.title("A second node joins: its GPUs published for DRA"), ""]
+    lines += rows(
+        "node",
+        [
+            f"{DRA_NODE}: {len(devices)} × {devices[0].product}, NVLink between "
+            + " and ".join(f"{a}-{b}" for a, b in pairs),
+            f"GPU {node.shared.index} shared: its memory and cores handed out in shares",
+        ],
+    )
+    lines += rows(
+        "DRA plugin",
+        [
+            "`gpuwire dra serve`, registered with the kubelet DRA stand-in; published the GPUs",
+            f"as ResourceSlices of driver {DRIVER}; HAMi-core holds the shares",
+            "DeviceClasses gpu, shared.gpu and mig.gpu.gpuwire.io in the API server",
+        ],
+    )
+    lines += rows("webhook", ["its watch has the slices; namespace ml-dra goes the DRA way "
+                              "(examples/policy.yaml: allocation: dra)"])  # fmt: skip
+    if node.containerd is None:
+        return lines + rows("containerd", [f"not started: {node.no_containers}"], style.dim)
+    return lines + rows(
+        "containerd",
+        [
+            f"{node.containerd.generation.describe()}, private, CDI from CRI on",
+            "(`gpuwire containerd configure --set-default --cdi`); claims' CDI specs in",
+            f"$DRA_CTD/cdi, $DRA_CTD = {node.containerd.home}",
+        ],
+    )
 
 
 # --- the end
@@ -243,12 +319,18 @@ def inventory(number: int, taken: Inventory, cluster: Cluster, style: Style) -> 
             "flags it."
         )
         lines += rows("", [why], style.dim)
+    if taken.dra_expected:
+        lines += rows("claims", [f"on {DRA_NODE} the holders are its ResourceClaims' "
+                                 "allocations, and the pods they are reserved for"])  # fmt: skip
     lines += ["", f"  $ {' '.join(command(taken.step.argv, _places(cluster))).strip()}"]
     return lines + [f"  {line}" for line in taken.table.rstrip().splitlines()]
 
 
 def summary(
-    results: Sequence[tuple[str, str, Verdict]], cluster: Cluster, style: Style
+    results: Sequence[tuple[str, str, Verdict]],
+    cluster: Cluster,
+    style: Style,
+    node: DraNode | None = None,
 ) -> list[str]:
     """One line per scenario (name, what it should show, what it showed, ✓ ✗ or - for not
     checked), then the count."""
@@ -269,6 +351,9 @@ def summary(
     if cluster.containerd is not None:
         ran = cluster.containerd.generation.describe()
         tail += [f"pods ran on {ran}, through its CRI plugin"]
+    if node is not None and node.containerd is not None:
+        ran = node.containerd.generation.describe()
+        tail += textwrap.wrap(f"DRA pods ran on {ran}, through its CRI plugin with CDI", WIDTH)
     return [*lines, "", *tail]
 
 
@@ -300,6 +385,7 @@ def _places(cluster: Cluster) -> dict[str, str]:
     places = {f"{BIN}/": "", str(cluster.workdir): "$DEMO"}
     if cluster.containerd is not None:
         places[str(cluster.containerd.home)] = "$CTD"
+    places |= cluster.places
     places[f"{ROOT}/"] = ""
     return places
 

@@ -88,7 +88,9 @@ def test_base_has_every_part() -> None:
         "MutatingWebhookConfiguration/gpuwire",
         "Namespace/gpuwire-system",
         "PodDisruptionBudget/gpuwire-webhook",
+        "Role/gpuwire-webhook-lease",
         "Role/gpuwire-webhook-secrets",
+        "RoleBinding/gpuwire-webhook-lease",
         "RoleBinding/gpuwire-webhook-secrets",
         "RuntimeClass/gpuwire",
         "Secret/gpuwire-grant-keys",
@@ -140,7 +142,7 @@ def webhook_of(objs: tuple[Obj, ...]) -> Obj:
 def test_webhook_registration_follows_the_good_practices(objs: tuple[Obj, ...]) -> None:
     webhook = webhook_of(objs)
     assert webhook["admissionReviewVersions"] == ["v1"]
-    assert webhook["sideEffects"] == "None"
+    assert webhook["sideEffects"] == "NoneOnDryRun"  # DRA templates: none on a dry run
     assert webhook["reinvocationPolicy"] == "IfNeeded"
     assert webhook["timeoutSeconds"] <= 10
     assert webhook["failurePolicy"] == "Fail"  # explained in the manifest and docs/install.md
@@ -410,6 +412,29 @@ def test_rbac_is_least_privilege_and_covers_what_certs_ensure_touches(
     assert node["serviceAccountName"] not in bound
 
 
+def test_the_webhook_may_do_what_its_dra_path_does(objs: tuple[Obj, ...]) -> None:
+    """Watch the slices, make and remove its templates, see which claims and pods use them,
+    hold its Lease (`webhook serve`'s LEASE, in the namespace its pods are in)."""
+    from webhook.cli import LEASE
+
+    role = find(objs, "ClusterRole", "gpuwire-webhook")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    dra = ("resource.k8s.io",)
+    assert rules[(dra, ("resourceslices",))] == {"list", "watch"}
+    assert rules[(dra, ("resourceclaimtemplates",))] == {"get", "list", "watch", "create",
+                                                          "patch", "delete"}  # fmt: skip
+    assert rules[(dra, ("resourceclaims",))] == {"list"}
+    assert rules[(("",), ("pods",))] == {"list"}
+    lease = find(objs, "Role", "gpuwire-webhook-lease")
+    named = next(r for r in lease["rules"] if r.get("resourceNames"))
+    assert named["resourceNames"] == [LEASE]
+    assert set(named["verbs"]) == {"get", "update"}
+    (webhook,) = [c for c in containers(find(objs, "Deployment", "gpuwire-webhook"))
+                  if c["name"] == "webhook"]  # fmt: skip
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.namespace"}}} in webhook["env"]  # fmt: skip
+
+
 def test_node_daemonsets_land_where_the_runtime_class_sends_gpu_pods(
     objs: tuple[Obj, ...],
 ) -> None:
@@ -464,6 +489,7 @@ def test_overlays_change_what_they_say() -> None:
     dra_plugin = find(dra, "DaemonSet", "gpuwire-dra-plugin")
     assert containers(dra_plugin)[0]["args"][:2] == ["dra", "serve"]
     assert policy(dra)["devicePlugin"] is False
+    assert policy(dra)["allocation"] == "dra"  # GPU containers get claims
     assert find(dra, "ConfigMap", "gpuwire-node")["data"]["containerd-configure-args"] == "--cdi"
     names = {o["metadata"]["name"] for o in dra if o["kind"] == "DeviceClass"}
     assert names == {"gpu.gpuwire.io", "shared.gpu.gpuwire.io", "mig.gpu.gpuwire.io"}

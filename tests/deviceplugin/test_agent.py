@@ -268,7 +268,8 @@ def test_an_old_kubelet_without_allocatable_resources_still_shows_the_plugin(
     with PodResourcesKubelet(path, allocatable=False) as pod_resources:
         pod_resources.add_pod("team-a", "trainer", "u1", ["main"])
         pod_resources.assign("u1", "main", RESOURCE, [gpus[1].uuid])
-        assignments, allocatable = podresources.read(str(path))
+        assignments, allocatable, claimed = podresources.read(str(path))
+        assert claimed == []
         assert allocatable == []
         assert [(a.pod, a.device_ids) for a in assignments] == [("trainer", (gpus[1].uuid,))]
         everything = records.started(

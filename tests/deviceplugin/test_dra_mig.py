@@ -20,9 +20,10 @@ import pytest
 from deviceplugin.discovery import HealthEvent, NodeGpus
 from deviceplugin.dra import cdi, devices, slices, taints
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
-from deviceplugin.dra.devices import DRIVER, DraDevice, Sharing
+from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, driver, migprofiles, sim
+from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 from testbed.waiting import until
 from tests.deviceplugin.test_dra_plugin import HOOK, Cluster, cluster_of, put_claim

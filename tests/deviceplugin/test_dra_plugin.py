@@ -19,9 +19,9 @@ import pytest
 
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import sim
+from gpuwire.dra import DRIVER
 from testbed.apiserver import ApiServer
 from testbed.kubelet_dra import KUBELET_1_33, DraKubelet
 from testbed.waiting import until

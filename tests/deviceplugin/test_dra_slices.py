@@ -15,9 +15,10 @@ import yaml
 
 from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
 from deviceplugin.dra import devices, slices, taints
-from deviceplugin.dra.devices import DRIVER, DraDevice, Sharing
+from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import nvidia, quantity, sim
+from gpuwire.dra import DRIVER
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ROOT / "deploy/overlays/dra/deviceclasses.yaml"

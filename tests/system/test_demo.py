@@ -19,13 +19,23 @@ import pytest
 
 from deviceplugin.api import api_pb2
 from gpuwire import grant
-from scripts.demo import holders
-from scripts.demo.cluster import NODE, RESOURCE, ROOT, Cluster, up
-from scripts.demo.controlplane import unfit
+from scripts.demo import dra, holders
+from scripts.demo.base import ROOT
+from scripts.demo.cluster import NODE, RESOURCE, Cluster, up
+from scripts.demo.dra import DraNode
 from scripts.demo.kubelet import Allocation
-from scripts.demo.scenarios import SCENARIOS, Outcome, capabilities, gpus, play, variables
+from scripts.demo.scenarios import (
+    DRA_SCENARIOS,
+    SCENARIOS,
+    Outcome,
+    capabilities,
+    gpus,
+    play,
+    variables,
+)
 from scripts.demo.show import command
 from testbed.kuberuntime import container_config
+from testbed.scheduler import AFFINITY, unfit
 from testbed.view import granted_view, shown
 from tests.conftest import requires_binary, requires_root
 
@@ -44,9 +54,22 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def outcomes(cluster: Cluster) -> dict[str, Outcome]:
-    """Every scenario, in the demo's order (a pod's GPUs are free again when it ends)."""
-    return {s.key: play(cluster, s) for s in SCENARIOS}
+def played(cluster: Cluster) -> tuple[dict[str, Outcome], DraNode]:
+    """Every scenario, in the demo's order: the device plugin's, then the DRA node's once it
+    has joined."""
+    found = {s.key: play(cluster, s) for s in SCENARIOS}
+    node = dra.join(cluster, DRA_SCENARIOS[0].load())
+    return found | {s.key: play(cluster, s, node) for s in DRA_SCENARIOS}, node
+
+
+@pytest.fixture(scope="module")
+def outcomes(played: tuple[dict[str, Outcome], DraNode]) -> dict[str, Outcome]:
+    return played[0]
+
+
+@pytest.fixture(scope="module")
+def dra_node(played: tuple[dict[str, Outcome], DraNode]) -> DraNode:
+    return played[1]
 
 
 def env(pod: dict[str, Any] | None, container: int = 0) -> dict[str, str]:
@@ -129,16 +152,60 @@ def test_mps_limits_are_sized_from_the_nodes_gpu(outcomes: dict[str, Outcome]) -
 
 
 def test_every_verdict_holds_or_says_why_it_was_not_checked(
-    cluster: Cluster, outcomes: dict[str, Outcome]
+    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode
 ) -> None:
     verdicts = {s.key: s.judge(outcomes[s.key], cluster.devices) for s in SCENARIOS}
+    verdicts |= {s.key: s.judge(outcomes[s.key], dra_node.devices) for s in DRA_SCENARIOS}
     if cluster.containerd is None:
         assert verdicts["h100"].ok is True
         assert verdicts["two-gpus"].ok is None  # the pair was allocated, not run
         assert verdicts["two-gpus"].seen.startswith("allocated GPUs ")
         assert verdicts["mps"].seen == "not run"
+        assert verdicts["dra-linked"].seen == "allocated GPUs 0,1 (NVLink); not run"
+        assert verdicts["dra-linked"].ok is None
+        assert verdicts["dra-share-a"].seen == "allocated a 30Gi share of GPU 3; not run"
+        assert verdicts["dra-share-c"].ok is True
+    elif dra_node.containerd is None:
+        assert verdicts["dra-share-c"].ok is True
+        assert verdicts["dra-linked"].ok is None  # no containerd 1.7 or 2.x here
     else:
         assert {k: v.ok for k, v in verdicts.items()} == {k: True for k in verdicts}
+
+
+# --- the DRA node: anywhere
+
+
+def test_the_dra_pods_get_claims_from_one_template_per_request(
+    cluster: Cluster, outcomes: dict[str, Outcome]
+) -> None:
+    templates = cluster.api.objects("resourceclaimtemplates", "ml-dra")
+    assert len(templates) == 2  # the pair's, and the 30 GiB share's (three pods)
+    pod = outcomes["dra-share-a"].pod
+    assert pod is not None
+    (entry,) = pod["spec"]["resourceClaims"]
+    assert entry["resourceClaimTemplateName"].startswith("gpuwire-")
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["claims"] == [{"name": entry["name"]}]
+    assert env(pod) == {"NVIDIA_VISIBLE_DEVICES": "void"}  # the claim's CDI spec gives GPUs
+    assert "runtimeClassName" not in pod["spec"]
+
+
+def test_the_pair_is_an_nvlink_pair_of_whole_gpus_and_the_shares_are_of_gpu_3(
+    outcomes: dict[str, Outcome], dra_node: DraNode
+) -> None:
+    (claim,) = outcomes["dra-linked"].claims
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["pool"], r["device"]) for r in results] == [(dra.NODE, "gpu-0"), (dra.NODE, "gpu-1")]
+    assert claim["status"]["reservedFor"][0]["name"] == "linked-pair"
+    for key in ("dra-share-a", "dra-share-b"):
+        (claim,) = outcomes[key].claims
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == f"gpu-{dra_node.shared.minor}"
+        assert result["consumedCapacity"]["memory"] == "30Gi"
+    waiting = outcomes["dra-share-c"]
+    assert waiting.pending == "0/2 nodes are available: 2 cannot allocate all claims."
+    (claim,) = waiting.claims
+    assert "allocation" not in (claim.get("status") or {})
 
 
 # --- what the containers saw: root and containerd
@@ -217,6 +284,37 @@ def test_the_mps_pod_gets_its_limits_and_one_gpu(outcomes: dict[str, Outcome]) -
     assert "limits held by mps: allocation" in said
 
 
+@pytest.fixture
+def dra_ran(dra_node: DraNode) -> DraNode:
+    """The DRA node, where its containers ran (containerd 1.7 or 2.x is here)."""
+    if dra_node.containerd is None:
+        pytest.skip(dra_node.no_containers)
+    return dra_node
+
+
+@needs_containers
+def test_the_dra_pair_sees_exactly_its_claims_gpus(
+    outcomes: dict[str, Outcome], dra_ran: DraNode
+) -> None:
+    expected = granted_view(dra_ran.devices, (0, 1))
+    view = seen(outcomes["dra-linked"])
+    assert shown(view, expected) == expected
+    started = outcomes["dra-linked"].containers[0]
+    assert len(started.cdi_ids) == 2
+    assert all(i.startswith("k8s.gpu.gpuwire.io/claim=") for i in started.cdi_ids)
+
+
+@needs_containers
+def test_the_dra_shares_see_gpu_3_held_to_30_gib_by_hami_core(
+    outcomes: dict[str, Outcome], dra_ran: DraNode
+) -> None:
+    for key in ("dra-share-a", "dra-share-b"):
+        view = seen(outcomes[key])
+        assert gpus(view) == (dra_ran.shared.minor,)
+        assert variables(view)["CUDA_DEVICE_MEMORY_LIMIT"] == "30720m"
+        assert any("libvgpu.so" in line for line in view.get("preload", [])), view
+
+
 @needs_containers
 def test_running_pods_keep_their_gpus_and_report_their_phase(
     cluster: Cluster, outcomes: dict[str, Outcome]
@@ -226,7 +324,7 @@ def test_running_pods_keep_their_gpus_and_report_their_phase(
     }
     assert cluster.kubelet.plugin(RESOURCE).allocated == allocated
     assert len(allocated) == 3
-    for key in ("all-gpus", "two-gpus", "baked-in", "kube-system", "mps"):
+    for key in ("all-gpus", "two-gpus", "baked-in", "kube-system", "mps", "dra-linked"):
         pod = outcomes[key].pod
         assert pod is not None
         stored = cluster.api.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
@@ -236,9 +334,9 @@ def test_running_pods_keep_their_gpus_and_report_their_phase(
 
 @needs_containers
 def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
-    cluster: Cluster, outcomes: dict[str, Outcome]
+    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode
 ) -> None:
-    taken = holders.take(cluster, list(outcomes.values()))
+    taken = holders.take(cluster, list(outcomes.values()), dra_node.devices)
     uuids = {d.index: d.uuid for d in cluster.devices}
     trainer = tuple(sorted(uuids[i] for i in gpus(seen(outcomes["two-gpus"]))))
     (inference,) = (uuids[i] for i in gpus(seen(outcomes["mps"])))
@@ -248,9 +346,23 @@ def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
         ("ml-serving", "inference", "server"): (inference,),
     }
     assert {c.kind for c in taken.conflicts} == {"shared-gpu", "all-beside-plugin"}
-    assert "cluster: 4/4 GPUs allocated on 1 node, 4 conflicts" in taken.table
+    assert "cluster: 7/8 GPUs allocated on 2 nodes, 1 pending GPU pod, 4 conflicts" in taken.table
     assert "ml-research/trainer !" in taken.table
     assert holders.judge(taken).ok
+    dra_uuids = {d.index: d.uuid for d in dra_node.devices}
+    assert (
+        taken.dra_held
+        == {
+            ("ml-dra", "linked-pair", "trainer"): tuple(sorted((dra_uuids[0], dra_uuids[1]))),
+            ("ml-dra", "share-a", "server"): (dra_uuids[3],),
+            ("ml-dra", "share-b", "server"): (dra_uuids[3],),
+        }
+        == taken.dra_expected
+    )
+    assert taken.dra_shared == {dra_uuids[3]: 61440}
+    assert "60/80 GiB" in taken.table
+    assert "ml-dra/share-c" in taken.table  # pending, with the scheduler's reason
+    assert holders.judge_dra(taken).ok
 
 
 # --- the kubelet step and the scheduler, as functions
@@ -275,7 +387,7 @@ def test_the_pods_env_is_listed_after_the_plugins_and_wins() -> None:
 
 def test_the_scheduler_step_keeps_a_pod_off_a_node_that_does_not_match() -> None:
     node = {
-        "metadata": {"labels": {"nvidia.com/gpu.memory": "40960", "kind": "gpu"}},
+        "metadata": {"name": "n", "labels": {"nvidia.com/gpu.memory": "40960", "kind": "gpu"}},
         "status": {"allocatable": {"nvidia.com/gpu": "4"}},
     }
 
@@ -288,15 +400,15 @@ def test_the_scheduler_step_keeps_a_pod_off_a_node_that_does_not_match() -> None
 
     memory = "nvidia.com/gpu.memory"
     assert unfit(pod({"key": memory, "operator": "Gt", "values": ["40959"]}), node, None) == ""
-    assert unfit(pod({"key": memory, "operator": "Gt", "values": ["40960"]}), node, None) != ""
+    assert unfit(pod({"key": memory, "operator": "Gt", "values": ["40960"]}), node, None) == (
+        AFFINITY
+    )
     assert unfit(pod({"key": "kind", "operator": "NotIn", "values": ["gpu"]}), node, None) != ""
     assert unfit(pod({"key": "kind", "operator": "Exists"}, gpus=5), node, None) == (
         "Insufficient nvidia.com/gpu"
     )
     runtime_class = {"scheduling": {"nodeSelector": {"kind": "cpu"}}}
-    assert unfit(pod({"key": "kind", "operator": "Exists"}), node, runtime_class) == (
-        "node selector kind=cpu does not match"
-    )
+    assert unfit(pod({"key": "kind", "operator": "Exists"}), node, runtime_class) == AFFINITY
 
 
 def test_commands_keep_each_flag_with_its_value_when_wrapped() -> None:
@@ -309,22 +421,24 @@ def test_commands_keep_each_flag_with_its_value_when_wrapped() -> None:
 # --- nothing left behind
 
 
-def left_behind(workdir: Path, ctd: Path | None) -> list[str]:
-    """Processes, files and mounts of one demo run still there."""
-    found = [str(p) for p in (workdir, ctd) if p is not None and p.exists()]
+def left_behind(*paths: Path) -> list[str]:
+    """Processes, files and mounts of one demo run still there (its work dir, its
+    containerds' homes)."""
+    found = [str(p) for p in paths if p.exists()]
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if proc.name.isdigit() and (str(workdir) in cmdline or (ctd and str(ctd) in cmdline)):
+        if proc.name.isdigit() and any(str(p) in cmdline for p in paths):
             found.append(f"pid {proc.name}: {cmdline}")
     mounts = Path("/proc/self/mountinfo").read_text()
-    found += [f"mount under {p}" for p in (workdir, ctd) if p is not None and str(p) in mounts]
+    found += [f"mount under {p}" for p in paths if str(p) in mounts]
     return found
 
 
 def test_a_failure_inside_still_stops_and_removes_everything() -> None:
+    """The DRA node too: its plugin, kubelet and containerd go with the cluster."""
     made: list[Path] = []
 
     def broken_scenario() -> None:
@@ -332,11 +446,14 @@ def test_a_failure_inside_still_stops_and_removes_everything() -> None:
             made.append(running.workdir)
             if running.containerd is not None:
                 made.append(running.containerd.home)
+            node = dra.join(running, DRA_SCENARIOS[0].load())
+            if node.containerd is not None:
+                made.append(node.containerd.home)
             raise RuntimeError("a scenario broke")
 
     with pytest.raises(RuntimeError, match="a scenario broke"):
         broken_scenario()
-    assert left_behind(made[0], made[1] if len(made) > 1 else None) == []
+    assert left_behind(*made) == []
 
 
 def test_ctrl_c_stops_and_removes_everything() -> None:
@@ -361,4 +478,4 @@ def test_ctrl_c_stops_and_removes_everything() -> None:
     _, err = demo.communicate(timeout=60)
     assert demo.returncode == 130, err
     assert "interrupted: everything the demo started is stopped and removed" in err
-    assert left_behind(paths["$DEMO"], paths.get("$CTD")) == []
+    assert left_behind(*paths.values()) == []

@@ -27,10 +27,11 @@ import pytest
 
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import grant
+from gpuwire.dra import DRIVER
 from runtime_hook.setup import launcher
+from testbed import dracluster
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
@@ -38,12 +39,16 @@ from testbed.image import NAME
 from testbed.kubelet_dra import DraKubelet
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
 from testbed.lab import Lab, served_launchers
+from testbed.scheduler import Scheduler
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
+from testbed.webhook import serving
 from tests.conftest import requires_binary, requires_root
 from tests.system.test_containerd import SHIM, generation, lab, node_containerd
+from tests.webhook.support import client, eventually, make_files
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
 from webhook.policy import Policy
+from webhook.review import decode_patch, request_for
 
 pytestmark = [requires_root(), requires_binary("containerd", "ctr")]
 __all__ = ["generation", "lab"]  # the module's fixtures, shared with test_containerd
@@ -164,6 +169,7 @@ def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     if generation.cdi:  # the ids name nothing any more: the start fails, naming them
         with pytest.raises(CRIError, match=f"claim={ref[2]}-gpu-1"):
             run_view(kubelet, pod(), ids)
+    dra_node.api.delete("resourceclaims", ref[1], ref[0])  # its GPUs free for the next test
 
 
 def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(
@@ -185,3 +191,59 @@ def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(
     _, (cid,) = run_pod(kubelet, _image(admitted), "")
     kubelet.exited(cid)
     assert not any(k.startswith("cdi.k8s.io/") for k in kubelet.spec(cid).get("annotations", {}))
+
+
+def test_annotations_to_the_containers_view_through_the_webhook_scheduler_kubelet_and_cri(
+    generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime, tmp_path: Path
+) -> None:
+    """The whole DRA path: the served webhook (policy `allocation: dra`) turns "2 linked
+    A100s" into a claim template it creates in the API server; the resourceclaim controller
+    and the scheduler stand-ins (testbed/scheduler.py) make and allocate the claim on the
+    node's published devices, an NVLink pair; the kubelet DRA stand-in prepares it with the
+    DRA plugin; containerd's CRI plugin applies its CDI spec: the container sees exactly that
+    pair. A second such pod gets the other pair; a third waits with the scheduler's reason."""
+    api = dra_node.api
+    for c in dracluster.device_classes():
+        api.put(c)
+    api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
+    files = make_files(tmp_path)
+    files.policy.write_text("allocation: dra\nnamespaces:\n  - match: ['*']\n")
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    asks = {"gpuwire.io/gpu-model": "A100", "gpuwire.io/gpu-count": "2"}
+    seen_pairs = []
+    with serving(files.args("--kubeconfig", str(kubeconfig), nodes=None)) as served, \
+            client(served, files.tls.ca) as http:  # fmt: skip
+        eventually(lambda: http.get("/readyz").status_code == 200, "the webhook to be ready")
+        for attempt in range(3):
+            raw = pod(asks)
+            body = request_for(raw, "team-a", uid=str(uuid.uuid4()))
+            reply = http.post("/mutate", json=body).json()
+            assert reply["response"]["allowed"], reply
+            admitted = jsonpatch.apply_patch(raw, decode_patch(reply))
+            api.put(admitted)
+            decision = Scheduler(api).schedule("team-a", admitted["metadata"]["name"])
+            if attempt == 2:  # both pairs are taken
+                assert not decision.scheduled
+                assert decision.message == "0/1 nodes are available: 1 cannot allocate all claims."
+                break
+            assert decision.node == NODE
+            stored = api.get("pods", admitted["metadata"]["name"], "team-a")
+            assert stored is not None
+            (status,) = stored["status"]["resourceClaimStatuses"]
+            claim = api.get("resourceclaims", status["resourceClaimName"], "team-a")
+            assert claim is not None
+            ref = ("team-a", claim["metadata"]["name"], claim["metadata"]["uid"])
+            (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
+            assert answer.error == ""
+            allocated = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+            minors = tuple(int(d.removeprefix("gpu-")) for d in allocated)
+            seen_pairs.append(minors)
+            seen = run_view(kubelet, stored, dra_node.kubelet.cdi_ids(ref[2]))
+            if generation.cdi:
+                expected = granted_view(lab.machine.devices, minors, CONTROL)
+                assert shown(seen, expected) == expected
+            else:  # 1.6 drops CRI's CDI field: no GPU
+                assert seen["devices"] == ["nvidia*"]
+            assert dra_node.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
+    assert sorted(seen_pairs) == [(0, 1), (2, 3)]  # each an NVLink pair of the node
+    assert len(api.objects("resourceclaimtemplates", "team-a")) == 1  # one request, one template

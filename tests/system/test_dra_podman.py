@@ -16,11 +16,12 @@ import pytest
 from deviceplugin.dra import cdi
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError, ClaimRef
-from deviceplugin.dra.devices import DRIVER, Sharing, devices
+from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.shares import Holders
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import hamicore, sim
+from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 from testbed.image import NAME, write_layout_tar
 from testbed.lab import Lab

@@ -16,10 +16,10 @@ import pytest
 
 from deviceplugin.allocate import Strategies, response
 from deviceplugin.dra import devices
-from deviceplugin.dra.devices import DRIVER
 from deviceplugin.resources import as_device
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import allocation
+from gpuwire.dra import DRIVER
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
 from testbed.kuberuntime import KubeRuntime, run_pod

@@ -27,6 +27,7 @@ from testbed.webhook import WebhookProcess
 from webhook import fleet
 from webhook.mutation import Denial, Outcome, mutate
 from webhook.policy import Policy
+from webhook.pools import NO_POOLS, Pools
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -108,8 +109,9 @@ def run(
     policy: Policy | None = None,
     nodes: fleet.Fleet = NODES,
     keyring: grant.KeyRing = KEYS,
+    pools: Pools = NO_POOLS,
 ) -> Outcome:
-    return mutate(raw, namespace, policy or Policy(), nodes, keyring)
+    return mutate(raw, namespace, policy or Policy(), nodes, keyring, pools)
 
 
 def admit(
@@ -118,17 +120,20 @@ def admit(
     policy: Policy | None = None,
     nodes: fleet.Fleet = NODES,
     keyring: grant.KeyRing = KEYS,
+    pools: Pools = NO_POOLS,
 ) -> tuple[dict[str, Any], Outcome]:
     """The admitted pod and the outcome; fails the test unless the pod is admitted, the
     patch leaves the input untouched and applies, the result validates against the Kubernetes
-    schema and mutating it again changes nothing."""
+    schema (1.34, the first with DRA's v1 pod fields, where claims are made) and mutating it
+    again changes nothing."""
     before = copy.deepcopy(raw)
-    outcome = run(raw, namespace, policy, nodes, keyring)
+    outcome = run(raw, namespace, policy, nodes, keyring, pools)
     assert outcome.denial is None, outcome.denial
     assert raw == before, "the mutation changed its input"
     mutated = jsonpatch.apply_patch(raw, list(outcome.patch))
-    kubernetes_validate.validate(mutated, K8S_VERSION, strict=True)
-    again = run(mutated, namespace, policy, nodes, keyring)
+    version = "1.34" if outcome.templates else K8S_VERSION
+    kubernetes_validate.validate(mutated, version, strict=True)
+    again = run(mutated, namespace, policy, nodes, keyring, pools)
     assert again.denial is None
     assert again.patch == (), f"not idempotent: {again.patch}"
     return mutated, outcome

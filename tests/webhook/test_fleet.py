@@ -239,7 +239,12 @@ def test_not_ready_while_the_api_server_is_away(tmp_path: Path) -> None:
         client(served, files.tls.ca) as http,
     ):
         ready = http.get("/readyz")
-        assert (ready.status_code, ready.text) == (503, "node inventory not synced yet")
+        assert ready.status_code == 503
+        assert ready.text.splitlines() == [
+            "node inventory not synced yet",
+            "ResourceSlices not synced yet",
+            "ResourceClaimTemplates not synced yet",
+        ]
         assert http.get("/healthz").status_code == 200
 
 

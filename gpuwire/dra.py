@@ -1,0 +1,43 @@
+"""gpuwire's DRA driver as both sides see it: the names the DRA plugin publishes and reads
+(`deviceplugin.dra`) and the webhook's claims ask for (`webhook.claims`), so that they agree
+(docs/dra.md). Kubernetes `resource.k8s.io/v1`; attribute names in the driver's own domain
+are unprefixed in a slice and `device.attributes["gpu.gpuwire.io"].<name>` in CEL.
+"""
+
+from __future__ import annotations
+
+DRIVER = "gpu.gpuwire.io"
+
+# DeviceClasses (deploy/overlays/dra/deviceclasses.yaml): whole GPUs, and shared GPUs whose
+# memory and cores are consumable capacity.
+WHOLE_CLASS = "gpu.gpuwire.io"
+SHARED_CLASS = "shared.gpu.gpuwire.io"
+MIG_CLASS = "mig.gpu.gpuwire.io"
+
+# Device attributes.
+TYPE = "type"
+GPU_TYPE = "gpu"
+MIG_TYPE = "mig"
+UUID = "uuid"
+PRODUCT = "productName"
+MODEL = "model"
+ISLAND = "nvlinkIsland"
+SHARED = "shared"
+PROFILE = "profile"  # of a MIG device
+
+# Capacities: a GPU's memory; on a shared GPU also its cores, in percent of its SMs.
+MEMORY = "memory"
+CORES = "cores"
+# A shared GPU's memory is handed out in whole GiB: its request policy's step and minimum.
+MEMORY_STEP_MIB = 1024
+
+# The opaque configuration of a claim or class (`devices.config[].opaque.parameters`).
+CONFIG_API_VERSION = "gpu.gpuwire.io/v1alpha1"
+CONFIG_KIND = "GpuConfig"
+CONFIG_CAPABILITIES = "driverCapabilities"
+CONFIG_LIMIT_PROFILE = "limitProfile"
+
+
+def qualified(name: str) -> str:
+    """An attribute's fully qualified name, as constraints name it: `gpu.gpuwire.io/<name>`."""
+    return f"{DRIVER}/{name}"

@@ -1,0 +1,522 @@
+"""The DRA path: annotations become a ResourceClaimTemplate that the Kubernetes 1.34 and 1.37
+schemas accept, whose CEL compiles, and that the scheduler stand-in (testbed/allocator.py)
+allocates as the annotations mean, on hand-built clusters of nodes as gpuwire's DRA plugin
+publishes them: mixed models, NVLink pairs and nodes without NVLink, whole and shared GPUs."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+
+from gpuwire import grant
+from testbed import dracel, dracluster
+from testbed.apiserver import ApiServer
+from testbed.dracluster import DraNode
+from testbed.scheduler import CANNOT_ALLOCATE, Decision, Scheduler
+from tests.webhook.support import admit
+from webhook.fleet import Fleet
+from webhook.mutation import Outcome, mutate
+from webhook.policy import Policy
+from webhook.pools import Pools
+
+Obj = dict[str, Any]
+A100, A100_40, H100, T4 = (
+    "NVIDIA A100-SXM4-80GB",
+    "NVIDIA A100-PCIE-40GB",
+    "NVIDIA H100 80GB HBM3",
+    "Tesla T4",
+)
+NAMESPACE = "team-a"
+DRA = Policy(allocation="dra")
+CLUSTER = (
+    dracluster.node("a100-40", 4, (A100_40,), nvlink="none"),
+    dracluster.node("h100", 4, (H100,)),  # NVLink pairs 0-1, 2-3
+    dracluster.node("t4", 2, (T4,), nvlink="none", shared=("*T4*",)),
+)
+
+
+@dataclass
+class Cluster:
+    api: ApiServer
+    nodes: Sequence[DraNode]
+
+    @property
+    def pools(self) -> Pools:
+        return Pools.of(self.api.objects("resourceslices"))
+
+    def admit(self, annotations: dict[str, str], policy: Policy = DRA, **container: Any) -> Outcome:
+        return mutate(pod(annotations, **container), NAMESPACE, policy, Fleet(), grant.KeyRing({}),
+                      self.pools)  # fmt: skip
+
+    def run(self, annotations: dict[str, str], policy: Policy = DRA, **container: Any) -> Placed:
+        """Admit the pod, create its templates, store it and schedule it."""
+        raw = pod(annotations, **container)
+        outcome = mutate(raw, NAMESPACE, policy, Fleet(), grant.KeyRing({}), self.pools)
+        assert outcome.allowed, outcome.denial
+        for template in outcome.templates:
+            self.api.put(template)
+        admitted = jsonpatch.apply_patch(raw, list(outcome.patch))
+        self.api.put(admitted)
+        decision = Scheduler(self.api).schedule(NAMESPACE, admitted["metadata"]["name"])
+        return Placed(self, admitted["metadata"]["name"], decision)
+
+
+@dataclass
+class Placed:
+    cluster: Cluster
+    pod: str
+    decision: Decision
+
+    def claim(self) -> Obj:
+        stored = self.cluster.api.get("pods", self.pod, NAMESPACE)
+        assert stored is not None
+        (status,) = stored["status"]["resourceClaimStatuses"]
+        claim = self.cluster.api.get("resourceclaims", status["resourceClaimName"], NAMESPACE)
+        assert claim is not None
+        return claim
+
+    def gpus(self) -> list[tuple[str, str, Obj]]:
+        """(node, device, its slice entry) of each allocated device."""
+        results = self.claim()["status"]["allocation"]["devices"]["results"]
+        slices = self.cluster.api.objects("resourceslices")
+        entries = {
+            (s["spec"]["nodeName"], d["name"]): d for s in slices for d in s["spec"]["devices"]
+        }
+        return [(r["pool"], r["device"], entries[(r["pool"], r["device"])]) for r in results]
+
+    def attribute(self, name: str) -> list[Any]:
+        return [next(iter(e["attributes"][name].values())) for _, _, e in self.gpus()]
+
+
+def pod(annotations: dict[str, str], **container: Any) -> Obj:
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    meta = {
+        "name": name,
+        "namespace": NAMESPACE,
+        "uid": str(uuid.uuid4()),
+        "annotations": annotations,
+    }
+    containers = [{"name": "trainer", "image": "busybox", **container}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": containers}}
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, CLUSTER)
+        yield Cluster(api, CLUSTER)
+
+
+def test_two_linked_a100_or_h100_of_at_least_40_gib_land_on_one_nvlink_island(
+    cluster: Cluster,
+) -> None:
+    placed = cluster.run({"gpuwire.io/gpu-model": "A100,H100", "gpuwire.io/gpu-count": "2",
+                          "gpuwire.io/gpu-min-memory": "40Gi"})  # fmt: skip
+    assert placed.decision.node == "h100"  # the A100 40GB node has no NVLink: linked first
+    assert [d for _, d, _ in placed.gpus()] == ["gpu-0", "gpu-1"]
+    assert len(set(placed.attribute("nvlinkIsland"))) == 1
+    assert (
+        placed.claim()["status"]["allocation"]["devices"]["results"][0]["request"] == "gpus/linked"
+    )
+
+
+def test_preferred_nvlink_takes_any_gpus_where_no_island_is_free(cluster: Cluster) -> None:
+    asks = {"gpuwire.io/gpu-model": "A100", "gpuwire.io/gpu-count": "2"}
+    placed = cluster.run(asks)
+    assert placed.decision.node == "a100-40"
+    assert {r["request"] for r in placed.claim()["status"]["allocation"]["devices"]["results"]} == {
+        "gpus/any"
+    }
+    assert len(set(placed.attribute("nvlinkIsland"))) == 2
+
+
+def test_required_nvlink_is_denied_where_no_node_has_an_island_that_large(cluster: Cluster) -> None:
+    policy = Policy(allocation="dra", nvlink="required")
+    outcome = cluster.admit({"gpuwire.io/gpu-model": "A100", "gpuwire.io/gpu-count": "2"}, policy)
+    assert outcome.denial is not None
+    assert outcome.denial.code == 400
+    assert "on one NVLink island" in outcome.denial.message
+    assert "the most on one island that fit the request: 1" in outcome.denial.message
+
+
+def test_required_nvlink_stays_pending_when_the_islands_are_taken(cluster: Cluster) -> None:
+    policy = Policy(allocation="dra", nvlink="required")
+    asks = {"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "2"}
+    assert cluster.run(asks, policy).decision.node == "h100"
+    assert cluster.run(asks, policy).decision.node == "h100"
+    third = cluster.run(asks, policy)
+    assert not third.decision.scheduled
+    assert third.decision.message == f"0/3 nodes are available: 3 {CANNOT_ALLOCATE}."
+
+
+@pytest.mark.parametrize(
+    ("annotations", "products"),
+    [
+        ({"gpuwire.io/gpu-model": "!T4,!A100"}, {H100}),
+        ({"nvidia.com/use-gputype": "a100-pcie"}, {A100_40}),
+        ({"nvidia.com/nouse-gputype": "A100,H100"}, set()),  # only shared T4s left: denied
+        ({"gpuwire.io/gpu-model": "h100", "gpuwire.io/gpu-min-memory": "80G"}, {H100}),
+    ],
+)
+def test_model_words_select_as_on_the_device_plugin_path(
+    cluster: Cluster, annotations: dict[str, str], products: set[str]
+) -> None:
+    annotations |= {"gpuwire.io/gpu-count": "1"}
+    if not products:
+        assert not cluster.admit(annotations).allowed
+        return
+    assert set(cluster.run(annotations).attribute("productName")) == products
+
+
+def test_80gi_is_more_than_an_h100_reports(cluster: Cluster) -> None:
+    outcome = cluster.admit({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-min-memory": "80Gi"})
+    assert outcome.denial is not None
+    assert "81920 MiB" in outcome.denial.message
+    assert "NVIDIA H100 80GB HBM3 81559 MiB" in outcome.denial.message
+
+
+def test_named_gpus_are_exactly_those_and_excluded_ones_only_those(cluster: Cluster) -> None:
+    h100 = cluster.nodes[1].machine.devices
+    excluded = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "3",
+                            "gpuwire.io/gpu-uuid": f"!{h100[0].uuid}"})  # fmt: skip
+    assert sorted(excluded.attribute("uuid")) == sorted(d.uuid for d in h100[1:])  # its node's
+    named = cluster.run({"nvidia.com/use-gpuuuid": f"{h100[0].uuid.upper()}"})  # the one left
+    assert named.attribute("uuid") == [h100[0].uuid]
+
+
+def test_named_gpus_on_two_nodes_are_denied(cluster: Cluster) -> None:
+    one, other = cluster.nodes[0].machine.devices[0], cluster.nodes[1].machine.devices[0]
+    outcome = cluster.admit({"gpuwire.io/gpu-uuid": f"{one.uuid},{other.uuid}"})
+    assert outcome.denial is not None
+    assert "different nodes" in outcome.denial.message
+
+
+def test_all_takes_every_whole_gpu_of_its_node(cluster: Cluster) -> None:
+    placed = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "all"})
+    assert [d for _, d, _ in placed.gpus()] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_a_gpu_resource_becomes_a_claim_of_that_many(cluster: Cluster) -> None:
+    placed = cluster.run({}, resources={"limits": {"nvidia.com/gpu": "3"}})
+    assert len(placed.gpus()) == 3
+    stored = cluster.api.get("pods", placed.pod, NAMESPACE)
+    assert stored is not None
+    assert "nvidia.com/gpu" not in stored["spec"]["containers"][0]["resources"].get("limits", {})
+
+
+def test_shares_of_a_gpu_fit_by_memory_and_the_one_that_does_not_stays_pending(
+    cluster: Cluster,
+) -> None:
+    t4 = {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "1",
+          "gpuwire.io/gpu-memory-limit": "6Gi", "gpuwire.io/gpu-cores-limit": "30"}  # fmt: skip
+    placed = [cluster.run(t4) for _ in range(4)]  # two T4s of 15 GiB: two shares of 6 GiB each
+    assert [p.decision.node for p in placed] == ["t4"] * 4
+    devices = [p.gpus()[0][1] for p in placed]
+    assert sorted(devices) == ["gpu-0", "gpu-0", "gpu-1", "gpu-1"]
+    results = [p.claim()["status"]["allocation"]["devices"]["results"][0] for p in placed]
+    assert all(r["consumedCapacity"] == {"memory": "6Gi", "cores": "30"} for r in results)
+    assert len({r["shareID"] for r in results}) == 4
+    fifth = cluster.run(t4)
+    assert not fifth.decision.scheduled
+    assert fifth.decision.message == f"0/3 nodes are available: 3 {CANNOT_ALLOCATE}."
+
+
+def test_a_share_of_a_gpu_is_rounded_up_to_whole_gib_as_its_request_policy_rounds(
+    cluster: Cluster,
+) -> None:
+    outcome = cluster.admit({"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "1",
+                             "gpuwire.io/gpu-memory-limit": "10%"})  # fmt: skip
+    (template,) = outcome.templates
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["deviceClassName"] == "shared.gpu.gpuwire.io"
+    assert exactly["capacity"] == {"requests": {"memory": "2Gi"}}  # 10 % of 15360 MiB: 1536 MiB
+
+
+@pytest.mark.parametrize(
+    ("annotations", "why"),
+    [
+        (
+            {"gpuwire.io/gpu-model": "V100"},
+            "models present: NVIDIA A100-PCIE-40GB, NVIDIA H100 80GB HBM3, Tesla T4",
+        ),
+        ({"gpuwire.io/gpu-count": "5"}, "the most any node has that fit the request: 4"),
+        ({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-memory-limit": "4Gi"}, "none is shared"),
+        (
+            {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-memory-limit": "20Gi"},
+            "more than any shared GPU has",
+        ),
+        ({"gpuwire.io/gpu-model": "T4"}, "are all shared"),
+        ({"gpuwire.io/gpu-count": "none"}, "no ResourceClaim gives"),
+        (
+            {"gpuwire.io/gpu-memory-limit": "4Gi", "gpuwire.io/limit-profile": "mps,pytorch"},
+            "one of hami",
+        ),
+        (
+            {"gpuwire.io/gpu-uuid": "GPU-00000000-0000-0000-0000-000000000000"},
+            "which no ResourceSlice holds",
+        ),
+    ],
+)
+def test_requests_no_pool_can_ever_satisfy_are_denied_saying_why(
+    cluster: Cluster, annotations: dict[str, str], why: str
+) -> None:
+    outcome = cluster.admit(annotations)
+    assert outcome.denial is not None
+    assert outcome.denial.code == 400
+    assert why in outcome.denial.message
+    assert outcome.patch == ()
+    assert outcome.templates == ()
+
+
+def test_auto_takes_dra_where_the_slices_have_it_and_the_device_plugin_elsewhere(
+    cluster: Cluster,
+) -> None:
+    auto = Policy(allocation="auto")
+    dra = cluster.admit({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "1"}, auto)
+    assert dra.templates
+    plugin = cluster.admit({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "8"}, auto)
+    assert not plugin.templates  # no DRA node has 8: the device plugin's way (the fleet's denial)
+    assert plugin.denial is not None
+    assert "matches no GPU node" in plugin.denial.message
+
+
+def test_the_device_plugin_policy_writes_no_claim(cluster: Cluster) -> None:
+    outcome = cluster.admit({"gpuwire.io/gpu-count": "2"}, Policy())
+    assert not outcome.templates
+    assert not any("resourceClaims" in op["path"] or "claims" in op["path"] for op in outcome.patch)
+
+
+TEMPLATES = [
+    {"gpuwire.io/gpu-model": "A100,H100,!PCIE", "gpuwire.io/gpu-count": "2",
+     "gpuwire.io/gpu-min-memory": "40Gi"},
+    {"gpuwire.io/gpu-count": "all", "gpuwire.io/driver-capabilities": "compute,utility,video"},
+    {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "2",
+     "gpuwire.io/gpu-memory-limit": "25%", "gpuwire.io/gpu-cores-limit": "50",
+     "gpuwire.io/limit-profile": "hami"},
+    {"gpuwire.io/gpu-uuid": "!" + CLUSTER[1].machine.devices[0].uuid, "gpuwire.io/gpu-count": "3"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+@pytest.mark.parametrize("annotations", TEMPLATES)
+def test_templates_validate_against_the_schemas_and_their_cel_compiles(
+    cluster: Cluster, version: str, annotations: dict[str, str]
+) -> None:
+    (template,) = cluster.admit(annotations).templates
+    kubernetes_validate.validate(template, version, strict=True)
+    requests = template["spec"]["spec"]["devices"]["requests"]
+    for request in requests:
+        for exactly in (
+            [request.get("exactly")] if "exactly" in request else request["firstAvailable"]
+        ):
+            for selector in exactly.get("selectors", []):
+                program = dracel.compile_selector(selector["cel"]["expression"])
+                for s in cluster.api.objects("resourceslices"):
+                    for d in s["spec"]["devices"]:  # a bool on every device: no runtime error
+                        variable = dracel.device(d, s["spec"]["driver"])
+                        assert isinstance(
+                            dracel.matches(selector["cel"]["expression"], variable), bool
+                        )
+                assert program is not None
+
+
+def test_a_template_is_named_by_its_request_and_shared_by_pods_asking_alike(
+    cluster: Cluster,
+) -> None:
+    asks = {"gpuwire.io/gpu-model": "A100", "gpuwire.io/gpu-count": "2"}
+    first, second = cluster.admit(asks), cluster.admit(dict(reversed(list(asks.items()))))
+    assert first.templates == second.templates
+    other = cluster.admit(asks | {"gpuwire.io/gpu-count": "1"})
+    assert other.templates[0]["metadata"]["name"] != first.templates[0]["metadata"]["name"]
+    assert first.templates[0]["metadata"]["name"].startswith("gpuwire-")
+
+
+# --- the patch: what the pod gets, and a second pass changes nothing
+
+
+def test_each_gpu_container_gets_its_own_claim_from_one_shared_template(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "1"})
+    raw["spec"]["containers"].append({"name": "helper", "image": "busybox"})
+    admitted, outcome = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    (template,) = outcome.templates  # one request, one template
+    entries = admitted["spec"]["resourceClaims"]
+    assert entries == [
+        {"name": "gpuwire-trainer", "resourceClaimTemplateName": template["metadata"]["name"]},
+        {"name": "gpuwire-helper", "resourceClaimTemplateName": template["metadata"]["name"]},
+    ]
+    for c in admitted["spec"]["containers"]:
+        assert c["resources"]["claims"] == [{"name": f"gpuwire-{c['name']}"}]
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in c["env"]
+
+
+def test_the_pods_own_claims_and_env_are_left_as_they_are_but_for_gpu_env(cluster: Cluster) -> None:
+    raw = pod(
+        {"gpuwire.io/containers": "trainer"},
+        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "X", "value": "1"}],
+        resources={"claims": [{"name": "mine"}], "limits": {"nvidia.com/gpu": "2", "cpu": "1"}},
+    )
+    raw["spec"]["resourceClaims"] = [{"name": "mine", "resourceClaimName": "their-nic"}]
+    admitted, outcome = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert admitted["spec"]["resourceClaims"][0] == {
+        "name": "mine",
+        "resourceClaimName": "their-nic",
+    }
+    assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["mine", "gpuwire-trainer"]
+    c = admitted["spec"]["containers"][0]
+    assert c["resources"] == {"claims": [{"name": "mine"}, {"name": "gpuwire-trainer"}],
+                              "limits": {"cpu": "1"}}  # fmt: skip
+    assert c["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        {"name": "X", "value": "1"},
+    ]
+    assert "hand-written" not in " ".join(outcome.warnings)
+    assert any("NVIDIA_VISIBLE_DEVICES=all replaced by void" in w for w in outcome.warnings)
+    requests = outcome.templates[0]["spec"]["spec"]["devices"]["requests"][0]
+    assert requests["firstAvailable"][0]["count"] == 2  # the resource's count
+
+
+def test_a_pod_entry_of_gpuwires_name_is_not_taken_over(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/gpu-count": "1"})
+    raw["spec"]["resourceClaims"] = [{"name": "gpuwire-trainer", "resourceClaimName": "mine"}]
+    outcome = mutate(raw, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert outcome.denial is not None
+    assert "already has an entry 'gpuwire-trainer'" in outcome.denial.message
+
+
+def test_an_init_container_named_by_the_annotation_gets_its_claim(cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/containers": "warmup", "gpuwire.io/gpu-count": "1"})
+    raw["spec"]["initContainers"] = [{"name": "warmup", "image": "busybox"}]
+    admitted, _ = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert admitted["spec"]["initContainers"][0]["resources"]["claims"] == [
+        {"name": "gpuwire-warmup"}
+    ]
+    assert "claims" not in admitted["spec"]["containers"][0].get("resources", {})
+
+
+@pytest.mark.parametrize("annotations", TEMPLATES)
+def test_a_second_pass_over_an_admitted_pod_changes_nothing(
+    cluster: Cluster, annotations: dict[str, str]
+) -> None:
+    raw = pod(annotations)
+    raw["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    admit(raw, NAMESPACE, DRA, pools=cluster.pools)  # asserts the second pass is a no-op
+
+
+def test_a_resource_claimed_container_keeps_its_count_on_a_second_pass(cluster: Cluster) -> None:
+    """The second pass no longer sees `nvidia.com/gpu: 3` (the first removed it): the claim
+    it gave stays, and no other container gets one."""
+    raw = pod({"gpuwire.io/gpu-model": "H100"}, resources={"limits": {"nvidia.com/gpu": "3"}})
+    raw["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    admitted, _ = admit(raw, NAMESPACE, DRA, pools=cluster.pools)
+    assert [e["name"] for e in admitted["spec"]["resourceClaims"]] == ["gpuwire-trainer"]
+    again = mutate(admitted, NAMESPACE, DRA, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert again.templates == ()  # nothing to create: the claim is the first pass's
+
+
+# --- limits held where their profile is enforced (the shared GPU's <profile>Limits attribute)
+
+ENFORCING = (
+    dracluster.node("unheld", 2, (T4,), nvlink="none", shared=("*T4*",), enforced=()),
+    dracluster.node("held", 2, (T4,), nvlink="none", shared=("*T4*",)),  # HAMi-core there
+)
+
+
+@pytest.fixture
+def enforcing() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, ENFORCING)
+        yield Cluster(api, ENFORCING)
+
+
+SHARE = {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "1",
+         "gpuwire.io/gpu-memory-limit": "4Gi"}  # fmt: skip
+
+
+def test_an_enforced_profile_takes_a_share_only_where_it_holds_one(enforcing: Cluster) -> None:
+    placed = [enforcing.run(SHARE) for _ in range(3)]  # hami, the policy's default profile
+    assert [p.decision.node for p in placed] == ["held"] * 3
+    assert all(p.attribute("hamiLimits") == [True] for p in placed)
+
+
+def test_an_enforced_profile_no_shared_gpu_holds_is_denied(enforcing: Cluster) -> None:
+    outcome = enforcing.admit({**SHARE, "gpuwire.io/limit-profile": "mps"})
+    assert outcome.denial is not None
+    assert "needs limit profile 'mps' to hold the share" in outcome.denial.message
+    assert "held there: hami" in outcome.denial.message
+
+
+def test_an_advisory_profile_takes_any_shared_gpu_with_a_warning(enforcing: Cluster) -> None:
+    asked = {**SHARE, "gpuwire.io/limit-profile": "pytorch"}
+    outcome = enforcing.admit(asked)
+    assert any("'pytorch' is advisory" in w for w in outcome.warnings)
+    (template,) = outcome.templates
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert not any("Limits" in s["cel"]["expression"] for s in exactly["selectors"])
+    # six shares of 4 GiB on a node's two T4s of 15 GiB: the seventh lands on the other node
+    assert {enforcing.run(asked).decision.node for _ in range(7)} == {"unheld", "held"}
+
+
+# --- MIG devices (published by the DRA plugin for GPUs in MIG mode)
+
+MIG_CLUSTER = (
+    dracluster.node("mig", 2, (A100,), mig={0: ("balanced",), 1: ("3g.40gb", "3g.40gb")}),
+    dracluster.node("h100", 2, (H100,)),
+)
+
+
+@pytest.fixture
+def mig_cluster() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, MIG_CLUSTER)
+        yield Cluster(api, MIG_CLUSTER)
+
+
+def test_a_mig_profile_is_that_many_mig_devices_of_it(mig_cluster: Cluster) -> None:
+    placed = mig_cluster.run({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-count": "2"})
+    assert placed.decision.node == "mig"
+    assert placed.attribute("profile") == ["1g.10gb", "1g.10gb"]
+    assert set(placed.attribute("type")) == {"mig"}
+
+
+def test_a_mig_resource_becomes_a_claim_of_its_profile(mig_cluster: Cluster) -> None:
+    placed = mig_cluster.run({}, resources={"limits": {"nvidia.com/mig-3g.40gb": "2"}})
+    assert placed.attribute("profile") == ["3g.40gb", "3g.40gb"]
+    stored = mig_cluster.api.get("pods", placed.pod, NAMESPACE)
+    assert stored is not None
+    assert "limits" not in stored["spec"]["containers"][0]["resources"]
+
+
+def test_a_named_mig_device_is_exactly_that_one(mig_cluster: Cluster) -> None:
+    mig = [
+        d for d in Pools.of(mig_cluster.api.objects("resourceslices")).devices if d.kind == "mig"
+    ]
+    placed = mig_cluster.run({"gpuwire.io/gpu-uuid": mig[2].uuid})
+    assert placed.attribute("uuid") == [mig[2].uuid]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "why"),
+    [
+        ({"gpuwire.io/mig-profile": "7g.80gb"},
+         "offered by no MIG device in the cluster's ResourceSlices; MIG profiles present: "
+         "1g.10gb, 2g.20gb, 3g.40gb"),
+        ({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-model": "H100"},
+         "no MIG device in the cluster's ResourceSlices fits the request"),
+        ({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-memory-limit": "2Gi"},
+         "a MIG device is allocated whole"),
+        ({"gpuwire.io/mig-profile": "3g.40gb", "gpuwire.io/gpu-count": "4"},
+         "the most any node has that fit the request: 3"),
+    ],
+)  # fmt: skip
+def test_mig_requests_no_pool_can_satisfy_are_denied(
+    mig_cluster: Cluster, annotations: dict[str, str], why: str
+) -> None:
+    outcome = mig_cluster.admit(annotations)
+    assert outcome.denial is not None
+    assert why in outcome.denial.message

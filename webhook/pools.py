@@ -1,0 +1,192 @@
+"""gpuwire's DRA devices in the cluster as the webhook sees them: plain data built from
+ResourceSlices (`resource.k8s.io/v1`), what the DRA path of the mutation checks requests
+against before it writes a claim.
+
+Only the driver `gpu.gpuwire.io`'s slices count, and of each pool only its slices at the
+highest `pool.generation`, and only once all `pool.resourceSliceCount` of them are there: the
+scheduler's allocator reads pools the same way (k8s.io/dynamic-resource-allocation
+`structured/pools.go`), so a pool being rewritten is neither half-seen nor seen twice. Of a
+device the webhook keeps what a request can ask about (product, UUID, memory, NVLink island,
+whether it is shared and its capacity consumable, which limit profiles hold a share of it,
+a MIG device's profile), in slots: a cluster has one per GPU.
+Where the slices come from (a watch, a file) is `watch.py`'s and the CLI's business.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuwire import dra, limits
+from gpuwire.annotations import normalise_model
+from gpuwire.quantity import MIB, QuantityError, api_value
+
+log = logging.getLogger(__name__)
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDevice:
+    node: str
+    name: str  # the device's name in its pool, `gpu-<minor>`
+    product: str  # productName
+    uuid: str
+    memory_mib: int | None
+    island: int | None  # nvlinkIsland
+    shared: bool  # the shared attribute: selected by the shared class
+    consumable: bool  # allowMultipleAllocations as stored: its capacity is handed out in shares
+    kind: str = dra.GPU_TYPE  # the type attribute
+    profile: str | None = None  # a MIG device's
+    enforces: frozenset[str] = frozenset()  # limit profiles that hold a share here (hamiLimits)
+
+
+def _attribute(entry: Obj, name: str) -> Any:
+    value = (entry.get("attributes") or {}).get(name) or {}
+    return next(iter(value.values()), None) if isinstance(value, dict) else None
+
+
+def _mib(entry: Obj) -> int | None:
+    value = ((entry.get("capacity") or {}).get(dra.MEMORY) or {}).get("value")
+    try:
+        numerator, denominator = api_value(str(value))
+    except QuantityError:
+        return None
+    return numerator // (denominator * MIB)
+
+
+def _device(node: str, entry: Obj) -> PoolDevice | None:
+    name, uuid = entry.get("name"), _attribute(entry, dra.UUID)
+    if not isinstance(name, str) or not isinstance(uuid, str):
+        return None
+    island = _attribute(entry, dra.ISLAND)
+    return PoolDevice(
+        node=sys.intern(node),
+        name=sys.intern(name),
+        product=sys.intern(str(_attribute(entry, dra.PRODUCT) or "")),
+        uuid=uuid,
+        memory_mib=_mib(entry),
+        island=island if isinstance(island, int) else None,
+        shared=_attribute(entry, dra.SHARED) is True,
+        consumable=entry.get("allowMultipleAllocations") is True,
+        kind=sys.intern(str(_attribute(entry, dra.TYPE) or "")),
+        profile=_attribute(entry, dra.PROFILE),
+        enforces=frozenset(
+            p for p in limits.ENFORCED if _attribute(entry, limits.enforcement_attribute(p)) is True
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SliceView:
+    """What the webhook keeps of one of gpuwire's ResourceSlices."""
+
+    name: str
+    pool: str
+    generation: int
+    count: int  # resourceSliceCount
+    node: str
+    devices: tuple[PoolDevice, ...]
+
+
+def slice_view(obj: Obj) -> SliceView | None:
+    """A ResourceSlice of gpuwire's driver, for one node, reduced to its devices; None for
+    any other."""
+    spec = obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    node = spec.get("nodeName")
+    if spec.get("driver") != dra.DRIVER or not isinstance(pool.get("name"), str) or not node:
+        return None
+    devices = (_device(str(node), e) for e in spec.get("devices") or ())
+    return SliceView(
+        name=str((obj.get("metadata") or {}).get("name", "")),
+        pool=sys.intern(pool["name"]),
+        generation=int(pool.get("generation") or 0),
+        count=int(pool.get("resourceSliceCount") or 1),
+        node=sys.intern(str(node)),
+        devices=tuple(d for d in devices if d),
+    )
+
+
+def _complete(slices: list[SliceView]) -> list[SliceView]:
+    """The slices of one pool a reader may use: those at its highest generation, if all of
+    them are there; none otherwise."""
+    generation = max(s.generation for s in slices)
+    current = [s for s in slices if s.generation == generation]
+    return current if len(current) == current[0].count else []
+
+
+@dataclass(frozen=True)
+class Pools:
+    """An immutable snapshot: node → its gpuwire DRA devices, in slice order."""
+
+    nodes: Mapping[str, tuple[PoolDevice, ...]]
+
+    @classmethod
+    def of(cls, slices: Iterable[Obj]) -> Pools:
+        return cls.of_views(v for v in map(slice_view, slices) if v is not None)
+
+    @classmethod
+    def of_views(cls, views: Iterable[SliceView]) -> Pools:
+        by_pool: dict[str, list[SliceView]] = {}
+        for v in views:
+            by_pool.setdefault(v.pool, []).append(v)
+        nodes: dict[str, tuple[PoolDevice, ...]] = {}
+        for _, found in sorted(by_pool.items()):
+            found.sort(key=lambda v: v.name)
+            for v in _complete(found):
+                nodes[v.node] = nodes.get(v.node, ()) + v.devices
+        return cls(nodes)
+
+    @functools.cached_property
+    def devices(self) -> tuple[PoolDevice, ...]:
+        return tuple(d for node in sorted(self.nodes) for d in self.nodes[node])
+
+    @functools.cached_property
+    def products(self) -> dict[str, str]:
+        """Each product present → its name as model words compare with it (normalised)."""
+        return {p: normalise_model(p) for p in sorted({d.product for d in self.devices})}
+
+    @functools.cached_property
+    def claims(self) -> dict[object, object]:
+        """Requests already translated against this snapshot: `claims.claim` keeps its
+        results here (as objects: this module does not import claims). A new snapshot
+        starts with none."""
+        return {}
+
+    def holder(self, uuid: str) -> PoolDevice | None:
+        """The device with GPU UUID `uuid` (compared case-insensitively, as NVIDIA's are)."""
+        return self._by_uuid.get(uuid.lower())
+
+    @functools.cached_property
+    def _by_uuid(self) -> dict[str, PoolDevice]:
+        return {d.uuid.lower(): d for d in self.devices}
+
+
+NO_POOLS = Pools({})
+
+
+class SlicesFileError(ValueError):
+    """A slices file that is not a ResourceSlice list."""
+
+
+def load(path: str | Path) -> Pools:
+    """A `v1 List` of ResourceSlices in YAML or JSON, as `kubectl get resourceslices -o yaml`
+    prints it: a static view for `gpuwire mutate`, tests and the demo."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SlicesFileError(f"{path}: {exc}") from exc
+    items = doc.get("items") if isinstance(doc, Mapping) else None
+    if not isinstance(items, list) or not all(
+        isinstance(i, Mapping) and i.get("kind", "ResourceSlice") == "ResourceSlice" for i in items
+    ):
+        raise SlicesFileError(f"{path}: expected a v1 List of ResourceSlice objects (items:)")
+    return Pools.of(items)
