@@ -450,6 +450,7 @@ def as_json(inventory: Inventory) -> dict[str, Any]:
             "container": h.container,
             "path": h.path,
             **({"all": True} if h.whole_node else {}),
+            **({"claims": list(h.claims)} if h.claims else {}),
         }
 
     def mig(g: Gpu) -> dict[str, Any]:
