@@ -71,6 +71,7 @@ HOOK_TIMEOUT = 30
 # createRuntime, not createContainer: it runs in the runtime's namespaces, where the resident
 # serves it (runtime_hook.start.resident); it enters the container's mount namespace itself.
 LDCACHE_HOOK = "createRuntime"
+CALL = "gpuwire-call"  # beside the launchers, where the install could build it
 
 Spec = dict[str, Any]
 
@@ -203,6 +204,17 @@ def generate(
     return assemble(kind, devices, common_edits(driver, capabilities), hook, ldconfig)
 
 
+def hook_program(launcher: str, host_root: str = "/") -> str:
+    """What a spec's hook runs for the `gpuwire-hook` launcher at `launcher` (as the host
+    names it; `host_root`: where this process sees the host): the `gpuwire-call` beside it
+    where the install built one (runtime_hook.setup.launcher), which is the launcher without
+    /bin/sh in front when called as `gpuwire-hook` (the hook's args[0]), resident first and
+    the same Python fallback; the launcher itself where none was built."""
+    call = os.path.join(os.path.dirname(launcher), CALL)
+    seen = os.path.join(host_root, call.lstrip("/"))
+    return call if os.path.isfile(seen) and os.access(seen, os.X_OK) else launcher
+
+
 def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:
     """The hooks the edits need: one ld-cache hook, or none when no library is mounted."""
     if not edits.ldcache_folders and not edits.links:
@@ -211,7 +223,7 @@ def hooks(edits: Edits, hook_path: str, ldconfig: str) -> list[Hook]:
         {
             "hookName": LDCACHE_HOOK,
             "path": hook_path,
-            "args": ["gpuwire-hook", *ldcache_args(edits, ldconfig)],
+            "args": ["gpuwire-hook", *ldcache_args(edits, ldconfig)],  # gpuwire-call's mode
             "env": list(HOOK_ENV),
             "timeout": HOOK_TIMEOUT,
         }

@@ -171,7 +171,8 @@ class CdiWriter:
         )
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
-            found, ref, results, self.hook, self.ldconfig, on_host(token, self.host_root),
+            found, ref, results, cdi.hook_program(self.hook, self.host_root), self.ldconfig,
+            on_host(token, self.host_root),
             self.host_root, self.holders,
         )  # fmt: skip
         keys = KeyRing.load(self.key_dir)

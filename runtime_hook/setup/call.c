@@ -15,6 +15,14 @@
  * stdin, stdout, stderr and the working directory as descriptors. The answer: "x" and an
  * exit status, "e" and the runtime to exec with the ARGs, or "f" to run FALLBACK. Only the standard C library: it is built
  * with `cc -static` so that it runs on any host whatever glibc the host has.
+ *
+ * gpuwire-hook ARG...   (argv[0] "gpuwire-hook": a CDI spec's hook names this program itself)
+ *
+ * The same call of gpuwire-hook without the shell launcher in between (~1 ms of /bin/sh on
+ * every CDI start): the socket, token and Python fallback that launcher would pass are the
+ * ones the install compiled in (HOOK_SOCKET, HOOK_TOKEN, HOOK_PYTHON, HOOK_CODE, written by
+ * runtime_hook/setup/launcher.py as it writes the launcher), so both ask the same resident
+ * and fall back to the same Python.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -101,8 +109,39 @@ static int ask(const char *socket_path, int sock, char **argv, int first, int ar
 	return sent == (ssize_t)used ? 0 : -1;
 }
 
+#ifdef HOOK_CODE
+/* argv as gpuwire-hook's launcher would call gpuwire-call with it; NULL where out of memory */
+static char **as_launcher(int argc, char **argv, int *count)
+{
+	static char *settings[] = {NULL, HOOK_SOCKET, HOOK_TOKEN, "hook", NULL,
+				   HOOK_PYTHON, "-IS", "-c", HOOK_CODE};
+	static char number[32];
+	const int fixed = sizeof(settings) / sizeof(settings[0]);
+	char **full = calloc((size_t)(fixed + argc + 1), sizeof(char *));
+	if (full == NULL)
+		return NULL;
+	snprintf(number, sizeof(number), "%d", argc);
+	settings[0] = argv[0];
+	settings[4] = number;
+	memcpy(full, settings, sizeof(settings));
+	memcpy(full + fixed, argv, (size_t)argc * sizeof(char *));
+	*count = fixed + argc;
+	return full;
+}
+#endif
+
 int main(int argc, char **argv)
 {
+#ifdef HOOK_CODE
+	const char *base = strrchr(argv[0], '/');
+	if (strcmp(base ? base + 1 : argv[0], "gpuwire-hook") == 0) {
+		argv = as_launcher(argc, argv, &argc);
+		if (argv == NULL) {
+			fputs("gpuwire-hook: out of memory\n", stderr);
+			return 1;
+		}
+	}
+#endif
 	char *end = NULL;
 	long n = argc > 5 ? strtol(argv[4], &end, 10) : 0;
 	if (argc < 6 || *end != '\0' || n < 1 || n > argc - 5) {

@@ -337,7 +337,8 @@ def cdi_generate(argv: list[str]) -> int:
         driver = discover(roots, capabilities)
         if driver.mig:
             driver.mig = mig.identify(driver.mig, mig.read_map(settings.mig_map))
-        spec = cdi.generate(driver, settings.hook, settings.ldconfig, capabilities, args.kind)
+        hook = cdi.hook_program(settings.hook)
+        spec = cdi.generate(driver, hook, settings.ldconfig, capabilities, args.kind)
     except (
         config.ConfigError,
         cdi.CdiError,

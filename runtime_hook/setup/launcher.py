@@ -25,6 +25,9 @@ spelled out in them, and tests hold those words to the Python's. Where a C compi
 build it, `gpuwire-call` (runtime_hook/setup/call.c) goes beside them and both hand their
 Python part to the resident gpuwire (runtime_hook.start.resident), which has it loaded
 already; the Python command line is what `gpuwire-call` runs where no resident answers.
+`gpuwire-call` is built with the hook launcher's settings compiled in, so that a CDI spec's
+hook names it directly (`gpuwire.cdi.hook_program`): called as `gpuwire-hook` it does what
+the launcher does, without starting /bin/sh first.
 
 Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
@@ -43,14 +46,16 @@ into `/opt/gpuwire/<version>/libexec` (Containerfile, deploy/node/install-node).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwire import atomicfile
+from gpuwire import atomicfile, cdi
 from runtime_hook.start import resident
 
 RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
@@ -63,7 +68,7 @@ PYTHON_CODE = (
     "from {module} import main; status = main(); "
     "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)"
 )
-CALL = "gpuwire-call"
+CALL = cdi.CALL
 CALL_SOURCE = os.path.join(HERE, "call.c")
 
 
@@ -99,15 +104,32 @@ def render(name: str, python: str, path: str, call: Call | None = None) -> str:
     return script.replace(SETTINGS, settings + "\n")
 
 
-def build_call(directory: str) -> str | None:
-    """gpuwire-call compiled into `directory` (static: it runs whatever the host's glibc);
-    None, and why on stderr, where no C compiler can build it."""
+def c_string(value: str) -> str:
+    """`value` as a C string literal, every byte escaped (nothing in it can end the literal)."""
+    return '"' + "".join(f"\\{byte:03o}" for byte in os.fsencode(value)) + '"'
+
+
+def hook_defines(python: str, path: str, socket: str) -> list[str]:
+    """What gpuwire-call needs to stand in for the hook launcher (call.c, `gpuwire-hook`
+    mode): the settings `render` writes into gpuwire-hook.sh for the same install."""
+    values = {
+        "HOOK_SOCKET": socket,
+        "HOOK_TOKEN": path,
+        "HOOK_PYTHON": python,
+        "HOOK_CODE": python_code(path, "runtime_hook.start.hook"),
+    }
+    return [f"-D{name}={c_string(value)}" for name, value in values.items()]
+
+
+def build_call(directory: str, defines: Sequence[str] = ()) -> str | None:
+    """gpuwire-call compiled into `directory` (static: it runs whatever the host's glibc),
+    with `defines` (`hook_defines`); None, and why on stderr, where no C compiler can."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     target = os.path.join(directory, CALL)
     staging = f"{target}.{os.getpid()}.tmp"
     if compiler is not None:
         built = subprocess.run(
-            [compiler, "-O2", "-static", "-s", "-o", staging, CALL_SOURCE],
+            [compiler, "-O2", "-static", "-s", *defines, "-o", staging, CALL_SOURCE],
             capture_output=True,
             text=True,
         )
@@ -137,8 +159,11 @@ def install(
     package_parent = resident.token()
     os.makedirs(directory, exist_ok=True)
     call = None
-    if socket and (built := build_call(directory)):
+    if socket and (built := build_call(directory, hook_defines(python, package_parent, socket))):
         call = Call(os.path.join(runs_from, CALL) if runs_from else built, socket)
+    else:  # an earlier install's would still answer CDI specs' hooks (gpuwire.cdi)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, CALL))
     written = []
     for name in (RUNTIME, HOOK):
         path = os.path.join(directory, name)

@@ -271,3 +271,19 @@ def test_roots_combine_as_the_runtime_config_does(
     )
     assert spec["containerEdits"]["deviceNodes"] == []  # no control nodes under that dev root
     assert spec["containerEdits"]["mounts"][0]["hostPath"].startswith(str(command))
+
+
+def test_the_hook_is_gpuwire_call_where_the_install_built_it(tmp_path: Path) -> None:
+    """No /bin/sh on a CDI start: the spec names gpuwire-call (called as gpuwire-hook)
+    beside the launcher, found where the host keeps it; the launcher where none was built."""
+    libexec = tmp_path / "host/opt/gpuwire/current/libexec"
+    libexec.mkdir(parents=True)
+    (libexec / "gpuwire-hook").write_text("#!/bin/sh\n")
+    host_launcher = "/opt/gpuwire/current/libexec/gpuwire-hook"
+    assert cdi.hook_program(host_launcher, str(tmp_path / "host")) == host_launcher
+    (libexec / "gpuwire-call").write_bytes(b"\x7fELF")
+    assert cdi.hook_program(host_launcher, str(tmp_path / "host")) == host_launcher  # not +x
+    (libexec / "gpuwire-call").chmod(0o755)
+    call = "/opt/gpuwire/current/libexec/gpuwire-call"
+    assert cdi.hook_program(host_launcher, str(tmp_path / "host")) == call
+    assert cdi.hook_program(str(libexec / "gpuwire-hook")) == str(libexec / "gpuwire-call")

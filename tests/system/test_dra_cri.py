@@ -197,6 +197,9 @@ def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
 ) -> None:
     ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
     assert ids == [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-{i}" for i in (1, 3)]
+    (hook,) = json.loads((dra_node.cdi_dir / cdi.spec_file(ref[2])).read_text())[
+        "containerEdits"]["hooks"]  # fmt: skip
+    assert hook["path"] == str(served_launchers() / launcher.CALL)  # no shell in front
     seen = run_view(kubelet, pod(), ids)
     if not generation.cdi:  # 1.6: no CDI, the field is dropped
         assert seen["devices"] == ["nvidia*"]

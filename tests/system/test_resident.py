@@ -10,6 +10,7 @@ these calls is `echo fell back: ARGV0 ARG...`, so a declined call shows.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,6 +182,32 @@ def test_calls_at_once_are_each_answered(site: Site) -> None:
     assert results == [2] * 16
 
 
+def test_a_call_still_running_holds_up_no_other(site: Site) -> None:
+    """The next child is forked when a call is answered, or at once for a caller waiting."""
+    argv = [site.call_path, site.socket, resident.token(), "hook", "2", *FALLBACK, "argv0"]
+    env = {"PATH": os.defpath}
+    with subprocess.Popen([*argv, "poststop"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env) as slow:  # fmt: skip
+        assert slow.stdin is not None
+        until(lambda: serving(site.pid, slow.stdin.fileno()))  # type: ignore[union-attr]
+        started = time.monotonic()
+        out = site.call("hook", "no-such-subcommand")  # while poststop waits for its stdin
+        assert (out.returncode, out.stdout) == (2, "")
+        assert time.monotonic() - started < 1.5  # served, not passed by after 2 s
+        assert slow.poll() is None
+        _, err = slow.communicate("not json")
+    assert (slow.returncode, err.startswith("gpuwire-hook poststop: the OCI state")) == (1, True)
+
+
+def serving(pid: int, stdin: int) -> bool:
+    """Whether a child of the resident has taken on this stdin (a call it is serving)."""
+    pipe = os.fstat(stdin).st_ino
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    with contextlib.suppress(OSError):
+        return any(os.stat(f"/proc/{child}/fd/0").st_ino == pipe for child in children)
+    return False
+
+
 def test_gpuwire_call_is_static(site: Site) -> None:
     """It runs on the host whatever glibc the host has: no program interpreter."""
     data = Path(site.call_path).read_bytes()
@@ -193,6 +221,7 @@ def test_without_a_compiler_the_launchers_run_python(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("CC", "/nonexistent/cc")
+    (tmp_path / launcher.CALL).write_text("an earlier install's")  # CDI specs would name it
     _, hook = launcher.install(str(tmp_path), python="/usr/bin/python3")
     assert not (tmp_path / launcher.CALL).exists()
     settings = settings_of(Path(hook).read_text())

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire.cdi import to_cdi
+from gpuwire.cdi import hook_program, to_cdi
 from gpuwire.driver import discover
 from gpuwire.edits import Layout, container_edits
 from gpuwire.nvidia import Roots
 from runtime_hook.injection import cgroup
 from runtime_hook.injection.cgroup import CgroupError
+from runtime_hook.setup import launcher
 from runtime_hook.start import spec as ocispec
-from testbed.lab import Lab
+from testbed.lab import Lab, served_launchers
 from testbed.rootfs import Bundle
 from testbed.view import view
 from tests.conftest import requires_binary, requires_root
@@ -124,16 +125,17 @@ def test_symlinked_dev_never_reaches_the_host(lab: Lab, host_dir: Path, delivery
     ]
 
 
-def cdi_hook_bundle(lab: Lab, env: dict[str, str]) -> Bundle:
+def cdi_hook_bundle(lab: Lab, env: dict[str, str], program: str = HOOK) -> Bundle:
     """A bundle as a CDI engine writes it from gpuwire's spec: devices, mounts and the
-    `gpuwire-hook ldcache` createRuntime hook (`cdi.to_cdi`), for plain runc."""
+    `gpuwire-hook ldcache` createRuntime hook (`cdi.to_cdi`, running `program`), for plain
+    runc."""
     bundle = make_bundle(lab, env, delivery="cdi")
     driver = discover(Roots(str(lab.node)), ("compute", "utility"))
     edits = container_edits(
         driver, driver.devices[:1], ("compute", "utility"), Layout.of(debian=True)
     )
     bundle.spec = ocispec.apply(bundle.spec, edits)
-    (hook,) = to_cdi(edits, HOOK, "/sbin/ldconfig")["hooks"]
+    (hook,) = to_cdi(edits, program, "/sbin/ldconfig")["hooks"]
     bundle.spec["hooks"] = {hook["hookName"]: [{k: v for k, v in hook.items() if k != "hookName"}]}
     bundle.save()
     return bundle
@@ -160,6 +162,31 @@ def test_image_env_never_reaches_what_gpuwire_runs(lab: Lab, tmp_path: Path, del
     assert out.returncode == 0, out.stderr
     assert not marker.exists()
     assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]  # the cache was made, unaffected
+
+
+@pytest.mark.parametrize("resident", ["down", "serving"])
+def test_the_cdi_hook_runs_gpuwire_call_itself_served_or_not(
+    lab: Lab, tmp_path: Path, resident: str
+) -> None:
+    """The spec's hook is gpuwire-call, no shell launcher in front: with no resident on its
+    socket it runs the hook's Python itself; served, it needs no Python of its own (its
+    fallback does not exist), and the image's env reaches neither."""
+    if resident == "down":
+        launcher.install(str(tmp_path / "libexec"), socket=str(tmp_path / "nobody.sock"))
+        libexec = tmp_path / "libexec"
+    else:
+        libexec = served_launchers()
+    program = hook_program(str(libexec / launcher.HOOK))
+    assert program == str(libexec / launcher.CALL)
+    marker = tmp_path / "pwned"
+    evil = lab.root / "evil"
+    evil.mkdir()
+    (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    env = granted_env(lab, "0") | {"PYTHONPATH": str(evil), "LD_PRELOAD": str(evil / "x.so")}
+    out = cdi_hook_bundle(lab, env, program).run()
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]
+    assert not marker.exists()
 
 
 def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:
