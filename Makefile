@@ -34,7 +34,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 # The fast loop: lint, types, and every test but the system ones (tests/system: real
-# containers and daemons), in about a minute.
+# containers and daemons), in about two minutes.
 check: lint typecheck
 	$(BIN)/pytest -q -m "not system"
 

@@ -4,7 +4,8 @@ measured in the same run, so a slower or faster machine changes neither conclusi
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -15,6 +16,16 @@ class Summary:
     p50_ms: float
     p99_ms: float
     per_second: float | None = None
+
+
+def timed(call: Callable[[], object], n: int) -> list[float]:
+    """The seconds each of `n` calls took."""
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
 
 
 def summarise(name: str, seconds: Sequence[float], elapsed: float | None = None) -> Summary:

@@ -23,28 +23,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from bench.common import Summary, report, summarise
+from bench.common import Summary, report, summarise, timed
 from deviceplugin.api import api_pb2, api_pb2_grpc
 from gpuwire import sim
 from testbed.kubelet import Kubelet
 
 RESOURCE = "nvidia.com/gpu"
 GPUS, REPLICAS = 8, 16
-
-
-def timed(call: Callable[[], object], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def start_plugin(tmp: Path, root: Path, kubelet_dir: Path) -> subprocess.Popen[str]:

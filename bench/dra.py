@@ -28,13 +28,12 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from bench.common import Summary, report, summarise
+from bench.common import Summary, report, summarise, timed
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
 from deviceplugin.discovery import LOOK
 from gpuwire import sim
@@ -46,15 +45,6 @@ from testbed.waiting import until
 GPUS = 8
 MIG_GPU = GPUS  # the ninth GPU, in MIG mode
 NODE = "bench-node"
-
-
-def timed(call: Callable[[], object], n: int) -> list[float]:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return samples
 
 
 def start_plugin(tmp: Path, root: Path, kubeconfig: Path) -> subprocess.Popen[str]:

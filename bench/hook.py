@@ -63,7 +63,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import Summary, report, summarise
+from bench.common import Summary, report, summarise, timed
 from gpuwire.elfstub import shared_object
 from runtime_hook.setup import launcher
 from runtime_hook.start import resident
@@ -180,11 +180,9 @@ def make_cases(lab: Lab, libexec: str, served: str, python: str) -> list[Case]:
 
 
 def timed_command(name: str, argv: list[str], runs: int) -> Summary:
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-        seconds.append(time.perf_counter() - start)
+    seconds = timed(
+        lambda: subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True), runs
+    )
     return summarise(name, seconds)
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import Summary, report, summarise
+from bench.common import Summary, report, summarise, timed
 from gpuwire import holders, records, sim
 from gpuwire.holders import Assignment, Holder, NodeHolders
 from inventory import cli
@@ -34,13 +34,8 @@ ANNOTATIONS = {
 }
 
 
-def timed(name: str, runs: int, work: Callable[[], object]) -> Summary:
-    seconds = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        work()
-        seconds.append(time.perf_counter() - start)
-    return summarise(name, seconds)
+def measure(name: str, runs: int, work: Callable[[], object]) -> Summary:
+    return summarise(name, timed(work, runs))
 
 
 def container_start(runs: int, tmp: Path) -> str:
@@ -65,9 +60,9 @@ def container_start(runs: int, tmp: Path) -> str:
         )  # fmt: skip
         records.write(str(tmp / "records"), made)
 
-    baseline = timed("atomic write of the bytes", runs, by_hand)
+    baseline = measure("atomic write of the bytes", runs, by_hand)
     return report(
-        "record on container start", baseline, [timed("records.started+write", runs, recorded)]
+        "record on container start", baseline, [measure("records.started+write", runs, recorded)]
     )
 
 
@@ -95,9 +90,9 @@ def agent_pass(runs: int, tmp: Path) -> str:
         live, _ = records.sweep(str(root), 60.0, time.time())
         holders.encode(holders.node_holders(devices, live, assignments, allocatable))
 
-    baseline = timed("read 100 record files", runs, read_only)
+    baseline = measure("read 100 record files", runs, read_only)
     return report(
-        "node agent pass (100 records)", baseline, [timed("sweep+merge+encode", runs, full_pass)]
+        "node agent pass (100 records)", baseline, [measure("sweep+merge+encode", runs, full_pass)]
     )
 
 
@@ -127,9 +122,9 @@ def cluster(nodes: int) -> tuple[list[dict[str, object]], list[dict[str, object]
 def rendering(runs: int, nodes: int) -> str:
     objs, pods = cluster(nodes)
     listed = json.dumps({"kind": "NodeList", "items": objs})
-    baseline = timed(f"json.loads of {nodes} nodes", runs, lambda: json.loads(listed))
-    table = timed("build + render the table", runs, lambda: cli.report(objs, pods))
-    as_json = timed("build + render -o json", runs, lambda: cli.report(objs, pods, output="json"))
+    baseline = measure(f"json.loads of {nodes} nodes", runs, lambda: json.loads(listed))
+    table = measure("build + render the table", runs, lambda: cli.report(objs, pods))
+    as_json = measure("build + render -o json", runs, lambda: cli.report(objs, pods, output="json"))
     return report(f"gpuwire inventory, {nodes} nodes × 8 GPUs", baseline, [table, as_json])
 
 

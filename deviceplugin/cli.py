@@ -96,6 +96,30 @@ def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_plugin_flags(parser: argparse.ArgumentParser, recovered: str) -> None:
+    """What the device plugin and the DRA plugin share: how XIDs make a GPU unhealthy (the
+    DRA plugin's device taints) and for how long, and the node's labels beside them."""
+    parser.add_argument(
+        "--ignore-xids",
+        dest="ignored_xids",
+        type=_typed(settings.as_xids, _xid_list),
+        metavar="LIST",
+        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
+    )
+    parser.add_argument(
+        "--recover-after",
+        type=_typed(settings.as_recovery, _number),
+        metavar="SECONDS",
+        help=f"quiet seconds after which {recovered}, or never (default 300)",
+    )
+    parser.add_argument(
+        "--labels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also keep this node's GPU labels up to date",
+    )
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
@@ -191,6 +215,18 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
+def _serve(what: str, run: Callable[[threading.Event], None]) -> int:
+    """Run a plugin until SIGTERM or SIGINT; one that cannot (NVML missing, the kubelet's
+    directory unwritable, no API server, a checkpoint it cannot read) says why and exits 1."""
+    stop = _stop_on_signals()
+    try:
+        run(stop)
+    except Exception as exc:
+        logging.getLogger("gpuwire").error("%s stopped: %s", what, exc)
+        return 1
+    return 0
+
+
 SERVE_FIELDS = (
     "kubelet_dir",
     "sim",
@@ -250,19 +286,7 @@ def serve(argv: list[str]) -> int:
     )
     parser.add_argument("--cdi-kind", help="CDI kind of those names (default nvidia.com/gpu)")
     parser.add_argument("--dev-root", help="host root of DeviceSpec paths (default: the host root)")
-    parser.add_argument(
-        "--ignore-xids",
-        dest="ignored_xids",
-        type=_typed(settings.as_xids, _xid_list),
-        metavar="LIST",
-        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
-    )
-    parser.add_argument(
-        "--recover-after",
-        type=_typed(settings.as_recovery, _number),
-        metavar="SECONDS",
-        help="quiet seconds after which an unhealthy GPU is healthy again, or never (default 300)",
-    )
+    _add_plugin_flags(parser, recovered="an unhealthy GPU is healthy again")
     parser.add_argument(
         "--pre-start-check",
         action=argparse.BooleanOptionalAction,
@@ -276,12 +300,6 @@ def serve(argv: list[str]) -> int:
     )
     parser.add_argument("--sweep-grace", type=_typed(settings.as_seconds, float), metavar="SECONDS")
     parser.add_argument(
-        "--labels",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also keep this node's GPU labels up to date",
-    )
-    parser.add_argument(
         "--label-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
     )
     _add_node_flags(parser)
@@ -292,13 +310,9 @@ def serve(argv: list[str]) -> int:
     _logging(args.log_level)
     from deviceplugin import plugin
 
-    stop = _stop_on_signals()
-    try:
-        plugin.run(config, stop, holders=_holder_settings(args))
-    except Exception as exc:  # NVML missing, kubelet dir unwritable: say so and exit
-        logging.getLogger("gpuwire").error("device plugin stopped: %s", exc)
-        return 1
-    return 0
+    return _serve(
+        "device plugin", lambda stop: plugin.run(config, stop, holders=_holder_settings(args))
+    )
 
 
 DRA_FIELDS = (
@@ -310,6 +324,8 @@ DRA_FIELDS = (
     "driver_root",
     "hook",
     "ldconfig",
+    "allocation_dir",
+    "grant_key_dir",
     "ignored_xids",
     "recover_after",
     "labels",
@@ -355,24 +371,10 @@ def dra_serve(argv: list[str]) -> int:
     )
     parser.add_argument("--ldconfig", type=path, help="the host's static ldconfig (/sbin/ldconfig)")
     parser.add_argument(
-        "--ignore-xids",
-        dest="ignored_xids",
-        type=_typed(settings.as_xids, _xid_list),
-        metavar="LIST",
-        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
+        "--allocation-dir", type=path, help="where claim tokens go, under claims/ (as the node's)"
     )
-    parser.add_argument(
-        "--recover-after",
-        type=_typed(settings.as_recovery, _number),
-        metavar="SECONDS",
-        help="quiet seconds after which a tainted GPU is clean again, or never (default 300)",
-    )
-    parser.add_argument(
-        "--labels",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="also keep this node's GPU labels up to date",
-    )
+    parser.add_argument("--grant-key-dir", type=path, help="keys that MAC the claim tokens")
+    _add_plugin_flags(parser, recovered="a tainted GPU is clean again")
     _add_node_flags(parser)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -380,13 +382,7 @@ def dra_serve(argv: list[str]) -> int:
     _logging(args.log_level)
     from deviceplugin.dra.plugin import DraPlugin
 
-    stop = _stop_on_signals()
-    try:
-        DraPlugin(config).run(stop)
-    except Exception as exc:  # NVML missing, no API server, a checkpoint it cannot read
-        logging.getLogger("gpuwire").error("DRA plugin stopped: %s", exc)
-        return 1
-    return 0
+    return _serve("DRA plugin", lambda stop: DraPlugin(config).run(stop))
 
 
 def label(argv: list[str]) -> int:

@@ -48,7 +48,8 @@ def read(
     ]
     claimed = [
         Claimed(pod.namespace, pod.name, container.name, r.driver_name, r.pool_name,
-                r.device_name, r.share_id if r.HasField("share_id") else None)
+                r.device_name, r.share_id if r.HasField("share_id") else None,
+                f"{dynamic.claim_namespace}/{dynamic.claim_name}")
         for pod in listed.pod_resources
         for container in pod.containers
         for dynamic in container.dynamic_resources

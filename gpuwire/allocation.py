@@ -33,6 +33,7 @@ from gpuwire.value import Value
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
+    from typing import Any
 
 DEFAULT_DIR = "/var/lib/gpuwire/allocations"
 CONTAINER_DIR = "/run/gpuwire/allocations"
@@ -129,30 +130,43 @@ def token_of(destination: str) -> str | None:
     return token if parent == CONTAINER_DIR and _is_token(token) else None
 
 
+def read_proof(path: str) -> dict[str, Any]:
+    """A proof file's JSON object (an allocation or claim token), opened without following
+    a link: OSError where there is no such file, ValueError where it is not one."""
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+        body = lightjson.loads(f.read())
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    return body
+
+
+def mac_refusal(keys: KeyRing, key_id: str, mac: str, message: bytes) -> str | None:
+    """Why `mac` is not the MAC of `message` under key `key_id`, or None where it is."""
+    if key_id not in keys.keys:
+        return f"is signed with unknown key {key_id!r}"
+    if not mac_matches(hmac_sha256(keys.keys[key_id], message), mac):
+        return "has an invalid MAC"
+    return None
+
+
 def read(directory: str | os.PathLike[str], token: str, keys: KeyRing) -> Allocation:
     """The allocation behind `token`, verified; AllocationError says why not."""
     if not _is_token(token):
         raise AllocationError(f"malformed allocation token {token!r}")
     try:
-        fd = os.open(os.path.join(directory, token), os.O_RDONLY | os.O_NOFOLLOW)
+        body = read_proof(os.path.join(directory, token))
+        share = Share.parse(str(body["share"])) if "share" in body else None
+        allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]), share)
+        key_id, mac = str(body["key"]), str(body["mac"])
     except OSError as exc:
         raise AllocationError(
             f"allocation {token} not found on this node ({exc.strerror})"
         ) from exc
-    with os.fdopen(fd, "rb") as f:
-        try:
-            body = lightjson.loads(f.read())
-            if not isinstance(body, dict):
-                raise TypeError("not a JSON object")
-            share = Share.parse(str(body["share"])) if "share" in body else None
-            allocation = Allocation(token, str(body["resource"]), tuple(body["devices"]), share)
-            key_id, mac = str(body["key"]), str(body["mac"])
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            raise AllocationError(f"allocation {token} is unreadable") from exc
-    if key_id not in keys.keys:
-        raise AllocationError(f"allocation {token} is signed with unknown key {key_id!r}")
-    if not mac_matches(_mac(keys, key_id, allocation), mac):
-        raise AllocationError(f"allocation {token} has an invalid MAC")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AllocationError(f"allocation {token} is unreadable") from exc
+    refusal = mac_refusal(keys, key_id, mac, allocation.message())
+    if refusal:
+        raise AllocationError(f"allocation {token} {refusal}")
     return allocation
 
 

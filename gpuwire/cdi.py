@@ -35,14 +35,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwire import nvidia
-from gpuwire.driver import Driver, Library
+from gpuwire.driver import Driver
 from gpuwire.edits import (
     HOOK_ENV,
     Edits,
-    Layout,
     container_edits,
     device_node,
     gpu_nodes,
+    host_layout,
     ldcache_args,
 )
 
@@ -136,25 +136,6 @@ def minimum_version(spec: Spec) -> str:
 
 
 # -- the spec ------------------------------------------------------------------------------
-
-
-def _host_dir(libraries: dict[str, tuple[Library, ...]], root: str, default: str) -> str:
-    """Where the host keeps these libraries, as a path inside the driver root."""
-    for lib in (lib for libs in libraries.values() for lib in libs):
-        relative = os.path.relpath(os.path.dirname(lib.host_path), root)
-        if not relative.startswith(".."):
-            return "/" + relative
-    return default
-
-
-def host_layout(driver: Driver) -> Layout:
-    default = Layout.of(debian=True)
-    root = os.path.realpath(driver.roots.driver)
-    return Layout(
-        _host_dir(driver.libraries, root, default.libdir),
-        _host_dir(driver.libraries32, root, default.libdir32),
-        default.bindir,
-    )
 
 
 def _normalised(nodes: list[DeviceNode]) -> list[DeviceNode]:

@@ -76,6 +76,31 @@ class Layout:
         return cls("/" + nvidia.LIBDIR_OTHER, "/" + nvidia.LIBDIR_OTHER_32, "/" + nvidia.BINDIR)
 
 
+def _host_dir(libraries: dict[str, tuple[Library, ...]], root: str, default: str) -> str:
+    """Where the host keeps these libraries, as a path inside the driver root."""
+    import os
+
+    for lib in (lib for libs in libraries.values() for lib in libs):
+        relative = os.path.relpath(os.path.dirname(lib.host_path), root)
+        if not relative.startswith(".."):
+            return "/" + relative
+    return default
+
+
+def host_layout(driver: Driver) -> Layout:
+    """The host's own layout: where a CDI spec, which cannot know the image's distro, puts
+    the driver's files (as NVIDIA's specs do), and so where a prepared claim's are."""
+    import os
+
+    default = Layout.of(debian=True)
+    root = os.path.realpath(driver.roots.driver)
+    return Layout(
+        _host_dir(driver.libraries, root, default.libdir),
+        _host_dir(driver.libraries32, root, default.libdir32),
+        default.bindir,
+    )
+
+
 class Edits:
     """The changes one container gets. Links are (target, link path) pairs; ld cache
     entries (path, flags) pairs, None where ldconfig must work them out."""

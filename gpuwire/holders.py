@@ -5,16 +5,19 @@ node annotation that carries it to the cluster. Pure functions; the node agent a
 Three sources name a container's GPUs: the kubelet's pod-resources API (device-plugin
 allocations, as device IDs, and DRA claims' devices, `dynamic_resources`), and the runtime
 side's container records (`gpuwire.records`: every container gpuwire gave GPUs, plugin-less
-ones included). A container in several is one holder; its path says how it got its GPUs
-(`plugin`, `plugin-less`, `dra`). A container granted only the `utility` capability (a
+ones and those of DRA claims included). A container in several is one holder; its path says
+how it got its GPUs (`plugin`, `plugin-less`, `dra`, with the claims it holds them through).
+A container granted only the `utility` capability (a
 monitoring agent, the device plugin itself) can watch a GPU through NVML but not run work or
 take memory on it: it holds nothing and is left out.
 
 Conflicts, the ways GPUs get oversubscribed silently:
 - `shared-gpu`: a GPU held by two or more containers although it is not shared (the device
   plugin advertises it once, not as time-slicing replicas `<uuid>::<n>`, and no DRA claim
-  holds a share of it), or held through DRA and another way at once (a share of a DRA GPU
-  is no license for a container the scheduler did not place there);
+  holds a share of it) by containers that do not all hold it through one DRA claim (a claim
+  serves every container that references it: a pod's containers, or a shared claim's pods),
+  or held through DRA and another way at once (a share of a DRA GPU is no license for a
+  container the scheduler did not place there);
 - `all-beside-plugin`: a plugin-less container that asked for `all` GPUs of a node on which
   a device plugin also hands them out, so the scheduler places plugin pods on its GPUs.
 """
@@ -26,10 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuwire.devices import Device, MigDevice
-from gpuwire.records import PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
+from gpuwire.records import DRA, PATHS, PLUGIN, PLUGIN_LESS, ContainerRecord
 
 ANNOTATION = "gpuwire.io/holders"
-DRA = "dra"  # a holder whose GPUs a DRA claim gave it
 VERSION = 1
 REPLICA_SEPARATOR = "::"  # time-slicing device IDs: `<uuid>::<n>` (NVIDIA's format)
 WATCH_ONLY = frozenset({"utility"})
@@ -53,6 +55,7 @@ class Holder:
     path: str  # PLUGIN, PLUGIN_LESS or DRA
     gpus: tuple[str, ...]  # UUIDs, sorted
     whole_node: bool = False  # asked for `all`
+    claims: tuple[str, ...] = ()  # DRA: the claims it holds them through, `namespace/name`
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -87,6 +90,7 @@ class Claimed:
     pool: str
     device: str
     share_id: str | None = None
+    claim: str = ""  # `namespace/name`
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ def from_records(records: Iterable[ContainerRecord]) -> list[Holder]:
             r.path,
             r.gpus,
             r.whole_node,
+            r.claims,
         )
         for r in records
         if r.gpus and not set(r.capabilities) <= WATCH_ONLY
@@ -166,17 +171,22 @@ def from_assignments(
 
 def from_claims(claimed: Iterable[Claimed], names: Mapping[str, str]) -> list[Holder]:
     """Holders of DRA devices; `names`: the node's DRA device names → GPU or MIG UUIDs."""
-    found: dict[tuple[str, str, str], set[str]] = {}
+    found: dict[tuple[str, str, str], tuple[set[str], set[str]]] = {}
     for c in claimed:
         uuid = names.get(c.device)
         if uuid is not None:
-            found.setdefault((c.namespace, c.pod, c.container), set()).add(uuid)
-    return [Holder(*key, DRA, tuple(sorted(uuids))) for key, uuids in found.items()]
+            uuids, claims = found.setdefault((c.namespace, c.pod, c.container), (set(), set()))
+            uuids.add(uuid)
+            claims |= {c.claim} if c.claim else set()
+    return [
+        Holder(*key, DRA, tuple(sorted(uuids)), claims=tuple(sorted(claims)))
+        for key, (uuids, claims) in found.items()
+    ]
 
 
 def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
-    """One holder per container: the union of its GPUs; its path `dra`, else `plugin`, if
-    any source says so."""
+    """One holder per container: the union of its GPUs and claims; its path `dra`, else
+    `plugin`, if any source says so."""
     merged: dict[tuple[str, str, str], Holder] = {}
     for h in holders:
         seen = merged.get(h.key)
@@ -187,6 +197,7 @@ def merge(holders: Iterable[Holder]) -> tuple[Holder, ...]:
                 DRA if DRA in paths else PLUGIN if PLUGIN in paths else PLUGIN_LESS,
                 tuple(sorted(set(h.gpus) | set(seen.gpus))),
                 h.whole_node or seen.whole_node,
+                tuple(sorted(set(h.claims) | set(seen.claims))),
             )
         merged[h.key] = h
     return tuple(merged[k] for k in sorted(merged))
@@ -206,13 +217,17 @@ def node_holders(
     pod-resources `GetAllocatableResources` (empty where the kubelet does not offer it).
     `plugin`: a device plugin is known to allocate here (the agent runs inside it), whatever
     pod-resources says. `mig`: the node's MIG devices, held like GPUs (by their UUIDs).
-    `claimed`: DRA claims' devices of gpuwire's driver, `dra_names` naming their GPUs."""
+    `claimed`: DRA claims' devices of gpuwire's driver, `dra_names` naming their GPUs. A GPU
+    a DRA claim holds as a share (of a shared GPU's consumable capacity) is shared, whether
+    pod-resources or a record says so."""
+    records = list(records)
     advertised = [(r, i) for r, ids in allocatable for i in ids]
     advertised += [(a.resource, i) for a in assignments for i in a.device_ids]
     on_gpus = [(i, gpu_of(r, i, gpus, mig)) for r, i in advertised]
     shared = {uuid for i, uuid in on_gpus if uuid is not None and REPLICA_SEPARATOR in i}
     names = dra_names or {}
     shared |= {u for c in claimed if c.share_id and (u := names.get(c.device)) is not None}
+    shared |= {uuid for r in records for uuid in r.shares}
     holders = merge([
         *from_records(records),
         *from_assignments(assignments, gpus, mig),
@@ -228,7 +243,8 @@ def conflicts(node: NodeHolders) -> list[Conflict]:
         holding = node.of_gpu(uuid)
         paths = {h.path for h in holding}
         mixed = DRA in paths and len(paths) > 1  # a DRA share is not anyone's to take
-        if len(holding) > 1 and (uuid not in node.shared or mixed):
+        one_claim = bool(set.intersection(*(set(h.claims) for h in holding)))
+        if len(holding) > 1 and (mixed or (uuid not in node.shared and not one_claim)):
             found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
     if node.plugin:
         for h in node.holders:
@@ -251,6 +267,8 @@ def encode(node: NodeHolders) -> str:
         }
         if h.whole_node:
             entry["all"] = True
+        if h.claims:
+            entry["claims"] = list(h.claims)
         holders.append(entry)
     value = {"v": VERSION, "plugin": node.plugin, "shared": list(node.shared), "holders": holders}
     return json.dumps(value, separators=(",", ":"))
@@ -273,6 +291,7 @@ def decode(text: str) -> NodeHolders:
                 _path(h["path"]),
                 tuple(str(u) for u in h["gpus"]),
                 bool(h.get("all", False)),
+                tuple(str(c) for c in h.get("claims", ())),
             )
             for h in raw["holders"]
         )
@@ -282,6 +301,6 @@ def decode(text: str) -> NodeHolders:
 
 
 def _path(value: object) -> str:
-    if value not in (*PATHS, DRA):
-        raise HoldersError(f"path {value!r}: expected one of {', '.join((*PATHS, DRA))}")
+    if value not in PATHS:
+        raise HoldersError(f"path {value!r}: expected one of {', '.join(PATHS)}")
     return str(value)

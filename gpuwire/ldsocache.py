@@ -21,7 +21,10 @@ Entries are sorted as `ld.so`'s binary search expects: by `_dl_cache_libcmp` des
 (runs of digits compare as numbers, a digit sorts above any other character), then flags
 descending, glibc-hwcaps entries first by subdirectory name, then legacy hwcap bits
 (most bits first, then value), then OS version, all descending; equal entries keep
-ldconfig's scan order, in which the folders named on its command line come first.
+ldconfig's scan order, in which the folders named on its command line come first. Within
+one folder that order is the file system's directory order, which this module does not
+know: names `_dl_cache_libcmp` calls equal there (`liba.so.1`, `liba.so.01`) are left to
+ldconfig.
 
 A cache written before glibc 2.32 may carry the old format in front ("ld.so-1.7.0",
 compat); its new-format part is read. Anything this module cannot reproduce exactly
@@ -30,6 +33,7 @@ raises `CacheFormatError`, and the caller leaves the cache to ldconfig.
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 TYPE_CHECKING = False
@@ -252,7 +256,11 @@ def merge(existing: list[Entry], added: list[Entry], folders: list[str]) -> list
 
     ldconfig scans the folders on its command line first, so among otherwise equal entries
     (the same name in two directories) those in `folders` come first, in that order. Names
-    are nearly all distinct: the rest of the order is worked out only where they are not."""
+    are nearly all distinct: the rest of the order is worked out only where they are not.
+
+    Two names `_dl_cache_libcmp` calls equal in one folder (`liba.so.1`, `liba.so.01`) are
+    in the order ldconfig's scan of that folder met them, which is the file system's
+    directory order: where an added entry is one of them, CacheFormatError."""
     paths = {e.path for e in added}
     entries = [e for e in existing if e.path not in paths] + added
     keyed = sorted(((libcmp_key(e.name), e) for e in entries), key=_first, reverse=True)
@@ -266,9 +274,22 @@ def merge(existing: list[Entry], added: list[Entry], folders: list[str]) -> list
         same = [entry for _, entry in keyed[start:end]]
         if len(same) > 1:
             same.sort(key=lambda e: _tie_break(e, prefixes))
+            _refuse_scan_order(same, paths, prefixes)
         ordered += same
         start = end
     return ordered
+
+
+def _refuse_scan_order(same: list[Entry], added: set[bytes], folders: list[bytes]) -> None:
+    """CacheFormatError where entries of one sort key that nothing but ldconfig's directory
+    scan orders (`_tie_break` equal) include an added one."""
+    for a, b in itertools.pairwise(same):
+        if (a.path in added or b.path in added) and _tie_break(a, folders) == _tie_break(
+            b, folders
+        ):
+            raise CacheFormatError(
+                f"{a.path!r} and {b.path!r} sort equal: their order is the directory's"
+            )
 
 
 def _first(pair: tuple[bytes, Entry]) -> bytes:

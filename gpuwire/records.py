@@ -7,13 +7,15 @@ file per container into a root-only directory (`/run/gpuwire/containers/<contain
 they give it GPUs, and remove it when the container is deleted. The node agent reads them.
 
 A record names the pod (from the CRI annotations), the GPUs by UUID, the path (`plugin`:
-the devices came from a device-plugin allocation; `plugin-less`: from a grant, privilege or
-`trust = "any"`), whether the request was `all`, and the capabilities. It also carries how
-to tell whether its container still runs, because a crashed shim or a killed node can leave
-a record behind: the hook knows the container's init pid, and records it with the process
-start time (`/proc/<pid>/stat`, so a reused pid does not pass for the container); the shim
-runs before the container exists, and records the runtime's state directory instead
-(`<runc --root>/<id>`, whose `state.json` names the init pid and start time once created).
+the devices came from a device-plugin allocation; `dra`: from prepared DRA claims, which it
+names, with the GPUs it holds as a share of a shared GPU; `plugin-less`: from a grant,
+privilege or `trust = "any"`), whether the request was `all`, and the capabilities. It also
+carries how to tell whether its container still runs, because a crashed shim or a killed
+node can leave a record behind: the hook knows the container's init pid, and records it with
+the process start time (`/proc/<pid>/stat`, so a reused pid does not pass for the
+container); the shim runs before the container exists, and records the runtime's state
+directory instead (`<runc --root>/<id>`, whose `state.json` names the init pid and start
+time once created).
 `sweep` removes the records of containers that are gone.
 
 Writes are atomic (a temporary file, then rename), so a reader sees a whole record or none.
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
 
 DEFAULT_DIR = "/run/gpuwire/containers"
 PLUGIN = "plugin"
+DRA = "dra"  # a DRA claim's devices (gpuwire.claimtoken)
 PLUGIN_LESS = "plugin-less"
-PATHS = (PLUGIN, PLUGIN_LESS)
+PATHS = (PLUGIN, DRA, PLUGIN_LESS)
 VERSION = 1
 RUNC_ROOT = "/run/runc"  # runc's state root for root when `--root` is not given
 
@@ -88,6 +91,8 @@ class ContainerRecord(Value):
         "pid",
         "start",
         "state",
+        "claims",
+        "shares",
     )
     id: str  # the runtime's container ID
     namespace: str  # "" for a container that is not a Kubernetes pod's
@@ -95,12 +100,14 @@ class ContainerRecord(Value):
     pod_uid: str
     container: str
     gpus: tuple[str, ...]  # GPU UUIDs, sorted
-    path: str  # PLUGIN or PLUGIN_LESS
+    path: str  # PLUGIN, DRA or PLUGIN_LESS
     whole_node: bool  # the request was `all`
     capabilities: tuple[str, ...]
     pid: int | None  # the container's init process, with its start time (clock ticks)
     start: int | None
     state: str | None  # the runtime's state directory of this container
+    claims: tuple[str, ...]  # DRA: the claims, `namespace/name`, sorted
+    shares: tuple[str, ...]  # DRA: the GPUs held as a share of a shared GPU
 
     def __init__(
         self,
@@ -116,6 +123,8 @@ class ContainerRecord(Value):
         pid: int | None = None,
         start: int | None = None,
         state: str | None = None,
+        claims: tuple[str, ...] = (),
+        shares: tuple[str, ...] = (),
     ) -> None:
         self._set(
             id=id,
@@ -130,6 +139,8 @@ class ContainerRecord(Value):
             pid=pid,
             start=start,
             state=state,
+            claims=claims,
+            shares=shares,
         )
 
 
@@ -165,6 +176,8 @@ def started(
     capabilities: Iterable[str],
     pid: int | None = None,
     state: str | None = None,
+    claims: Iterable[str] = (),
+    shares: Iterable[str] = (),
 ) -> ContainerRecord:
     """The record of a container given `gpus`; with `pid`, its start time is read now."""
     if path not in PATHS:
@@ -179,6 +192,8 @@ def started(
         pid,
         process_start(pid) if pid is not None else None,
         state,
+        tuple(sorted(set(claims))),
+        tuple(sorted(set(shares))),
     )
 
 
@@ -197,6 +212,10 @@ def runtime_state(runtime_args: list[str], container: str) -> str:
     return f"{root.rstrip('/')}/{container}"
 
 
+# Fields written only where they hold something: a record without them reads as before.
+OPTIONAL = ("claims", "shares")
+
+
 def encode(record: ContainerRecord) -> str:
     import _json  # the C encoder behind `json`, without json's import cost
 
@@ -212,6 +231,7 @@ def encode(record: ContainerRecord) -> str:
         return str(_json.encode_basestring_ascii(str(value)))
 
     fields = [("version", VERSION), *record.as_dict().items()]
+    fields = [(k, v) for k, v in fields if not (k in OPTIONAL and not v)]
     return "{" + ",".join(f'"{name}":{text(value)}' for name, value in fields) + "}\n"
 
 
@@ -229,7 +249,7 @@ def decode(text: str, source: str = "record") -> ContainerRecord:
             f"{source}: record version {version!r} is not supported: expected {VERSION}"
         )
     try:
-        for name in ("gpus", "capabilities"):
+        for name in ("gpus", "capabilities", *(n for n in OPTIONAL if n in raw)):
             if not isinstance(raw[name], list):
                 raise TypeError(f"{name} is not a list")
             raw[name] = tuple(raw[name])
@@ -260,6 +280,8 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "pid": _count,
     "start": _count,
     "state": lambda v: v is None or isinstance(v, str),
+    "claims": _strings,
+    "shares": _strings,
 }
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwire import annotations as gpu_annotations
-from gpuwire import dra, nodegpus
+from gpuwire import dra, nodegpus, records
 from gpuwire import holders as holding
 from gpuwire.quantity import MIB, QuantityError, api_value
 
@@ -243,11 +243,12 @@ def _claimed(
                 memory = (r.get("consumedCapacity") or {}).get(dra.MEMORY, 0)
                 found.shared[device.uuid] = found.shared.get(device.uuid, 0) + _mib(memory)
         namespace = str(_meta(claim).get("namespace", ""))
+        named = (f"{namespace}/{_name(claim)}",)
         for node, uuids in held.items():
+            gpus = tuple(sorted(uuids))
             for pod, container in _users(claim, by_name):
-                found.holders.setdefault(node, []).append(
-                    holding.Holder(namespace, pod, container, holding.DRA, tuple(sorted(uuids)))
-                )
+                holder = holding.Holder(namespace, pod, container, records.DRA, gpus, claims=named)
+                found.holders.setdefault(node, []).append(holder)
     for device in devices.values():
         if device.shared:
             found.shared.setdefault(device.uuid, 0)
@@ -449,6 +450,7 @@ def as_json(inventory: Inventory) -> dict[str, Any]:
             "container": h.container,
             "path": h.path,
             **({"all": True} if h.whole_node else {}),
+            **({"claims": list(h.claims)} if h.claims else {}),
         }
 
     def mig(g: Gpu) -> dict[str, Any]:

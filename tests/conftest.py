@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -55,6 +56,17 @@ def socket_dir() -> Iterator[Path]:
     which pytest's tmp_path (named after the test) can exceed."""
     with tempfile.TemporaryDirectory(prefix="gw-") as directory:
         yield Path(directory)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches what the tests start as it would at a terminal. A shell without job
+    control starts a background command with SIGINT ignored (POSIX, "Asynchronous Lists"),
+    and an ignored signal stays ignored across exec: a run started so (a script's `make
+    check &`) handed every child SIGINT ignored, and the tests that send one (the demo's
+    Ctrl-C, `inventory --watch`) waited on a child that never stopped. Handled here, SIGINT
+    is back at its default in every child (exec resets a handled signal)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

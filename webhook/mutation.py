@@ -318,7 +318,7 @@ class _Mutation:
 
     def claim_container(self, c: Container, claimed: Claimed | None) -> list[Op]:
         """Its claim in `resources.claims`, its GPU resource gone, and no GPU by env: the
-        claim's CDI spec gives the GPUs (and sets NVIDIA_VISIBLE_DEVICES=void itself)."""
+        claim's CDI spec gives the GPUs (and names them in NVIDIA_VISIBLE_DEVICES itself)."""
         ops: list[Op] = []
         if claimed is not None:
             resources = c.raw.get("resources") or {}

@@ -14,10 +14,6 @@ do (one model per node: the common case, and what users read), with the few node
 labels would wrongly admit (a mixed node) named by hostname; where the labels cannot reach a
 candidate (a mixed node whose label names its other model) the candidates are named instead.
 
-request against the GPU nodes it knows (no API call: a snapshot) into exact label values,
-denies what no node has, listing what exists, and names the candidate nodes so that limits
-given as a share of the GPU can be turned into MiB.
-
 A MIG profile (`gpuwire.io/mig-profile`) goes to the nodes that offer it (their MIG devices
 in `gpuwire.io/gpus`, GFD's MIG labels). For a device plugin's pod, node affinity on GFD's
 mixed-strategy label `nvidia.com/mig-<profile>.count`; for a plugin-less pod, MIG devices of

@@ -6,10 +6,15 @@ shadows `/etc/cdi`), named as the CDI producer API names transient specs
 `k8s.gpu.gpuwire.io/claim`, one device `<claim UID>-<device>` per allocated device (so an id
 is never reused by another claim: runtimes cache specs) holding its `/dev/nvidiaN`, or for a
 MIG device its parent's and its own two capability nodes (`gpuwire.edits.gpu_nodes`, as for
-the shim), and the claim's common edits (`gpuwire.cdi.common_edits`: control devices, the
-driver's files for the claim's capabilities, the ld-cache hook) with the claim's limits env
-and what holds it (`shares.hold`).
-The same naming as NVIDIA's and AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
+the shim), and a read-only mount of the claim's token at that device's place
+(`gpuwire.claimtoken`: the proof gpuwire's runtime accepts), and the claim's common edits
+(`gpuwire.cdi.common_edits`: control devices, the driver's files for the claim's
+capabilities, the ld-cache hook) with `NVIDIA_VISIBLE_DEVICES` naming the claim's devices,
+the claim's limits env and what holds it (`shares.hold`). The same naming as NVIDIA's and
+AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
+
+The token is written before the spec and removed with it, so a spec never names a token
+that is not there; both are the prepared claim's files (what unprepare removes).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
 is discovered there, and every host path in the spec is written as the host sees it.
@@ -27,8 +32,9 @@ from typing import Any
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import NOTHING, Holders, hold
-from gpuwire import atomicfile, cdi, driver, edits
+from gpuwire import atomicfile, cdi, claimtoken, driver, edits, nvidia
 from gpuwire.dra import DRIVER
+from gpuwire.grant import KeyRing
 from gpuwire.nvidia import Roots
 
 VENDOR = f"k8s.{DRIVER}"
@@ -61,6 +67,20 @@ def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     return spec
 
 
+def claim_devices(results: Sequence[Result]) -> tuple[claimtoken.ClaimDevice, ...]:
+    """What a claim's token names of each device it was given: NVIDIA_VISIBLE_DEVICES names
+    a GPU by its UUID, a MIG device by its own (`MigDevice.name`)."""
+    unique = {r.device.name: r for r in results}.values()
+    return tuple(
+        claimtoken.ClaimDevice(
+            r.device.name,
+            r.device.mig.name if r.device.mig is not None else r.device.gpu.uuid,
+            r.share_id is not None,
+        )
+        for r in unique
+    )
+
+
 def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[driver.CharDevice]:
     """A device's nodes as the driver has them now: a GPU's `/dev/nvidiaN`; a MIG device's
     parent's and its two capability nodes, if procfs still lists its instance (a MIG change
@@ -90,17 +110,24 @@ def claim_spec(
     results: Sequence[Result],
     hook: str,
     ldconfig: str,
+    token: str,
     host_root: str = "/",
     holders: Holders = NOTHING,
 ) -> dict[str, Any]:
-    """The spec for a claim's results (pure, given the discovered driver); ClaimError where
-    nothing here holds the claim to its share."""
+    """The spec for a claim's results (pure, given the discovered driver); `token`: where its
+    claim token is, as the host names it. ClaimError where nothing here holds the claim to
+    its share."""
     devices = []
     for r in {r.device.name: r for r in results}.values():
-        nodes = cdi.device_nodes(_nodes(found, ref, r.device))
-        devices.append(cdi.device(f"{ref.uid}-{r.device.name}", nodes))
+        device = cdi.device(
+            f"{ref.uid}-{r.device.name}", cdi.device_nodes(_nodes(found, ref, r.device))
+        )
+        proof = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
+        device["containerEdits"]["mounts"] = [proof]
+        devices.append(device)
     capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in claim_devices(results))
     env, mounts = hold(results, holders)
     common.env.update(env)
     common.mounts += mounts
@@ -108,7 +135,8 @@ def claim_spec(
 
 
 class CdiWriter:
-    """Writes and removes claims' specs in `directory` (the plugin's `Writer`)."""
+    """Writes and removes claims' specs in `directory` and their tokens under
+    `allocation_dir`, signed with the keys in `key_dir` (the plugin's `Writer`)."""
 
     def __init__(
         self,
@@ -116,6 +144,8 @@ class CdiWriter:
         roots: Roots,
         hook: str,
         ldconfig: str,
+        allocation_dir: str,
+        key_dir: str,
         host_root: str = "/",
         holders: Holders = NOTHING,
     ) -> None:
@@ -123,33 +153,52 @@ class CdiWriter:
         self.roots = roots
         self.hook = hook
         self.ldconfig = ldconfig
+        self.allocation_dir = allocation_dir
+        self.key_dir = key_dir
         self.host_root = host_root
         self.holders = holders
 
     def write(
-        self, ref: ClaimRef, results: Sequence[Result]
+        self, ref: ClaimRef, results: Sequence[Result], owner: str | None
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
         try:
             found = driver.discover(self.roots, capabilities)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
-        spec = claim_spec(
-            found, ref, results, self.hook, self.ldconfig, self.host_root, self.holders
+        proof = claimtoken.ClaimToken(
+            ref.uid, ref.namespace, ref.name, owner, claim_devices(results)
         )
-        os.makedirs(self.directory, mode=0o755, exist_ok=True)
+        token = claimtoken.path(self.allocation_dir, ref.uid)
+        spec = claim_spec(
+            found, ref, results, self.hook, self.ldconfig, on_host(token, self.host_root),
+            self.host_root, self.holders,
+        )  # fmt: skip
+        keys = KeyRing.load(self.key_dir)
+        if not keys.keys:
+            raise ClaimError(
+                f"claim {ref}: no grant key in {self.key_dir} to sign its token with (gpuwire's "
+                "runtime accepts a claim's devices only with it)"
+            )
         path = os.path.join(self.directory, spec_file(ref.uid))
-        atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+        try:
+            claimtoken.write(self.allocation_dir, proof, keys)
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+        except (OSError, claimtoken.ClaimTokenError) as exc:
+            self.remove((path, token))
+            raise ClaimError(f"claim {ref}: {exc}") from None
         ids: dict[str, tuple[str, ...]] = {
             r.device.name: (cdi_id(ref.uid, r.device.name),) for r in results
         }
-        return ids, (path,)
+        return ids, (path, token)
 
     def remove(self, files: Sequence[str]) -> None:
         for path in files:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(path)
 
     def orphans(self, known: set[str]) -> list[str]:
-        pattern = spec_file("*")
-        return sorted(str(p) for p in Path(self.directory).glob(pattern) if str(p) not in known)
+        specs = Path(self.directory).glob(spec_file("*"))
+        tokens = Path(claimtoken.directory(self.allocation_dir)).glob("*")
+        return sorted(str(p) for p in (*specs, *tokens) if str(p) not in known)

@@ -133,6 +133,19 @@ def _covers(requests: tuple[str, ...], request: str) -> bool:
     return not requests or request in requests or request.split("/")[0] in requests
 
 
+def owner_pod(claim: Mapping[str, Any]) -> str | None:
+    """The UID of the pod a claim was generated for from a ResourceClaimTemplate (its
+    controller owner is that Pod, KEP-4381), whose alone it is; None for a claim any pod of
+    its namespace may reference."""
+    for owner in (claim.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("controller") and (owner.get("apiVersion"), owner.get("kind")) == (
+            "v1",
+            "Pod",
+        ):
+            return str(owner.get("uid") or "") or None
+    return None
+
+
 def results(
     claim: Mapping[str, Any],
     ref: ClaimRef,

@@ -84,7 +84,14 @@ class DraPlugin:
         self.health = state.HealthState(book, self.discovery.alive)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
-            config.cdi_dir, Roots(root), config.hook, config.ldconfig, config.host_root, holders
+            config.cdi_dir,
+            Roots(root),
+            config.hook,
+            config.ldconfig,
+            config.allocation_dir,
+            config.grant_key_dir,
+            config.host_root,
+            holders,
         )
         self.preparer = Preparer(
             DRIVER,

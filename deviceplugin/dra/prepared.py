@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from deviceplugin.dra import checkpoint
 from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
-from deviceplugin.dra.claims import ClaimError, ClaimRef, Result, results
+from deviceplugin.dra.claims import ClaimError, ClaimRef, Result, owner_pod, results
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.taints import Taint
 
@@ -29,10 +29,11 @@ class Writer(Protocol):
     """What a prepared claim leaves on the node for the container runtime."""
 
     def write(
-        self, ref: ClaimRef, results: Sequence[Result]
+        self, ref: ClaimRef, results: Sequence[Result], owner: str | None
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-        """Write the claim's files; returns the CDI device ids per device name, and the
-        files written (all removed again if it raises)."""
+        """Write the claim's files, its proof bound to the pod whose UID is `owner` (None:
+        to its namespace); returns the CDI device ids per device name, and the files written
+        (all removed again if it raises)."""
         ...
 
     def remove(self, files: Sequence[str]) -> None: ...
@@ -82,15 +83,9 @@ class Preparer:
             return done
         files: tuple[str, ...] = ()
         try:
-            found = results(
-                self.read_claim(ref.namespace, ref.name),
-                ref,
-                self.driver,
-                self.pool,
-                self.devices(),
-                self.taints(),
-            )
-            cdi_ids, files = self.writer.write(ref, found)
+            read = self.read_claim(ref.namespace, ref.name)
+            found = results(read, ref, self.driver, self.pool, self.devices(), self.taints())
+            cdi_ids, files = self.writer.write(ref, found, owner_pod(read))
             answered = tuple(
                 PreparedDevice(
                     (r.request,), self.pool, r.device.name, cdi_ids[r.device.name], r.share_id

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwire import allocation, cdi
+from gpuwire import allocation, cdi, claimtoken
 from runtime_hook.setup import containerd_config
 from runtime_hook.start import config, trust
 
@@ -41,6 +41,7 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
         for t in outcome.tokens
     ]
     lines += [f"allocation  {a}" for a in allocations or ["none"]]
+    lines += [f"claim       {_claim(c)}" for c in outcome.claims]
     lines.append(f"privileged  {'yes (CAP_SYS_ADMIN)' if request.privileged else 'no'}")
     lines.append(f"trust       {settings.trust} (config: {settings.source})")
     for key, values in request.conflicts.items():
@@ -52,6 +53,11 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
         lines.append(
             f"note        allocation mount {token} ignored: its source is not in "
             f"{settings.allocation_dir}"
+        )
+    for uid, device in request.stray_claims:
+        lines.append(
+            f"note        claim mount {uid}/{device} ignored: its source is not "
+            f"{claimtoken.path(settings.allocation_dir, uid)}"
         )
     verdict = outcome.verdict
     if outcome.error is not None:
@@ -66,6 +72,18 @@ def explain(outcome: trust.Outcome, settings: config.Config) -> list[str]:
         decision = f"{verdict.status}: {verdict.reason}"
     lines.append(f"decision    {decision}")
     return lines
+
+
+def _claim(check: trust.ClaimCheck) -> str:
+    """A claim the container's mounts name: valid for whom, with which devices, or why not."""
+    token = check.token
+    if check.error or token is None:
+        return f"{check.uid}: {check.error}"
+    devices = ", ".join(
+        f"{d.name} ({d.uuid}{', a share' if d.share else ''})" for d in check.devices
+    )
+    whom = f"pod {token.owner}" if token.owner else f"any pod of namespace {token.namespace}"
+    return f"{token.namespace}/{token.name} ({check.uid}): valid, {devices}; for {whom}"
 
 
 def _binding(owner: allocation.Owner | None) -> str:

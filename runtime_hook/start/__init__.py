@@ -10,6 +10,7 @@ modules a start may import are declared here, once: the resident preloads exactl
 MODULES = (
     "gpuwire.allocation",
     "gpuwire.atomicfile",
+    "gpuwire.claimtoken",
     "gpuwire.devices",
     "gpuwire.driver",
     "gpuwire.edits",

@@ -4,13 +4,19 @@
 discovers the driver, probes the rootfs's distro, computes the edits and joins the limits it
 asks for to this node's mechanisms (`runtime_hook.start.enforcement`), writing the host files
 they need. `summary` is the one log line that says what was decided and why.
+
+A request that prepared DRA claims prove came with their CDI specs, which the engine has
+applied already (devices, mounts, env, and what holds a share's limits: `deviceplugin.dra`):
+its edits are laid out as a CDI spec lays them out (`gpuwire.edits.host_layout`), so that
+writing them into `config.json` again adds nothing the engine wrote, no limit is joined
+again, and `by_engine` tells the shim and the prestart hook to inject nothing else.
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuwire.edits import Edits, Layout, container_edits
+from gpuwire.edits import Edits, Layout, container_edits, host_layout
 from runtime_hook.start import enforcement, trust
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
@@ -21,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Plan:
-    __slots__ = ("edits", "joined", "outcome", "rootfs")
+    __slots__ = ("by_engine", "edits", "joined", "outcome", "rootfs")
 
     def __init__(
         self,
@@ -29,11 +35,13 @@ class Plan:
         rootfs: str,
         edits: Edits | None,
         joined: enforcement.Joined | None = None,
+        by_engine: bool = False,
     ) -> None:
         self.outcome = outcome
         self.rootfs = rootfs
         self.edits = edits  # None: nothing to inject
         self.joined = joined  # the mechanisms that hold its limits, if it asked for any
+        self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
 
 
 def is_debian(rootfs: str) -> bool:
@@ -56,7 +64,8 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
         return Plan(outcome, rootfs, None)
-    layout = Layout.of(debian=is_debian(rootfs))
+    by_engine = outcome.verdict.basis == "claim"
+    layout = host_layout(outcome.driver) if by_engine else Layout.of(debian=is_debian(rootfs))
     edits = container_edits(
         outcome.driver,
         outcome.devices,
@@ -65,6 +74,8 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
         outcome.mig,
         outcome.mig_controls,
     )
+    if by_engine:
+        return Plan(outcome, rootfs, edits, by_engine=True)
     try:
         entries = ocispec.env_entries(spec)
         share = outcome.verdict.share

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from runtime_hook.start.plan import Plan
     from runtime_hook.start.spec import Spec
 
+# the record's path by the verdict's basis; every other basis is plugin-less
+PATHS = {"allocation": records.PLUGIN, "claim": records.DRA}
 # runc's global flags that take a value (`runc --root R delete ID`).
 _VALUE_FLAGS = ("--root", "--log", "--log-format", "--criu", "--rootless")
 
@@ -37,16 +39,19 @@ def keep(
 
     outcome = decided.outcome
     request = outcome.verdict.request
+    claims = [c for c in outcome.claims if c.token is not None]
     try:
         record = records.started(
             container,
             ocispec.annotations_of(spec),
             (*(d.uuid for d in outcome.devices), *(m.name for m in outcome.mig)),
-            path=records.PLUGIN if outcome.verdict.basis == "allocation" else records.PLUGIN_LESS,
+            path=PATHS.get(outcome.verdict.basis, records.PLUGIN_LESS),
             whole_node=request is not None and request.kind is devices.Kind.ALL,
             capabilities=outcome.capabilities,
             pid=pid,
             state=state,
+            claims=[f"{c.token.namespace}/{c.token.name}" for c in claims if c.token],
+            shares=[d.uuid for c in claims for d in c.devices if d.share],
         )
         records.write(settings.records_dir, record)
     except (OSError, ValueError) as exc:

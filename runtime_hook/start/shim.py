@@ -13,6 +13,12 @@ container's record (`runtime_hook.start.recording`) is kept at create and forgot
 and starts Python only for a create that may ask for a GPU or the delete of a container that
 has a record.
 
+A request that prepared DRA claims prove has been given its devices by the engine (their CDI
+specs): the shim writes the same edits into `config.json` again, which adds nothing but
+`NVIDIA_VISIBLE_DEVICES` naming exactly the devices the container holds, keeps its record,
+and makes the links and ld cache each spec's ld-cache hook would make, then removes those
+hooks: runc runs none (docs/dra.md, "The CDI path's cost").
+
 A request that is refused is written back with `NVIDIA_VISIBLE_DEVICES=void`, so nothing
 downstream injects what gpuwire refused and the process sees what it got. A request that
 cannot be met fails `create`: the message goes to stderr and, as runc's own errors do, to
@@ -26,7 +32,9 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from gpuwire.edits import Edits
     from runtime_hook.start.config import Config
+    from runtime_hook.start.plan import Plan
 
 BUNDLE_FLAGS = ("--bundle", "-bundle", "-b")
 CREATING = ("create", "run")
@@ -94,17 +102,36 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
     if decided.edits is not None:
         from runtime_hook.injection import inject
 
+        hooked = ocispec.ldcache_hooks(spec) if decided.by_engine else []
         try:
-            inject.prepare(decided.rootfs, decided.edits, settings.ldconfig)
+            for links in _links_and_caches(decided, hooked):
+                inject.prepare(decided.rootfs, links, settings.ldconfig)
         except inject.InjectionError as exc:
             log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
             raise
+        if hooked:
+            spec = ocispec.without_ldcache_hooks(spec)
         ocispec.save(bundle, ocispec.apply(spec, decided.edits))
         state = records.runtime_state(sys.argv[1:], container)
         recording.keep("gpuwire-runtime", settings, container, spec, decided, state=state)
     elif decided.outcome.verdict.status == REFUSED:
         void = edits.Edits({"NVIDIA_VISIBLE_DEVICES": "void"}, [], [], [], [], [])
         ocispec.save(bundle, ocispec.apply(spec, void))
+
+
+def _links_and_caches(decided: Plan, hooked: list[list[str]]) -> list[Edits]:
+    """What `inject.prepare` makes before runc: the plan's links and ld cache; for edits the
+    engine applied from claims' CDI specs, what each spec's ld-cache hook would make, so that
+    runc runs no hook (a hook costs runc a process and the resident a second call)."""
+    from gpuwire.edits import Edits, parse_ldcache_args
+
+    if decided.edits is None or not decided.by_engine:
+        return [decided.edits] if decided.edits is not None else []
+    made = []
+    for args in hooked:
+        _, folders, links, entries = parse_ldcache_args(args)
+        made.append(Edits({}, [], decided.edits.mounts, links, folders, entries))
+    return made
 
 
 def runtime_path(runtime: str) -> str:

@@ -3,7 +3,9 @@
 `apply(spec, edits)` is the one function that puts container edits into a spec, the way
 CDI applies `containerEdits`: device nodes into `linux.devices` with an allow rule in
 `linux.resources.devices` (so runc programs the device cgroup, v1 or v2, itself), bind
-mounts, and the environment. It returns a new spec and leaves its input alone. (Links and
+mounts, and the environment. It returns a new spec and leaves its input alone. It is
+idempotent: a device node, allow rule or mount the spec has already (an engine applied the
+same edits from a CDI spec) is not added again. (Links and
 the ld cache are not in the spec: the shim makes them, `runtime_hook.injection.inject.prepare`.)
 
 Environment with a key set more than once (containerd appends rather than replaces in some
@@ -90,6 +92,34 @@ def asks_for_gpu(spec: Spec) -> bool:
     return any(str(m.get("destination", "")).startswith(prefix) for m in mounts(spec))
 
 
+# Where a CDI spec puts gpuwire's ld-cache hook (`gpuwire.cdi.LDCACHE_HOOK`; specs written
+# before it moved to createRuntime have it in createContainer), and how it is called.
+LDCACHE_HOOK_KINDS = ("createRuntime", "createContainer")
+LDCACHE_HOOK_ARGS = ["gpuwire-hook", "ldcache"]
+
+
+def ldcache_hooks(spec: Spec) -> list[list[str]]:
+    """The arguments (after `gpuwire-hook ldcache`) of each distinct gpuwire ld-cache hook in
+    the spec: one per CDI spec that brought one (a container of two claims has two)."""
+    hooks = spec.get("hooks") or {}
+    found = [
+        [str(a) for a in h.get("args") or ()][2:]
+        for kind in LDCACHE_HOOK_KINDS
+        for h in hooks.get(kind) or ()
+        if list(h.get("args") or ())[:2] == LDCACHE_HOOK_ARGS
+    ]
+    return [list(args) for args in dict.fromkeys(tuple(a) for a in found)]
+
+
+def without_ldcache_hooks(spec: Spec) -> Spec:
+    """`spec` without gpuwire's ld-cache hooks (their work done before runc: the shim's)."""
+    hooks = {
+        kind: [h for h in entries if list(h.get("args") or ())[:2] != LDCACHE_HOOK_ARGS]
+        for kind, entries in (spec.get("hooks") or {}).items()
+    }
+    return {**spec, "hooks": {kind: entries for kind, entries in hooks.items() if entries}}
+
+
 def annotations_of(spec: Spec) -> dict[str, str]:
     return {str(k): str(v) for k, v in (spec.get("annotations") or {}).items()}
 
@@ -135,21 +165,24 @@ def apply(spec: Spec, edits: Edits) -> Spec:
             for n in edits.device_nodes
         ]
         resources = dict(linux.get("resources") or {})
-        resources["devices"] = list(resources.get("devices") or ()) + [
-            {
+        rules = list(resources.get("devices") or ())
+        for n in edits.device_nodes:
+            rule = {
                 "allow": True,
                 "type": n["type"],
                 "major": n["major"],
                 "minor": n["minor"],
                 "access": n["permissions"],
             }
-            for n in edits.device_nodes
-        ]
+            if rule not in rules:
+                rules.append(rule)
+        resources["devices"] = rules
         linux["devices"] = devices
         linux["resources"] = resources
         out["linux"] = linux
 
     if edits.mounts:
+        present = {(m.get("destination"), m.get("source")) for m in mounts(spec)}
         out["mounts"] = mounts(spec) + [
             {
                 "destination": m["containerPath"],
@@ -158,6 +191,7 @@ def apply(spec: Spec, edits: Edits) -> Spec:
                 "options": list(m["options"]),
             }
             for m in edits.mounts
+            if (m["containerPath"], m["hostPath"]) not in present
         ]
 
     return out

@@ -10,6 +10,12 @@ default) a request is honoured only when
    from the configured allocation directory at `/run/gpuwire/allocations/<token>`, valid
    and claimed by this pod (by its UID where the spec names it, else by its sandbox). The
    devices are the token's, not the env's; or
+   the DRA plugin's claim mounts (`gpuwire.claimtoken`), one per device of a prepared claim
+   the engine applied the CDI spec of: `/run/gpuwire/allocations/claims/<UID>/<device>` from
+   `<allocation dir>/claims/<UID>`, valid and binding this container (the claim's owner pod by
+   its UID, or the claim's namespace, from the runtime's CRI annotations). The devices are
+   those mounted; `NVIDIA_VISIBLE_DEVICES` may name none beyond the claims'. A claim that
+   does not hold fails the start: the engine has already given the container its devices; or
 3. its `GPUWIRE_GRANT` verifies (`gpuwire.grant`) for its CRI namespace and container name,
    its `NVIDIA_VISIBLE_DEVICES` and its `NVIDIA_DRIVER_CAPABILITIES`. A grant for devices
    `plugin` leaves the devices to the device plugin, so it needs an allocation too.
@@ -27,7 +33,7 @@ shell the shim, the prestart hook and `gpuwire grant verify` all call.
 
 from __future__ import annotations
 
-from gpuwire import allocation, devices, grant, nvidia, requirements
+from gpuwire import allocation, claimtoken, devices, grant, nvidia, requirements
 from gpuwire.devices import Device, MigDevice
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
@@ -56,6 +62,7 @@ class ContainerRequest:
 
     __slots__ = (
         "capabilities",
+        "claims",
         "conflicts",
         "env",
         "grant",
@@ -63,6 +70,7 @@ class ContainerRequest:
         "names",
         "owner",
         "privileged",
+        "stray_claims",
         "stray_tokens",
         "tokens",
         "visible",
@@ -80,6 +88,8 @@ class ContainerRequest:
         stray_tokens: tuple[str, ...] = (),
         conflicts: dict[str, list[str]] | None = None,
         mig_controls: dict[str, str] | None = None,
+        claims: tuple[tuple[str, str], ...] = (),
+        stray_claims: tuple[tuple[str, str], ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
         self.visible = visible  # NVIDIA_VISIBLE_DEVICES (last value)
@@ -92,6 +102,8 @@ class ContainerRequest:
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
         self.conflicts = conflicts or {}  # request keys set more than once, differently
         self.mig_controls = mig_controls or {}  # config, monitor → NVIDIA_MIG_*_DEVICES
+        self.claims = claims  # (claim UID, device) of claim mounts from the allocation dir
+        self.stray_claims = stray_claims  # claim-looking mounts from anywhere else
         self.env = env if env is not None else {}  # the whole environment, last values
 
     @property
@@ -108,16 +120,18 @@ class ContainerRequest:
 def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
     env = ocispec.env(spec)
     notes = ocispec.annotations_of(spec)
-    tokens, strays = [], []
+    tokens: list[str] = []
+    strays: list[str] = []
+    claims: list[tuple[str, str]] = []
+    stray_claims: list[tuple[str, str]] = []
     for mount in ocispec.mounts(spec):
-        token = allocation.token_of(str(mount.get("destination", "")))
-        if token is None:
-            continue
-        source = str(mount.get("source", ""))
-        if _inside(source, allocation_dir, token):
-            tokens.append(token)
-        else:
-            strays.append(token)
+        destination, source = str(mount.get("destination", "")), str(mount.get("source", ""))
+        token = allocation.token_of(destination)
+        if token is not None:
+            (tokens if _inside(source, allocation_dir, token) else strays).append(token)
+        elif (claim := claimtoken.mount_of(destination)) is not None:
+            own = source.rstrip("/") == claimtoken.path(allocation_dir, claim[0])
+            (claims if own else stray_claims).append(claim)
     return ContainerRequest(
         visible=env.get(nvidia.VISIBLE_DEVICES_ENV),
         capabilities=env.get(nvidia.CAPABILITIES_ENV),
@@ -132,6 +146,8 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         mig_controls={
             control: env[name] for control, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)
         },
+        claims=tuple(dict.fromkeys(claims)),
+        stray_claims=tuple(stray_claims),
     )
 
 
@@ -181,6 +197,61 @@ def check_tokens(
     return tuple(checks)
 
 
+class ClaimCheck:
+    """One claim a container's mounts name: its token and the devices mounted, or why it
+    proves nothing."""
+
+    __slots__ = ("devices", "error", "token", "uid")
+
+    def __init__(
+        self,
+        uid: str,
+        token: claimtoken.ClaimToken | None,
+        devices: tuple[claimtoken.ClaimDevice, ...],
+        error: str | None,
+    ) -> None:
+        self.uid = uid
+        self.token = token
+        self.devices = devices  # those of its devices this container's mounts name
+        self.error = error
+
+
+def check_claims(
+    request: ContainerRequest, allocation_dir: str, keys: grant.KeyRing
+) -> tuple[ClaimCheck, ...]:
+    """Read each claim's token once and check that it binds this container and holds every
+    device mounted. Nothing is written: a claim is bound when it is prepared."""
+    mounted: dict[str, list[str]] = {}
+    for uid, device in request.claims:
+        mounted.setdefault(uid, []).append(device)
+    namespace = request.names[0] if request.names else None
+    pod = request.owner.pod if request.owner else None
+    checks = []
+    for uid, names in mounted.items():
+        try:
+            token = claimtoken.read(allocation_dir, uid, keys)
+            refusal = token.refusal(namespace, pod)
+            if refusal:
+                raise claimtoken.ClaimTokenError(refusal)
+            found = {n: token.device(n) for n in names}
+            missing = [n for n, d in found.items() if d is None]
+            if missing:
+                raise claimtoken.ClaimTokenError(f"{token} has no device {', '.join(missing)}")
+            checks.append(ClaimCheck(uid, token, tuple(d for d in found.values() if d), None))
+        except claimtoken.ClaimTokenError as exc:
+            checks.append(ClaimCheck(uid, None, (), str(exc)))
+    return tuple(checks)
+
+
+def _beyond(wanted: devices.Request, proved: set[str]) -> str:
+    """What of an NVIDIA_VISIBLE_DEVICES request the proved devices do not cover."""
+    if wanted.kind is devices.Kind.ALL:
+        return "all"
+    if wanted.kind is devices.Kind.LIST:
+        return ",".join(i for i in wanted.entries if i not in proved)
+    return ""
+
+
 class Verdict:
     """The decision: status, the basis it rests on, why, and what to select if granted."""
 
@@ -197,7 +268,7 @@ class Verdict:
     ) -> None:
         self.status = status
         self.reason = reason
-        self.basis = basis  # privileged, allocation, grant, trust=any
+        self.basis = basis  # privileged, allocation, claim, grant, trust=any
         self.request = request
         self.capabilities = capabilities
         self.share = share  # a shared replica's, from its allocation token
@@ -222,25 +293,41 @@ def authorise(
     trust: str,
     grant_check: tuple[bool, str],
     tokens: tuple[TokenCheck, ...] = (),
+    claims: tuple[ClaimCheck, ...] = (),
 ) -> Verdict:
-    """The verdict on `request` under `trust`, given `grant_holds` and the checked tokens."""
+    """The verdict on `request` under `trust`, given `grant_holds` and the checked tokens
+    and claims."""
     wanted = request.device_request
-    if wanted.kind is devices.Kind.VOID and not request.tokens:
+    if wanted.kind is devices.Kind.VOID and not request.tokens and not request.claims:
         return Verdict(NOT_GPU, f"{nvidia.VISIBLE_DEVICES_ENV} is unset, empty or void")
     caps = request.capabilities
     if request.privileged and wanted.kind is not devices.Kind.VOID:
         return Verdict(GRANTED, "the container is privileged", "privileged", wanted, caps)
-    if request.tokens:
-        errors = [t.error for t in tokens if t.error]
-        if errors or len(tokens) != len(request.tokens):
+    if request.tokens or request.claims:
+        errors = [t.error for t in tokens if t.error] + [c.error for c in claims if c.error]
+        uids = {uid for uid, _ in request.claims}
+        if errors or len(tokens) != len(request.tokens) or len(claims) != len(uids):
             return Verdict(REFUSED, "; ".join(errors) or "allocation not checked")
-        uuids = tuple(sorted({u for t in tokens if t.allocation for u in t.allocation.devices}))
+        proved = sorted({u for t in tokens if t.allocation for u in t.allocation.devices})
+        proved += [d.uuid for c in claims for d in c.devices]  # as mounted: as the spec's env
+        # the env may name any device of its claims (their specs' env names them all: a
+        # container of one request of a claim sees the others there), none beyond them
+        named = {*proved, *(d.uuid for c in claims if c.token for d in c.token.devices)}
+        beyond = _beyond(wanted, named) if request.claims else ""
+        if beyond:
+            return Verdict(
+                REFUSED,
+                f"{nvidia.VISIBLE_DEVICES_ENV}={request.visible} reaches beyond the devices "
+                f"of {', '.join(str(c.token) for c in claims)}: {beyond}",
+            )
+        proofs = [f"device-plugin allocation {', '.join(request.tokens)}"] if tokens else []
+        proofs += [f"DRA {c.token} ({', '.join(d.name for d in c.devices)})" for c in claims]
         shares = [t.allocation.share for t in tokens if t.allocation and t.allocation.share]
         return Verdict(
             GRANTED,
-            f"device-plugin allocation {', '.join(request.tokens)}",
-            "allocation",
-            devices.Request(devices.Kind.LIST, uuids),
+            "; ".join(proofs),
+            "claim" if claims else "allocation",
+            devices.Request(devices.Kind.LIST, tuple(dict.fromkeys(proved))),
             caps,
             shares[0] if shares else None,
         )
@@ -268,6 +355,7 @@ class Outcome:
 
     __slots__ = (
         "capabilities",
+        "claims",
         "devices",
         "driver",
         "error",
@@ -286,9 +374,11 @@ class Outcome:
         tokens: tuple[TokenCheck, ...],
         grant_explanation: str,
         verdict: Verdict,
+        claims: tuple[ClaimCheck, ...] = (),
     ) -> None:
         self.request = request
         self.tokens = tokens
+        self.claims = claims
         self.grant_explanation = grant_explanation
         self.verdict = verdict
         self.driver: Driver | None = None
@@ -310,16 +400,26 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     """Decide on `spec` under `config`; when granted, discover and select the devices."""
     request = read_request(spec, config.allocation_dir)
     keys = None
-    if request.grant is not None or request.tokens:
+    if request.grant is not None or request.tokens or request.claims:
         keys = grant.KeyRing.load(config.grant_key_dir)
     tokens = (
         check_tokens(request, config.allocation_dir, keys, claim=claim)
         if keys is not None and request.tokens
         else ()
     )
+    claims = (
+        check_claims(request, config.allocation_dir, keys)
+        if keys is not None and request.claims
+        else ()
+    )
     grant_check = grant_holds(request, keys)
-    verdict = authorise(request, config.trust, grant_check, tokens)
-    outcome = Outcome(request, tokens, grant_check[1], verdict)
+    verdict = authorise(request, config.trust, grant_check, tokens, claims)
+    outcome = Outcome(request, tokens, grant_check[1], verdict, claims)
+    if verdict.status == REFUSED and request.claims:
+        outcome.error = (
+            f"{verdict.reason} (the engine has applied the claim's CDI devices: the start "
+            "fails rather than run with GPUs gpuwire refuses)"
+        )
     if verdict.status != GRANTED or verdict.request is None:
         return outcome
     env = request.env

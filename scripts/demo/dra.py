@@ -9,7 +9,9 @@ agent would write (`gpuwire.io/gpus`, which the inventory reads), and the Device
 `deploy/overlays/dra` are in the API server. The webhook's watch takes in the new slices.
 As root, its containers run on a containerd of its own that applies CDI from CRI (1.7 or
 2.x: the newest the testbed has), configured as the first node's is (`gpuwire containerd
-configure --set-default`, with `--cdi`), its CDI spec dir the one the plugin writes.
+configure --set-default`, with `--cdi`), its CDI spec dir the one the plugin writes. The
+plugin signs each claim's token with the node's grant keys into its allocation dir, and the
+gpuwire runtime takes it as the container's proof (docs/dra.md).
 
 `run_pod` is the kubelet's part for a pod bound to it: NodePrepareResources for the pod's
 claims (the DRA manager), then each container with its claims' CDI ids in CRI's
@@ -129,6 +131,9 @@ def serve(cluster: Cluster, node: DraNode, stack: ExitStack) -> None:
         GPUWIRE, "dra", "serve", "--config", str(config), "--sim", str(node.root),
         "--kubelet-root", str(node.kubelet.root), "--cdi-dir", str(node.cdi_dir),
         "--hook", str(cluster.workdir / "libexec/gpuwire-hook"),
+        # the claims' tokens where the node's runtime reads them, MAC'd with its grant keys
+        "--allocation-dir", str(cluster.workdir / "allocations"),
+        "--grant-key-dir", str(cluster.workdir / "keys"),
         "--node", NODE, "--kubeconfig", str(cluster.kubeconfig), "--log-level", "WARNING",
     ]  # fmt: skip
     with node.log.open("ab") as out:
@@ -147,6 +152,21 @@ def serve(cluster: Cluster, node: DraNode, stack: ExitStack) -> None:
     until(published, "the DRA node's ResourceSlices")
 
 
+def runtime_config(cluster: Cluster, node: DraNode) -> Path:
+    """The gpuwire config of this node's runtime: the first node's (keys, allocation dir, log),
+    with this node's root, whose GPUs the claims' specs name, and its own records."""
+    own = {"root": node.root, "records-dir": cluster.workdir / "dra-records"}
+    lines = cluster.node_config.read_text().splitlines()
+    keys = [line.partition(" = ")[0] for line in lines]
+    text = "".join(
+        f"{k} = {json.dumps(str(own[k]))}\n" if k in own else f"{line}\n"
+        for k, line in zip(keys, lines, strict=True)
+    )
+    config = cluster.workdir / "dra-config.toml"
+    config.write_text(text)
+    return config
+
+
 def start_containerd(
     cluster: Cluster, node: DraNode, containerd: Containerd, chosen: Generation, stack: ExitStack
 ) -> None:
@@ -158,11 +178,10 @@ def start_containerd(
     which = ["--containerd", containerd.binary("containerd")]
     run(cluster.steps, "the DRA node's containerd: the gpuwire handler, CDI on",
         [*configure, *runtime, *which], env=chosen.env())  # fmt: skip
-    containerd.start(env={"GPUWIRE_CONFIG": str(cluster.node_config)})
+    config = runtime_config(cluster, node)
+    containerd.start(env={"GPUWIRE_CONFIG": str(config)})
     started = (containerd.binary("containerd"), "--config", str(containerd.config))
-    cluster.steps.append(
-        Step("its containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started))
-    )
+    cluster.steps.append(Step("its containerd", (f"GPUWIRE_CONFIG={config}", *started)))
     node.handlers, node.default_handler = handlers_of(containerd.dump(), chosen.config_version)
     import_images(containerd, cluster.workdir, "dra-")
     cluster.places[str(containerd.home)] = "$DRA_CTD"

@@ -578,7 +578,7 @@ def commands() -> list[Any]:
         for workload in workloads(render(kustomization)):
             for container in containers(workload):
                 if "command" in container:
-                    continue  # the node installer, a shell script (test_install_node.py)
+                    continue  # the node installer (tests/system/test_install_node.py)
                 target, rest = resolve(expand(container))
                 where = f"{kustomization}:{workload['metadata']['name']}/{container['name']}"
                 found.append(pytest.param(target, rest, id=where))

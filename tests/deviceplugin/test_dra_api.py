@@ -1,7 +1,7 @@
 """The kubelet's DRA APIs as the kubelet speaks them: every message field and number from the
 published definitions (kubernetes/kubelet pkg/apis/dra/{v1,v1beta1}, dra-health/{v1alpha1,v1},
 pluginregistration/v1), the packages and the gRPC method paths. (The stubs' freshness is
-checked for every proto by tests/test_deviceplugin_api.py.)"""
+checked for every proto by tests/deviceplugin/test_api.py.)"""
 
 from __future__ import annotations
 

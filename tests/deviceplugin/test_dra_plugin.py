@@ -20,10 +20,12 @@ import pytest
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.plugin import DraPlugin
-from gpuwire import sim
+from gpuwire import claimtoken, sim
 from gpuwire.dra import DRIVER
+from gpuwire.grant import KeyRing
 from testbed.apiserver import ApiServer
 from testbed.kubelet_dra import KUBELET_1_33, DraKubelet
+from testbed.lab import write_keys
 from testbed.waiting import until
 
 NODE = "gpu-node-1"
@@ -37,6 +39,7 @@ class Cluster:
     config: Config
     machine: sim.Machine
     root: Path
+    keys: KeyRing
     plugin: DraPlugin | None = None
     stop: threading.Event | None = None
     thread: threading.Thread | None = None
@@ -60,6 +63,11 @@ class Cluster:
     def devices(self) -> dict[str, dict[str, Any]]:
         return {d["name"]: d for s in self.slices() for d in s["spec"]["devices"]}
 
+    def tokens(self) -> list[str]:
+        """The claim tokens on the node (`gpuwire.claimtoken`)."""
+        directory = Path(claimtoken.directory(self.config.allocation_dir))
+        return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
 
 def put_claim(
     api: ApiServer,
@@ -69,9 +77,11 @@ def put_claim(
     pool: str = NODE,
     config: list[dict[str, Any]] | None = None,
     allocated: bool = True,
+    owner: str | None = None,
     device_class: str = "gpu.gpuwire.io",
 ) -> tuple[str, str, str]:
-    """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node."""
+    """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node;
+    with `owner`, generated from a template for the pod of that UID."""
     uid = str(uuid.uuid4())
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
         "deviceClassName": device_class, "count": len(devices)}}]}}  # fmt: skip
@@ -81,6 +91,9 @@ def put_claim(
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "spec": spec,
     }
+    if owner:
+        obj["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                               "uid": owner, "controller": True}]  # fmt: skip
     if allocated:
         results = [{"request": "gpus", "driver": DRIVER, "pool": pool, "device": d}
                    for d in devices]  # fmt: skip
@@ -100,10 +113,13 @@ def cluster_of(
     stand-in, and the plugin's config (started by the test)."""
     root = tmp_path / "node"
     sim.write_node(root, machine)
+    keys = write_keys(tmp_path / "keys")
     settings = Config(
         sim=str(root),
         kubelet_root=str(socket_dir / "kubelet"),
         cdi_dir=str(tmp_path / "cdi"),
+        allocation_dir=str(tmp_path / "allocations"),
+        grant_key_dir=str(tmp_path / "keys"),
         hook=HOOK,
         node_name=NODE,
         recover_after=0.5,
@@ -112,7 +128,7 @@ def cluster_of(
     with ApiServer(schema="1.34") as api:
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         with DraKubelet(socket_dir / "kubelet", NODE, api=api.client(), wipe_delay=0.5) as kubelet:
-            c = Cluster(api, kubelet, settings, machine, root)
+            c = Cluster(api, kubelet, settings, machine, root, keys)
             try:
                 yield c
             finally:
@@ -191,11 +207,32 @@ def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(c: Cluster)
     assert [h["hookName"] for h in common["hooks"]] == ["createRuntime"]
     assert common["hooks"][0]["path"] == HOOK
     assert all(m["hostPath"].startswith(str(c.root)) for m in common["mounts"])
+    gpus = [c.machine.devices[i].uuid for i in (1, 2)]
+    assert f"NVIDIA_VISIBLE_DEVICES={','.join(gpus)}" in common["env"]
+    # the claim's token, once per device, each in that device's own edits
+    token = claimtoken.path(c.config.allocation_dir, uid)
+    proofs = {
+        d["name"]: [(m["hostPath"], m["containerPath"], m["options"])
+                    for m in d["containerEdits"]["mounts"]]
+        for d in spec["devices"]
+    }  # fmt: skip
+    assert proofs == {
+        f"{uid}-{name}": [(token, f"/run/gpuwire/allocations/claims/{uid}/{name}",
+                           ["ro", "nosuid", "nodev", "bind"])]
+        for name in ("gpu-1", "gpu-2")
+    }  # fmt: skip
+    proved = claimtoken.read(c.config.allocation_dir, uid, c.keys)
+    assert (proved.namespace, proved.name, proved.owner) == ("default", "trainer", None)
+    assert [(d.name, d.uuid, d.share) for d in proved.devices] == [
+        ("gpu-1", gpus[0], False), ("gpu-2", gpus[1], False)
+    ]  # fmt: skip
     prepared = checkpoint.load(Path(c.config.kubelet_root) / "plugins" / DRIVER)
     assert set(prepared) == {uid}
+    assert token in prepared[uid].files
 
     assert c.kubelet.unprepare(DRIVER, [ref]) == {uid: ""}
     assert cdi_files(c) == []
+    assert c.tokens() == []
     assert checkpoint.load(Path(c.config.kubelet_root) / "plugins" / DRIVER) == {}
     assert c.kubelet.unprepare(DRIVER, [ref]) == {uid: ""}  # unpreparing again: still fine
 
@@ -245,6 +282,47 @@ def test_each_claim_fails_alone_naming_what_is_wrong(c: Cluster) -> None:
     (mismatch,) = c.kubelet.prepare(DRIVER, [recreated]).values()
     assert "the kubelet asked for" in mismatch.error
     assert cdi_files(c) == [cdi.spec_file(good[2])]  # nothing of the failed claims stays
+    assert c.tokens() == [good[2]]
+
+
+def test_a_claim_generated_for_a_pod_is_bound_to_it_and_a_shared_one_to_its_namespace(
+    c: Cluster,
+) -> None:
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    pod = str(uuid.uuid4())
+    own = put_claim(c.api, "p-gpu", ["gpu-0"], namespace="team-a", owner=pod)
+    shared = put_claim(c.api, "team-gpus", ["gpu-3"], namespace="team-a")
+    assert {a.error for a in c.kubelet.prepare(DRIVER, [own, shared]).values()} == {""}
+    mine = claimtoken.read(c.config.allocation_dir, own[2], c.keys)
+    other = str(uuid.uuid4())
+    assert (mine.owner, mine.refusal("team-a", pod)) == (pod, None)
+    assert mine.refusal("team-a", other) == f"claim team-a/p-gpu belongs to pod {pod}, not {other}"
+    theirs = claimtoken.read(c.config.allocation_dir, shared[2], c.keys)
+    assert (theirs.owner, theirs.refusal("team-a", other)) == (None, None)
+    assert theirs.refusal("team-b", other) == (
+        "claim team-a/team-gpus is in namespace team-a, not team-b"
+    )
+
+
+def test_a_prepare_that_fails_after_its_token_leaves_neither(c: Cluster) -> None:
+    """The spec cannot be written (its directory is a file): the token written before it is
+    removed, and the claim fails alone; without a grant key nothing is written at all."""
+    Path(c.config.cdi_dir).write_text("in the way")
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    (answer,) = c.kubelet.prepare(DRIVER, [put_claim(c.api, "blocked", ["gpu-0"])]).values()
+    assert "claim default/blocked: " in answer.error
+    assert c.tokens() == []
+    c.stop_plugin()
+    Path(c.config.cdi_dir).unlink()
+    for key in Path(c.config.grant_key_dir).iterdir():
+        key.unlink()
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    (answer,) = c.kubelet.prepare(DRIVER, [put_claim(c.api, "unsigned", ["gpu-0"])]).values()
+    assert f"no grant key in {c.config.grant_key_dir} to sign its token with" in answer.error
+    assert (cdi_files(c), c.tokens()) == ([], [])
 
 
 def test_an_unhealthy_gpu_fails_a_claim_that_does_not_tolerate_its_taint(c: Cluster) -> None:
@@ -302,15 +380,20 @@ def test_plugin_restart_keeps_prepared_claims_and_unprepares_deleted_ones(c: Clu
     assert cdi_files(c) == []
 
 
-def test_orphaned_specs_are_removed_at_start(c: Cluster) -> None:
+def test_orphaned_specs_and_tokens_are_removed_at_start(c: Cluster) -> None:
+    """A plugin that died between writing a claim's files and its checkpoint."""
     Path(c.config.cdi_dir).mkdir(parents=True)
     stray = Path(c.config.cdi_dir) / cdi.spec_file(str(uuid.uuid4()))
     stray.write_text("{}")
     other = Path(c.config.cdi_dir) / "nvidia.yaml"
     other.write_text("kind: nvidia.com/gpu\n")
+    token = Path(claimtoken.path(c.config.allocation_dir, str(uuid.uuid4())))
+    token.parent.mkdir(parents=True)
+    token.write_text("{}")
     c.start_plugin()
     c.kubelet.wait_registered(DRIVER)
     assert cdi_files(c) == ["nvidia.yaml"]
+    assert c.tokens() == []
 
 
 def test_a_fault_taints_the_gpu_in_the_next_slice_update_and_recovery_clears_it(
@@ -343,7 +426,7 @@ def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(
                     hook=HOOK, node_name=NODE, recover_after=0.5)  # fmt: skip
     with ApiServer(schema="1.34", device_taints=False) as api:
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
-        c = Cluster(api, DraKubelet(socket_dir / "k", NODE), config, machine, root)
+        c = Cluster(api, DraKubelet(socket_dir / "k", NODE), config, machine, root, KeyRing({}))
         c.start_plugin()
         try:
             until(lambda: len(c.devices()) == 2)

@@ -181,3 +181,13 @@ def test_apply_puts_edits_into_a_spec_without_touching_the_input(driver: Driver)
     assert lib["type"] == "bind"
     assert {"ro", "nosuid", "nodev"} <= set(lib["options"])
     assert "hooks" not in out  # the shim makes links and ld cache itself: no hook to run
+
+
+def test_apply_is_idempotent(driver: Driver) -> None:
+    """The same edits again (an engine applied them from a CDI spec, then the shim): no
+    device node, allow rule or mount twice; the env set once."""
+    edits = container_edits(driver, driver.devices[:2], ("compute",), Layout.of(debian=True))
+    once = ocispec.apply(container_spec(), edits)
+    assert ocispec.apply(once, edits) == once
+    assert len(once["mounts"]) == len(edits.mounts)
+    assert len(once["linux"]["resources"]["devices"]) == len(edits.device_nodes)

@@ -14,7 +14,7 @@ from gpuwire.holders import (
     HoldersError,
     NodeHolders,
 )
-from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord
+from gpuwire.records import DRA, PLUGIN, PLUGIN_LESS, ContainerRecord
 
 GPUS = sim.make_machine(gpus=4).devices
 U = [d.uuid for d in GPUS]
@@ -30,6 +30,8 @@ def rec(
     path: str = PLUGIN_LESS,
     whole_node: bool = False,
     capabilities: tuple[str, ...] = ("compute", "utility"),
+    claims: tuple[str, ...] = (),
+    shares: tuple[int, ...] = (),
 ) -> ContainerRecord:
     return ContainerRecord(
         f"id-{container}",
@@ -43,6 +45,8 @@ def rec(
         capabilities,
         pid=1,
         start=1,
+        claims=claims,
+        shares=tuple(U[i] for i in shares),
     )
 
 
@@ -156,6 +160,98 @@ def test_an_all_pod_beside_the_plugin_conflicts_even_before_they_overlap() -> No
     assert holders.conflicts(holders.node_holders(GPUS, [listed], [], [(RESOURCE, tuple(U))])) == []
 
 
+def test_containers_of_one_dra_claim_share_its_gpus_without_conflict() -> None:
+    """A claim serves every container that references it (a pod's containers; every pod of
+    a shared claim): they hold its GPUs together. Another claim or a plugin-less container on
+    the same GPU is a conflict."""
+    claim = ("team-a/two-gpus",)
+    node = holders.node_holders(
+        GPUS,
+        [
+            rec("main", [0, 1], pod="trainer", path=DRA, claims=claim),
+            rec("sidecar", [0], pod="trainer", path=DRA, claims=claim),
+            rec("main", [1], pod="eval", path=DRA, claims=(*claim, "team-a/more")),
+        ],
+        [],
+        [],
+    )
+    assert names(node) == [
+        ("team-a/eval", DRA, (U[1],)),
+        ("team-a/trainer", DRA, (U[0], U[1])),
+        ("team-a/trainer", DRA, (U[0],)),
+    ]
+    assert holders.conflicts(node) == []
+    assert holders.decode(holders.encode(node)) == node
+    other = holders.node_holders(
+        GPUS,
+        [
+            rec("main", [0], pod="a", path=DRA, claims=("team-a/one",)),
+            rec("main", [0], pod="b", path=DRA, claims=("team-a/another",)),
+            rec("x", [1], pod="squatter"),
+            rec("main", [1], pod="c", path=DRA, claims=("team-a/third",)),
+        ],
+        [],
+        [],
+    )
+    assert [(c.kind, c.holders) for c in holders.conflicts(other)] == [
+        (SHARED_GPU, ("team-a/a", "team-a/b")),
+        (SHARED_GPU, ("team-a/c", "team-a/squatter")),
+    ]
+
+
+def test_shares_of_a_shared_gpu_by_several_claims_are_no_conflict() -> None:
+    """Claims of a shared GPU's consumable capacity: each holds a share, by design."""
+    node = holders.node_holders(
+        GPUS,
+        [
+            rec("main", [2], pod="a", path=DRA, claims=("team-a/x",), shares=(2,)),
+            rec("main", [2], pod="b", path=DRA, claims=("team-a/y",), shares=(2,)),
+        ],
+        [],
+        [],
+    )
+    assert node.shared == (U[2],)
+    assert holders.conflicts(node) == []
+
+
+def test_a_container_seen_as_dra_and_plugin_less_is_one_dra_holder() -> None:
+    node = holders.node_holders(
+        GPUS,
+        [
+            rec("main", [0], pod="p", path=DRA, claims=("team-a/c",)),
+            rec("main", [1], pod="p"),
+        ],
+        [],
+        [],
+    )
+    [holder] = node.holders
+    assert (holder.path, holder.gpus, holder.claims) == (DRA, (U[0], U[1]), ("team-a/c",))
+
+
+def test_pod_resources_and_a_record_of_one_claim_are_one_holder_of_it() -> None:
+    """pod-resources names each DRA device's claim: a pod's two containers of one claim hold
+    its GPU together; the record of one of them (gpuwire's runtime) is the same holder, and
+    a container of another claim on that GPU is a conflict."""
+    names_of = {"gpu-0": U[0]}
+    claimed = [
+        holders.Claimed("team-a", "p", c, "gpu.gpuwire.io", "node", "gpu-0", claim="team-a/x")
+        for c in ("main", "sidecar")
+    ]
+    record = rec("main", [0], pod="p", path=DRA, claims=("team-a/x",))
+    node = holders.node_holders(GPUS, [record], [], [], claimed=claimed, dra_names=names_of)
+    assert [(h.container, h.path, h.gpus, h.claims) for h in node.holders] == [
+        ("main", DRA, (U[0],), ("team-a/x",)),
+        ("sidecar", DRA, (U[0],), ("team-a/x",)),
+    ]
+    assert holders.conflicts(node) == []
+    assert holders.decode(holders.encode(node)) == node
+    other = holders.Claimed(
+        "team-a", "q", "main", "gpu.gpuwire.io", "node", "gpu-0", claim="team-a/y"
+    )
+    crowded = holders.node_holders(GPUS, [], [], [], claimed=[*claimed, other], dra_names=names_of)
+    assert [c.holders for c in holders.conflicts(crowded)] == [("team-a/p", "team-a/p", "team-a/q")]
+
+
 def test_a_plugin_only_seen_in_what_it_allocated_still_counts() -> None:
     """A kubelet without GetAllocatableResources: the plugin shows in its allocations."""
     node = holders.node_holders(
@@ -195,7 +291,7 @@ def test_the_annotation_round_trips_and_is_stable() -> None:
         (
             '{"v":1,"plugin":false,"shared":[],"holders":[{"namespace":"a","pod":"b",'
             '"container":"c","path":"magic","gpus":[]}]}',
-            "path 'magic': expected one of plugin, plugin-less",
+            "path 'magic': expected one of plugin, dra, plugin-less",
         ),
     ],
 )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuwire import records
-from gpuwire.records import PLUGIN, PLUGIN_LESS, ContainerRecord, RecordError
+from gpuwire.records import DRA, PLUGIN, PLUGIN_LESS, ContainerRecord, RecordError
 from testbed.waiting import until
 
 CONTAINERD = {
@@ -97,8 +97,20 @@ def test_an_id_that_is_not_runcs_is_refused_and_nothing_is_written(
     assert os.listdir(tmp_path) == []
 
 
+def test_a_dra_record_names_its_claims_and_shares_and_others_read_as_before() -> None:
+    """A container of DRA claims names them and the GPUs it holds as a share; a record
+    without claims is written exactly as before they existed (an agent of the previous
+    version still reads it)."""
+    dra = record(path=DRA, claims=["team-a/b", "team-a/a", "team-a/a"], shares=[GPU_B])
+    assert (dra.claims, dra.shares) == (("team-a/a", "team-a/b"), (GPU_B,))
+    assert records.decode(records.encode(dra)) == dra
+    plain = json.loads(records.encode(record()))
+    assert not {"claims", "shares"} & set(plain)
+    assert records.decode(records.encode(record())) == record()
+
+
 def test_an_unknown_path_is_refused() -> None:
-    with pytest.raises(RecordError, match=r"path 'gpu': expected one of plugin, plugin-less"):
+    with pytest.raises(RecordError, match=r"path 'gpu': expected one of plugin, dra, plugin-less"):
         record(path="gpu")
 
 
@@ -214,6 +226,8 @@ def test_a_file_that_holds_another_containers_record_is_not_that_record(tmp_path
         {"path": "device"},
         {"id": "../x"},
         {"extra": 1},
+        {"claims": "team-a/a"},
+        {"shares": [1]},
     ],
 )
 def test_decode_refuses_what_the_runtime_side_never_writes(change: dict[str, object]) -> None:

@@ -61,6 +61,9 @@ def test_claims_hold_their_gpus_once_allocated_and_shares_add_up(cluster: Cluste
     pending = cluster.run(SHARE | {"gpuwire.io/gpu-memory-limit": "14Gi"})  # no room
     found = report(cluster)
     assert holders_of(found, 0) == holders_of(found, 2) == [(whole.pod, "trainer", "dra")]
+    claim = whole.claim()["metadata"]
+    (held,) = gpu(found, 0)["holders"]
+    assert held["claims"] == [f"{claim['namespace']}/{claim['name']}"]  # the claim it holds it by
     on_t4 = {p.gpus()[0][1]: p.pod for p in shares}
     assert sorted(h[0] for h in holders_of(found, 1) + holders_of(found, 3)) == sorted(
         p.pod for p in shares

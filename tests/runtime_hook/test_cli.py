@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwire import allocation, cli
+from gpuwire import allocation, claimtoken, cli
 from testbed.lab import (
     OTHER_POD,
     POD_UID,
@@ -114,6 +114,28 @@ def test_allocation_is_checked_but_not_claimed(
     )
     code, out = verify(lab, spec(sandbox="8" * 64, pod=OTHER_POD), capsys)
     assert code == 0  # the owner's new sandbox
+
+
+def test_a_claim_is_explained(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    uid = "3c0ffee0-0000-4000-8000-000000000001"
+    devices = (claimtoken.ClaimDevice("gpu-2", lab.uuid(2)),)
+    claimtoken.write(str(lab.allocations), claimtoken.ClaimToken(
+        uid, "team-a", "gpus", POD_UID, devices), lab.keys)  # fmt: skip
+    mount = {"destination": claimtoken.container_path(uid, "gpu-2"), "type": "bind",
+             "source": claimtoken.path(str(lab.allocations), uid)}  # fmt: skip
+    env = {"NVIDIA_VISIBLE_DEVICES": lab.uuid(2)}
+    code, out = verify(lab, container_spec(env, mounts=[mount]), capsys)
+    assert code == 0
+    assert out["claim"] == f"team-a/gpus ({uid}): valid, gpu-2 ({lab.uuid(2)}); for pod {POD_UID}"
+    assert out["decision"].startswith(f"honoured (claim): GPUs 2 ({lab.uuid(2)})")
+    code, out = verify(lab, container_spec(env, cri_annotations(pod=OTHER_POD), [mount]), capsys)
+    assert code == 1
+    assert out["claim"] == f"{uid}: claim team-a/gpus belongs to pod {POD_UID}, not {OTHER_POD}"
+    assert out["decision"].startswith("cannot start: claim team-a/gpus belongs to pod")
+    elsewhere = {**mount, "source": str(lab.root / "planted")}
+    code, out = verify(lab, container_spec(env, mounts=[elsewhere]), capsys)
+    token = claimtoken.path(str(lab.allocations), uid)
+    assert out["note"] == f"claim mount {uid}/gpu-2 ignored: its source is not {token}"
 
 
 def test_not_a_gpu_container(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:

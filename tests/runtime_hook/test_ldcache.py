@@ -266,7 +266,8 @@ def test_random_images_and_libraries_match_ldconfig(
     image: list[tuple[str, str]], driver: list[tuple[str, bool]]
 ) -> None:
     """Any image libraries, any driver libraries (SONAME, with a `.so` development link or
-    not): the same bytes as ldconfig."""
+    not): the same bytes as ldconfig, or left to it where only its directory scan orders
+    them (two names `_dl_cache_libcmp` calls equal in the driver's folder)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         put(root, "/etc/ld.so.conf", f"/usr/local/lib\n/opt/v/lib\n{DEB}\n".encode())
@@ -288,7 +289,33 @@ def test_random_images_and_libraries_match_ldconfig(
         entries = ldsocache.folder_entries(DEB, libraries, links)
         expected = reference(root, [DEB])
         assert entries is not None
-        assert ldsocache.update(before, entries, [DEB], generator(expected)) == expected
+        added = {soname for soname, _ in driver}
+        beside = added | {soname for directory, soname in image if directory == DEB}
+        if any(a != b and libcmp(a.encode(), b.encode()) == 0 for a in added for b in beside):
+            with pytest.raises(ldsocache.CacheFormatError):
+                ldsocache.update(before, entries, [DEB], generator(expected))
+        else:
+            assert ldsocache.update(before, entries, [DEB], generator(expected)) == expected
+
+
+@pytest.mark.parametrize(("image_folder", "written"), [("/usr/local/lib", True), (DEB, False)])
+def test_names_ldconfig_calls_equal_are_written_where_folders_order_them(
+    tmp_path: Path, image_folder: str, written: bool
+) -> None:
+    """The image's liba.so.01 and the driver's liba.so.1 compare equal. In two folders
+    ldconfig's folder order decides and gpuwire writes what it does; in one folder the
+    directory's order decides (ext4's is by hash) and gpuwire leaves the cache to ldconfig."""
+    put(tmp_path, "/etc/ld.so.conf", f"/usr/local/lib\n{DEB}\n".encode())
+    lib(tmp_path, f"{image_folder}/liba.so.01", "liba.so.01")
+    before = ldconfig(tmp_path)
+    lib(tmp_path, f"{DEB}/liba.so.1", "liba.so.1")
+    expected = reference(tmp_path, [DEB])
+    added = [(f"{DEB}/liba.so.1", 0x303)]
+    if written:
+        assert ldsocache.update(before, added, [DEB], generator(expected)) == expected
+    else:
+        with pytest.raises(ldsocache.CacheFormatError):
+            ldsocache.update(before, added, [DEB], generator(expected))
 
 
 # -- what ldconfig files a library under ------------------------------------------------

@@ -9,7 +9,6 @@ import pytest
 
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
-from gpuwire.nvidia import Roots
 from runtime_hook.start.config import Config
 from runtime_hook.start.trust import GRANTED, NOT_GPU, REFUSED, evaluate
 from testbed.lab import (
@@ -19,19 +18,7 @@ from testbed.lab import (
     container_spec,
     cri_annotations,
     grant_for,
-    write_keys,
 )
-
-
-@pytest.fixture
-def node(sim_node: tuple[Path, sim.Machine], tmp_path: Path) -> tuple[Config, KeyRing]:
-    keys = write_keys(tmp_path / "keys")
-    config = Config(
-        roots=Roots(str(sim_node[0])),
-        grant_key_dir=str(tmp_path / "keys"),
-        allocation_dir=str(tmp_path / "alloc"),
-    )
-    return config, keys
 
 
 def uuids(config: Config) -> list[str]:

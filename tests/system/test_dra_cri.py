@@ -6,6 +6,12 @@ gpuwire), the CRI kubelet stand-in
 gpuwire's edits for exactly the claim's GPUs. 1.6 drops the field: no GPU. A container
 without the claim sees none; unprepare leaves no spec, and the ids then name nothing.
 
+Under the `gpuwire` runtime handler too (CDI and the shim both on): the claim's token is the
+proof the shim's trust accepts for the container its claim binds, and refuses, failing the
+start, in another pod or namespace; the shim's edits on top of the engine's add no device or
+mount twice, and it makes the links and ld cache of the claim spec's hook itself (runc runs
+no hook); the container has a record, a DRA holder of the claim.
+
 `cdi.k8s.io/*` pod annotations: what containerd makes of one as a pod author wrote it, and
 of the same pod as the webhook admits it (outside trusted namespaces: removed).
 """
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import shutil
 import tempfile
 import threading
 import uuid
@@ -28,22 +36,32 @@ import pytest
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.plugin import DraPlugin
-from gpuwire import grant
+from gpuwire import grant, records
 from gpuwire.dra import DRIVER
 from runtime_hook.setup import launcher
+from runtime_hook.start import spec as ocispec
 from testbed import dracluster
 from testbed.apiserver import ApiServer
-from testbed.containerd import Containerd
+from testbed.containerd import CRI_NAMESPACE, Containerd
 from testbed.containerds import Generation
-from testbed.image import NAME
+from testbed.image import NAME, write_layout_tar
 from testbed.kubelet_dra import DraKubelet
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
 from testbed.lab import Lab, served_launchers
 from testbed.scheduler import Scheduler
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
+from testbed.waiting import until
 from testbed.webhook import serving
 from tests.conftest import requires_binary, requires_root
-from tests.system.test_containerd import SHIM, generation, lab, node_containerd
+from tests.system.test_containerd import (
+    HANDLER,
+    HOOK,
+    SHIM,
+    configure,
+    generation,
+    lab,
+    node_containerd,
+)
 from tests.webhook.support import client, eventually, make_files
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
@@ -81,7 +99,8 @@ def dra_plugin(lab: Lab, cdi_dir: Path) -> Iterator[tuple[ApiServer, DraKubelet,
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         hook = str(served_launchers() / launcher.HOOK)
         config = Config(sim=str(lab.node), kubelet_root=sockets, hook=hook, cdi_dir=str(cdi_dir),
-                        node_name=NODE)  # fmt: skip
+                        node_name=NODE, allocation_dir=str(lab.allocations),
+                        grant_key_dir=str(lab.root / "keys"))  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())
         stop = threading.Event()
         thread = threading.Thread(target=plugin.run, args=(stop,), daemon=True)
@@ -110,25 +129,50 @@ def kubelet(dra_node: DraNode) -> Iterator[KubeRuntime]:
         yield runtime
 
 
-def put_claim(api: ApiServer, devices: list[str]) -> tuple[str, str, str]:
+def put_claim(
+    api: ApiServer, devices: list[str], owner: dict[str, Any] | None = None
+) -> tuple[str, str, str]:
+    """A claim of team-a allocated `devices`; with `owner`, generated for that pod."""
     name = f"claim-{uuid.uuid4().hex[:6]}"
     results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
         "deviceClassName": "gpu.gpuwire.io", "count": len(devices)}}]}}  # fmt: skip
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "controller": True,
+            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]  # fmt: skip
     stored = api.put({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team-a"}, "spec": spec,
-        "status": {"allocation": {"devices": {"results": results}}},
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+        "spec": spec, "status": {"allocation": {"devices": {"results": results}}},
     })  # fmt: skip
     return "team-a", name, stored["metadata"]["uid"]
 
 
-def pod(annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": f"p-{uuid.uuid4().hex[:6]}", "namespace": "team-a",
+def prepared(
+    dra_node: DraNode, devices: list[str], owner: dict[str, Any] | None = None
+) -> tuple[tuple[str, str, str], list[str]]:
+    """A claim of `devices` put and prepared: its reference and the CDI ids its request got."""
+    ref = put_claim(dra_node.api, devices, owner)
+    (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    return ref, dra_node.kubelet.cdi_ids(ref[2], "gpus")
+
+
+def release(dra_node: DraNode, *refs: tuple[str, str, str]) -> None:
+    """The claims unprepared and deleted: their GPUs free for the next test's scheduler."""
+    assert dra_node.kubelet.unprepare(DRIVER, list(refs)) == {r[2]: "" for r in refs}
+    for namespace, name, _ in refs:
+        dra_node.api.delete("resourceclaims", name, namespace)
+
+
+def pod(
+    annotations: dict[str, str] | None = None, namespace: str = "team-a", script: str = VIEW_SCRIPT
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": f"p-{uuid.uuid4().hex[:6]}", "namespace": namespace,
                             "uid": str(uuid.uuid4())}  # fmt: skip
     if annotations:
         meta["annotations"] = annotations
-    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", VIEW_SCRIPT]}
+    container = {"name": "trainer", "image": "busybox", "command": ["sh", "-c", script]}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"containers": [container]}}  # fmt: skip
 
@@ -139,8 +183,10 @@ def _image(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-def run_view(kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = None) -> Any:
-    _, (cid,) = run_pod(kubelet, _image(obj), "", claims={"trainer": ids or []})
+def run_view(
+    kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = None, handler: str = ""
+) -> Any:
+    _, (cid,) = run_pod(kubelet, _image(obj), handler, claims={"trainer": ids or []})
     status = kubelet.exited(cid)
     assert status.exit_code == 0, kubelet.logs(cid)
     return view(kubelet.logs(cid))
@@ -149,10 +195,7 @@ def run_view(kubelet: KubeRuntime, obj: dict[str, Any], ids: list[str] | None = 
 def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
 ) -> None:
-    ref = put_claim(dra_node.api, ["gpu-1", "gpu-3"])
-    (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
-    assert answer.error == ""
-    ids = dra_node.kubelet.cdi_ids(ref[2], "gpus")
+    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
     assert ids == [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-{i}" for i in (1, 3)]
     seen = run_view(kubelet, pod(), ids)
     if not generation.cdi:  # 1.6: no CDI, the field is dropped
@@ -160,7 +203,7 @@ def test_a_prepared_claim_gives_exactly_its_gpus_and_unprepare_leaves_nothing(
     else:
         expected = granted_view(lab.machine.devices, (1, 3), CONTROL)
         assert shown(seen, expected) == expected
-        assert seen["env"] == ["void"]  # no NVIDIA-style runtime below injects again
+        assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]  # the claim's GPUs
     assert run_view(kubelet, pod())["devices"] == ["nvidia*"]  # no claim: no GPU
 
     assert dra_node.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
@@ -191,6 +234,121 @@ def test_cdi_annotations_written_by_a_pod_author_are_removed_by_the_webhook(
     _, (cid,) = run_pod(kubelet, _image(admitted), "")
     kubelet.exited(cid)
     assert not any(k.startswith("cdi.k8s.io/") for k in kubelet.spec(cid).get("annotations", {}))
+
+
+# What the container shows beside the GPU view: mount points it has twice, then it waits, so
+# that its bundle (the config.json the shim wrote) is there to read.
+HELD = (
+    VIEW_SCRIPT
+    + r"""
+awk '{print $5}' /proc/self/mountinfo | sort | uniq -d | sed 's/^/twice: /'
+echo "ready: yes"
+sleep 600
+"""
+)
+
+
+def records_of(lab: Lab, *pods: dict[str, Any]) -> list[records.ContainerRecord]:
+    """The container records of these pods (the lab's records dir serves every generation)."""
+    uids = {p["metadata"]["uid"] for p in pods}
+    return [
+        e.record for e in records.scan(str(lab.records)) if e.record and e.record.pod_uid in uids
+    ]
+
+
+def bundle_spec(dra_node: DraNode, cid: str) -> dict[str, Any]:
+    """The config.json runc ran the container from: containerd's spec, then the shim's edits."""
+    state = dra_node.containerd.home / "state/io.containerd.runtime.v2.task/k8s.io" / cid
+    spec: dict[str, Any] = json.loads((state / "config.json").read_text())
+    return spec
+
+
+def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
+    generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
+) -> None:
+    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
+    trainer = pod(script=HELD)
+    _, (cid,) = run_pod(kubelet, _image(trainer), HANDLER, claims={"trainer": ids})
+    if not generation.cdi:  # 1.6 drops CDI devices: nothing to prove, nothing recorded
+        other = pod()
+        assert run_view(kubelet, other, ids, HANDLER)["devices"] == ["nvidia*"]
+        assert records_of(lab, trainer, other) == []
+        release(dra_node, ref)
+        return
+    until(lambda: "ready: yes" in kubelet.logs(cid))
+    seen = view(kubelet.logs(cid))
+    expected = granted_view(lab.machine.devices, (1, 3), CONTROL)
+    assert shown(seen, expected) == expected
+    assert seen["env"] == [f"{lab.uuid(1)},{lab.uuid(3)}"]
+    assert "twice" not in seen  # no mount point twice in the container
+    spec = bundle_spec(dra_node, cid)
+    paths = [d["path"] for d in spec["linux"]["devices"]]
+    assert sorted(paths) == sorted(set(paths))
+    rules = [json.dumps(r, sort_keys=True) for r in spec["linux"]["resources"]["devices"]]
+    assert sorted(rules) == sorted(set(rules))
+    assert len(spec["mounts"]) == len({(m["destination"], m["source"]) for m in spec["mounts"]})
+    # the claim spec's ld-cache hook, which containerd put in, was made by the shim: runc ran none
+    assert ocispec.ldcache_hooks(kubelet.spec(cid)) != []
+    assert ocispec.ldcache_hooks(spec) == []
+    [held] = records_of(lab, trainer)
+    assert (held.path, held.pod, held.gpus) == (
+        records.DRA, trainer["metadata"]["name"], tuple(sorted((lab.uuid(1), lab.uuid(3))))
+    )  # fmt: skip
+    assert held.claims == (f"team-a/{ref[1]}",)
+    assert any(line.endswith("capabilities compute,utility: claim") for line in lab.log_lines())
+    kubelet.stop(cid)
+    kubelet.remove(cid)
+    assert records_of(lab, trainer) == []  # deleted: its record goes
+
+    # a shared claim serves any pod of its namespace, no pod of another
+    others = [pod(), pod(namespace="team-b"), pod()]
+    assert run_view(kubelet, others[0], ids, HANDLER)["devices"] == expected["devices"]
+    with pytest.raises(CRIError, match=f"claim team-a/{ref[1]} is in namespace team-a, not team-b"):
+        run_view(kubelet, others[1], ids, HANDLER)
+    # a claim generated for one pod serves that pod alone
+    owner = pod()
+    mine, own_ids = prepared(dra_node, ["gpu-0"], owner)
+    assert run_view(kubelet, owner, own_ids, HANDLER)["devices"] != ["nvidia*"]
+    with pytest.raises(CRIError, match=f"belongs to pod {owner['metadata']['uid']}, not "):
+        run_view(kubelet, others[2], own_ids, HANDLER)
+    assert records_of(lab, owner, *others) == []  # exited and deleted, refused: none left
+    release(dra_node, ref, mine)
+
+
+def test_under_the_prestart_hook_a_claim_is_proof_and_nothing_is_injected_again(
+    generation: Generation, lab: Lab, dra_node: DraNode
+) -> None:
+    """The `gpuwire` handler as `configure --prestart-hook` makes it (runc, the hook in the
+    base spec), CDI on: the hook accepts the claim, keeps the container's record and injects
+    nothing over what the engine applied; in another namespace the claim fails the start."""
+    ref, ids = prepared(dra_node, ["gpu-2"])
+    containerd = Containerd.create(cri=True, generation=generation)
+    with containerd:
+        base = containerd.home / "base-spec.json"
+        on = ["--cdi"] if generation.cdi else []
+        configure(containerd, "--prestart-hook", "--hook-path", HOOK, "--base-spec", str(base), *on)
+        spec = json.loads(base.read_text())
+        spec["hooks"]["prestart"][-1]["env"].append(f"GPUWIRE_CONFIG={lab.config}")
+        base.write_text(json.dumps(spec))
+        (containerd.home / "cdi").mkdir(exist_ok=True)
+        shutil.copy(dra_node.cdi_dir / cdi.spec_file(ref[2]), containerd.home / "cdi")
+        containerd.start()
+        containerd.import_image(write_layout_tar(containerd.home / "busybox.tar"), CRI_NAMESPACE)
+        with containerd.kuberuntime() as kubelet:
+            seen = run_view(kubelet, pod(script=HELD.replace("sleep 600", "")), ids, HANDLER)
+            if not generation.cdi:  # 1.6 drops CDI devices
+                assert seen["devices"] == ["nvidia*"]
+                release(dra_node, ref)
+                return
+            expected = granted_view(lab.machine.devices, (2,), CONTROL)
+            assert shown(seen, expected) == expected
+            assert "twice" not in seen
+            assert any(
+                "gpuwire-hook" in line and line.endswith(": claim") for line in lab.log_lines()
+            )
+            with pytest.raises(CRIError, match="is in namespace team-a, not team-b"):
+                run_view(kubelet, pod(namespace="team-b"), ids, HANDLER)
+    release(dra_node, ref)
 
 
 def test_annotations_to_the_containers_view_through_the_webhook_scheduler_kubelet_and_cri(

@@ -18,7 +18,7 @@ from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError, ClaimRef
 from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.dra.prepared import Preparer
-from deviceplugin.dra.shares import Holders
+from deviceplugin.dra.shares import NOTHING, Holders
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import hamicore, sim
 from gpuwire.dra import DRIVER
@@ -70,6 +70,12 @@ class Claims:
         return self.stored[(namespace, name)]
 
 
+def writer(lab: Lab, podman: Podman, holders: Holders = NOTHING) -> CdiWriter:
+    """The DRA plugin's writer: specs in podman's CDI dir, tokens in the lab's allocation dir."""
+    return CdiWriter(str(podman.cdi_dir), Roots(str(lab.node)), HOOK, "/sbin/ldconfig",
+                     str(lab.allocations), str(lab.root / "keys"), "/", holders)  # fmt: skip
+
+
 def gpu_view(podman: Podman, ids: list[str]) -> dict[str, list[str]]:
     out = podman.run(NAME, ["sh", "-c", VIEW_SCRIPT], devices=ids)
     assert out.returncode == 0, out.stderr
@@ -81,8 +87,9 @@ def test_a_prepared_claim_gives_exactly_its_gpus_in_podman(
 ) -> None:
     published = {d.name: d for d in devices(SimDiscovery(lab.node).discover(), Sharing())}
     claims = Claims()
-    writer = CdiWriter(str(podman.cdi_dir), Roots(str(lab.node)), HOOK, "/sbin/ldconfig")
-    preparer = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, writer, str(tmp_path))
+    preparer = Preparer(
+        DRIVER, NODE, claims.read, lambda: published, dict, writer(lab, podman), str(tmp_path)
+    )
     ref = claims.allocate(["gpu-0", "gpu-2"])
     prepared = preparer.prepare([ref])[ref.uid]
     assert not isinstance(prepared, str), prepared
@@ -116,9 +123,8 @@ def test_a_claims_hami_share_preloads_the_library_with_its_limits(
     published = {d.name: d for d in devices(found, Sharing(("*",), holders.enforced))}
     claims = Claims()
     share = {"shareID": str(uuid.uuid4()), "consumedCapacity": {"memory": "20Gi"}}
-    roots = Roots(str(lab.node))
-    writer = CdiWriter(str(podman.cdi_dir), roots, HOOK, "/sbin/ldconfig", "/", holders)
-    preparer = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, writer, str(tmp_path))
+    held = writer(lab, podman, holders)
+    preparer = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, held, str(tmp_path))
     ref = claims.allocate(["gpu-1"], **share)
     prepared = preparer.prepare([ref])[ref.uid]
     assert not isinstance(prepared, str), prepared
@@ -127,7 +133,7 @@ def test_a_claims_hami_share_preloads_the_library_with_its_limits(
     assert seen["memory"] == ["20480 MiB"]
     assert preparer.unprepare([ref]) == {ref.uid: None}
 
-    bare = CdiWriter(str(podman.cdi_dir), roots, HOOK, "/sbin/ldconfig")
+    bare = writer(lab, podman)
     unheld = Preparer(DRIVER, NODE, claims.read, lambda: published, dict, bare, str(tmp_path))
     ref = claims.allocate(["gpu-1"], **share)
     failed = unheld.prepare([ref])[ref.uid]

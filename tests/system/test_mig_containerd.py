@@ -151,4 +151,4 @@ def test_a_dra_claim_allocated_a_mig_device_sees_that_mig_device_only(
     assert seen["caps"] == expected_caps(lab, 1)
     assert seen["smi"] == smi(lab, 1)
     assert seen["sibling"] == [EPERM]
-    assert seen["env"] == ["void"]
+    assert seen["env"] == [target.uuid]  # the claim's spec names the MIG device it gives

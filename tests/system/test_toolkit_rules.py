@@ -1,6 +1,6 @@
 """Images built for NVIDIA's toolkit start (or do not) as they would under it, with real runc
 on the simulated node: `NVIDIA_REQUIRE_*` against the driver and the facts the node agent
-wrote, legacy CUDA images. (MIG's control variables: tests/system/test_mig.py.)"""
+wrote, legacy CUDA images. (MIG's control variables: tests/system/test_mig_runc.py.)"""
 
 from __future__ import annotations
 
