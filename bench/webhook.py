@@ -19,19 +19,23 @@ other load, and says which side was the bottleneck. Figures are ratios against t
 measured in the same run.
 
 The node-count axis (`--sizes`) runs the webhook on a kube-apiserver stand-in holding that many
-GPU nodes as a real cluster holds them (bench/cluster.py: ~21 KB of JSON a node) and prints,
-per size: the list floor (fetching every page of what the webhook reads from the stand-in, and
-parsing it with orjson, in this process: what any reader pays; the fetch alone is the
-stand-in's share), the time from spawning `gpuwire webhook serve` to its first `/readyz` 200,
-against the bare server's start and that floor; VmHWM and VmRSS from /proc/<pid>/status at
-that moment, against the bare server's; admission p50/p99 (the same mix, 16 connections, the
-round of three with the lowest p99; and the share the webhook's own latency histogram puts
-within 10 ms, free of what slows the load generator, which shares this process with the
-stand-in) with the nodes quiet, and again while they change as a cluster's do (each node's
-kubelet writes its status every 5 minutes, `nodeStatusReportFrequency`; and one node's
-`gpuwire.io/holders` per second, a GPU pod starting somewhere), with the webhook's CPU spent
-following those changes (no admissions, 5 s). Then the same start from a `--nodes` file
-(`kubectl get nodes -o json`).
+GPU nodes as a real cluster holds them (bench/cluster.py: ~21 KB of JSON a node), and each
+node's ResourceSlice as gpuwire's DRA plugin publishes it (the webhook watching them and its
+templates, as in the dra overlay), and prints, per size: the list floor (fetching every page of
+what the webhook reads from the stand-in, and parsing it with orjson, in this process: what any
+reader pays; the fetch alone is the stand-in's share), the time from spawning `gpuwire webhook
+serve` to its first `/readyz` 200, against the bare server's start and that floor; VmHWM and
+VmRSS from /proc/<pid>/status at that moment, against the bare server's; the slices' floor
+likewise; admission p50/p99 (the same mix, 16 connections, the round of three with the lowest
+p99; and the share the webhook's own latency histogram puts within 10 ms, free of what slows the
+load generator, which shares this process with the stand-in) with the nodes quiet, and again
+while they change as a cluster's do (each node's kubelet writes its status every 5 minutes,
+`nodeStatusReportFrequency`; and one node's `gpuwire.io/holders` per second, a GPU pod starting
+somewhere), with the webhook's CPU spent following those changes (no admissions, 5 s). The DRA
+path: a mix of pods in a namespace the example policy sends the DRA way (DRA_MIX; each checked
+to get its claim first), once their templates exist, quiet; and FIRSTS admissions one at a time
+that each make a new template, against the same again (made: no API call). Then the same start
+from a `--nodes` file (`kubectl get nodes -o json`).
 
     python -m bench.webhook [--requests 6000] [--concurrency 16] [--rounds 3]
                             [--sizes 100,1000,10000] [--scale-requests 4000]
