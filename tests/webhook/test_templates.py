@@ -333,7 +333,7 @@ def test_only_a_template_the_watch_shows_as_it_is_and_unmarked_counts_as_made() 
     template = {"metadata": {"namespace": NAMESPACE, "name": "gpuwire-1"}, "spec": spec}
     other = {"metadata": {"namespace": NAMESPACE, "name": "gpuwire-2"}, "spec": spec}
 
-    def store(stored: object, marked: bool) -> TemplateStore:
+    def store(stored: dict[str, Any], marked: bool) -> TemplateStore:
         known = Known({(NAMESPACE, "gpuwire-1"): (stored, marked)})
         return TemplateStore(client.ResourceV1Api(), SimpleNamespace(current=known))
 
