@@ -31,7 +31,6 @@ import contextlib
 import gc
 import importlib
 import os
-import select
 import signal
 import socket
 import struct
@@ -197,21 +196,16 @@ def listen(path: str) -> socket.socket:
 
 
 def serve(listener: socket.socket) -> None:
-    """Keep one child forked ahead, waiting in accept: a call never waits for the fork. The
-    next one is forked once the call is answered, or at once when another caller is already
-    waiting: forking a copy of the resident (~1 ms of CPU) while a call runs would take a
-    core from that call on a busy node."""
+    """Keep one child forked ahead, waiting in accept: a call never waits for the fork."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     served = Served()
     gc.collect()
     gc.freeze()  # what is loaded now stays shared with every child
     while True:
         accepted, tell = os.pipe()
-        answered, done = os.pipe()
         waiting = os.fork()
         if waiting == 0:
             os.close(accepted)
-            os.close(answered)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its own
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             gc.disable()
@@ -219,24 +213,18 @@ def serve(listener: socket.socket) -> None:
             try:
                 conn, _ = listener.accept()
                 listener.close()
-                os.close(tell)
+                os.close(tell)  # the parent forks the next one now
                 status = answer(conn, served)
-                os.close(done)  # the parent forks the next one now
             finally:
                 os._exit(status)
         os.close(tell)
-        os.close(done)
         try:
-            try:
-                os.read(accepted, 1)  # end of file: the child has a call (or has died)
-            except BaseException:  # stopping: the child waiting in accept goes too
-                os.kill(waiting, signal.SIGKILL)
-                raise
-            finally:
-                os.close(accepted)
-            select.select([answered, listener.fileno()], [], [])  # answered, or another call waits
-        finally:  # a call being served runs to its end, stopping or not
-            os.close(answered)
+            os.read(accepted, 1)  # end of file: the child has a call (or has died)
+        except BaseException:  # stopping: the child waiting in accept goes too
+            os.kill(waiting, signal.SIGKILL)
+            raise
+        finally:
+            os.close(accepted)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -183,7 +183,7 @@ def test_calls_at_once_are_each_answered(site: Site) -> None:
 
 
 def test_a_call_still_running_holds_up_no_other(site: Site) -> None:
-    """The next child is forked when a call is answered, or at once for a caller waiting."""
+    """The next child is forked as soon as a call is accepted, not when it is answered."""
     argv = [site.call_path, site.socket, resident.token(), "hook", "2", *FALLBACK, "argv0"]
     env = {"PATH": os.defpath}
     with subprocess.Popen([*argv, "poststop"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
