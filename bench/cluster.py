@@ -9,6 +9,11 @@ Feature Discovery's labels, their annotations, managedFields, taints, and a stat
 conditions, addresses, node info and the 25 images a busy node reports (the kubelet reports up
 to 50: `nodeStatusMaxImages`). About 21 KB of JSON a node, 15 KB of it metadata (labels,
 annotations and managedFields).
+
+`slices(nodes)` is what gpuwire's DRA plugin publishes for them (`testbed.dracluster`: the
+plugin's own device and slice code): one ResourceSlice a node, its 8 GPUs with the node's
+products, NVLink in pairs, every SHARED_EVERY-th node's GPUs shared (HAMi-core holding the
+shares). About 7 KB of JSON a slice.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from typing import Any
 import yaml
 
 from gpuwire import holders, nodegpus
+from testbed import dracluster
 
 Obj = dict[str, Any]
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "nodes.yaml"
 GPUS = 8
+SHARED_EVERY = 4
 CPU_FLAGS = """ADX AESNI AMXBF16 AMXINT8 AMXTILE AVX AVX2 AVX512BF16 AVX512BITALG AVX512BW
 AVX512CD AVX512DQ AVX512F AVX512FP16 AVX512IFMA AVX512VBMI AVX512VBMI2 AVX512VL AVX512VNNI
 AVX512VPOPCNTDQ AVXVNNI CETIBT CETSS CLDEMOTE FMA3 FSRM FXSR FXSROPT GFNI HYPERVISOR IBPB LAHF
@@ -227,3 +234,15 @@ def nodes(count: int, seed: int = 14) -> list[Obj]:
         kind = template["metadata"]["name"].rsplit("-", 1)[0]
         found.append(dress(_scaled(template, f"{kind}-{i + 1:05d}", rng), rng))
     return found
+
+
+def slices(nodes: list[Obj]) -> list[Obj]:
+    """gpuwire's ResourceSlices for `nodes` (see the module)."""
+    made = []
+    for i, node in enumerate(nodes):
+        gpus = nodegpus.decode(node["metadata"]["annotations"][nodegpus.ANNOTATION])
+        products = tuple(g.product for g in sorted(gpus, key=lambda g: g.index))
+        shared = ("*",) if i % SHARED_EVERY == 0 else ()
+        name = node["metadata"]["name"]
+        made += dracluster.node(name, len(products), products, shared=shared).slices()
+    return made

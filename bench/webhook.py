@@ -19,19 +19,23 @@ other load, and says which side was the bottleneck. Figures are ratios against t
 measured in the same run.
 
 The node-count axis (`--sizes`) runs the webhook on a kube-apiserver stand-in holding that many
-GPU nodes as a real cluster holds them (bench/cluster.py: ~21 KB of JSON a node) and prints,
-per size: the list floor (fetching every page of what the webhook reads from the stand-in, and
-parsing it with orjson, in this process: what any reader pays; the fetch alone is the
-stand-in's share), the time from spawning `gpuwire webhook serve` to its first `/readyz` 200,
-against the bare server's start and that floor; VmHWM and VmRSS from /proc/<pid>/status at
-that moment, against the bare server's; admission p50/p99 (the same mix, 16 connections, the
-round of three with the lowest p99; and the share the webhook's own latency histogram puts
-within 10 ms, free of what slows the load generator, which shares this process with the
-stand-in) with the nodes quiet, and again while they change as a cluster's do (each node's
-kubelet writes its status every 5 minutes, `nodeStatusReportFrequency`; and one node's
-`gpuwire.io/holders` per second, a GPU pod starting somewhere), with the webhook's CPU spent
-following those changes (no admissions, 5 s). Then the same start from a `--nodes` file
-(`kubectl get nodes -o json`).
+GPU nodes as a real cluster holds them (bench/cluster.py: ~21 KB of JSON a node), and each
+node's ResourceSlice as gpuwire's DRA plugin publishes it (the webhook watching them and its
+templates, as in the dra overlay), and prints, per size: the list floor (fetching every page of
+what the webhook reads from the stand-in, and parsing it with orjson, in this process: what any
+reader pays; the fetch alone is the stand-in's share), the time from spawning `gpuwire webhook
+serve` to its first `/readyz` 200, against the bare server's start and that floor; VmHWM and
+VmRSS from /proc/<pid>/status at that moment, against the bare server's; the slices' floor
+likewise; admission p50/p99 (the same mix, 16 connections, the round of three with the lowest
+p99; and the share the webhook's own latency histogram puts within 10 ms, free of what slows the
+load generator, which shares this process with the stand-in) with the nodes quiet, and again
+while they change as a cluster's do (each node's kubelet writes its status every 5 minutes,
+`nodeStatusReportFrequency`; and one node's `gpuwire.io/holders` per second, a GPU pod starting
+somewhere), with the webhook's CPU spent following those changes (no admissions, 5 s). The DRA
+path: a mix of pods in a namespace the example policy sends the DRA way (DRA_MIX; each checked
+to get its claim first), once their templates exist, quiet; and FIRSTS admissions one at a time
+that each make a new template, against the same again (made: no API call). Then the same start
+from a `--nodes` file (`kubectl get nodes -o json`).
 
     python -m bench.webhook [--requests 6000] [--concurrency 16] [--rounds 3]
                             [--sizes 100,1000,10000] [--scale-requests 4000]
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import copy
 import http.client
 import json
@@ -89,16 +94,33 @@ MIX: tuple[tuple[dict[str, str], int | None], ...] = (
 )
 
 
-def workload() -> list[bytes]:
+DRA_NAMESPACE = "ml-dra"  # examples/policy.yaml sends it the DRA way (allocation: dra)
+DRA_MIX: tuple[tuple[dict[str, str], int | None], ...] = (
+    ({a.MODEL: "A100,H100", a.MIN_MEMORY: "40Gi"}, 2),  # 2 GPUs, one NVLink island preferred
+    ({a.MODEL: "H100", a.MEMORY_LIMIT: "30Gi"}, 1),  # a 30 GiB share of a shared GPU
+    ({}, None),  # asks for nothing: void
+    ({a.MODEL: "!T4", a.MIN_MEMORY: "40Gi"}, 1),
+)
+
+
+def workload(
+    mix: tuple[tuple[dict[str, str], int | None], ...] = MIX, namespace: str = "ml-research"
+) -> list[bytes]:
     """AdmissionReview bodies (about 4 KB each): the mix the load generator cycles through."""
     bodies = []
-    for i, (asked, gpus) in enumerate(MIX):
+    for i, (asked, gpus) in enumerate(mix):
         pod = copy.deepcopy(POD)
         pod["metadata"]["annotations"].update(asked)
         if gpus is not None:
             pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = str(gpus)
-        bodies.append(json.dumps(request_for(pod, "ml-research", uid=f"bench-{i}")).encode())
+        bodies.append(json.dumps(request_for(pod, namespace, uid=f"bench-{i}")).encode())
     return bodies
+
+
+def new_templates(count: int) -> list[bytes]:
+    """`count` DRA asks each its own template (1 GPU of at least 41, 42, … GiB)."""
+    mix = tuple(({a.MIN_MEMORY: f"{41 + i}Gi"}, 1) for i in range(count))
+    return workload(mix, DRA_NAMESPACE)
 
 
 def http_request(body: bytes) -> bytes:
@@ -367,15 +389,19 @@ class Floor:
     size: int  # bytes
 
 
-def list_floor(api: ApiServer, accept: str, limit: int) -> Floor:
-    """What reading the Node list costs any reader: every page fetched, then parsed, here."""
+NODES = "/api/v1/nodes"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def list_floor(api: ApiServer, accept: str, limit: int, path: str = NODES) -> Floor:
+    """What reading a list costs any reader: every page fetched, then parsed, here."""
     host, port = api.url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port))
     token, bodies = "", []
     began = time.perf_counter()
     while True:
         query = f"limit={limit}&continue={token}" if limit else ""
-        connection.request("GET", f"/api/v1/nodes?{query}", headers={"Accept": accept})
+        connection.request("GET", f"{path}?{query}", headers={"Accept": accept})
         bodies.append(connection.getresponse().read())
         found = _CONTINUE.search(bodies[-1], 0, 1024)  # the list's metadata comes first
         token = found.group(1).decode() if found else ""
@@ -428,15 +454,27 @@ class Churn:
             due += 1 / self.rate
 
 
+def claimed(answer: bytes) -> bool:
+    """Whether an admission gave the pod a ResourceClaim (the DRA path's patch)."""
+    response = orjson.loads(answer)["response"]
+    return response["allowed"] and b"/spec/resourceClaims" in base64.b64decode(
+        response.get("patch", "")
+    )
+
+
 @dataclass(frozen=True)
 class Row:
     nodes: int
     floor: Floor  # the metadata pages the webhook reads
     full: Floor  # the whole list of full objects, one answer
+    slices: Floor  # gpuwire's ResourceSlices, in the pages the webhook reads
     start: Start
     quiet: Phase
     busy: Phase  # while the nodes change
-    within: tuple[float, float]  # shares the webhook answered within 10 ms, quiet and busy
+    dra: Phase  # the DRA mix, its templates made
+    first: Phase  # one at a time, each admission making its template
+    again: Phase  # the same, made
+    within: tuple[float, float, float]  # shares answered within 10 ms: quiet, busy, DRA
     changes: float  # per second
     following: float  # the webhook's CPU following them, in cores
     file: Start  # from a --nodes file instead
@@ -446,27 +484,48 @@ def _best(floors: list[Floor]) -> Floor:
     return min(floors, key=lambda f: f.fetch + f.parse)
 
 
+FIRSTS = 20  # admissions that each make a template
+
+
 def at_size(count: int, setup: Setup, bodies: list[bytes], total: int, concurrency: int) -> Row:
-    """One size: the floors, the webhook's start against the stand-in, admissions quiet and
-    while nodes change, the CPU of following them, then a start from a nodes file."""
+    """One size: the floors, the webhook's start against the stand-in (its Nodes and their
+    ResourceSlices), admissions quiet (device plugin, then DRA), the first admissions of
+    new templates, admissions while nodes change, the CPU of following them, then a start
+    from a nodes file."""
     objects = cluster.nodes(count)
+    dra_bodies = workload(DRA_MIX, DRA_NAMESPACE)
     with ApiServer() as api:
-        for obj in objects:
+        namespaces = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+                      for n in (DRA_NAMESPACE, "gpuwire-system")]  # fmt: skip
+        for obj in [*namespaces, *objects, *cluster.slices(objects)]:
             api.put(obj)
         floor = _best([list_floor(api, LIST_METADATA, PAGE) for _ in range(3)])
         full = _best([list_floor(api, "application/json", 0) for _ in range(2)])
+        slices = _best([list_floor(api, "application/json", PAGE, SLICES) for _ in range(2)])
         kubeconfig = api.write_kubeconfig(setup.workdir / f"kubeconfig-{count}")
         with started([*setup.hook, "--kubeconfig", str(kubeconfig)], setup.context) as (
             hook,
             start,
         ):
             pin(hook.pid, 0)
-            load("warm-up", hook, setup.context, bodies, 400, concurrency)
+            for body, (_, gpus) in zip(dra_bodies, DRA_MIX, strict=True):
+                answer = asyncio.run(_answer(hook.url, setup.context, body))
+                if claimed(answer) != bool(gpus):
+                    raise RuntimeError(f"DRA mix: not admitted as expected: {answer[:600]!r}")
+            load("warm-up", hook, setup.context, bodies + dra_bodies, 400, concurrency)
             quiet, quiet_within = served(
                 hook,
                 setup.context,
                 lambda: load(f"{count} nodes", hook, setup.context, bodies, total, concurrency),
             )
+            dra, dra_within = served(
+                hook,
+                setup.context,
+                lambda: load(f"{count}, DRA", hook, setup.context, dra_bodies, total, concurrency),
+            )
+            news = new_templates(FIRSTS)
+            first = load("new template", hook, setup.context, news, FIRSTS, 1)
+            again = load("template made", hook, setup.context, news, FIRSTS, 1)
             with Churn(api, objects) as churn:
                 busy, busy_within = served(
                     hook,
@@ -482,8 +541,9 @@ def at_size(count: int, setup: Setup, bodies: list[bytes], total: int, concurren
     listing.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
     with started([*setup.hook, "--nodes", str(listing)], setup.context) as (_, file):
         pass
-    within = (quiet_within, busy_within)
-    return Row(count, floor, full, start, quiet, busy, within, churn.rate, following, file)
+    within = (quiet_within, busy_within, dra_within)
+    return Row(count, floor, full, slices, start, quiet, busy, dra, first, again, within,
+               churn.rate, following, file)  # fmt: skip
 
 
 def scale(sizes: list[int], total: int, concurrency: int) -> str:
@@ -524,6 +584,8 @@ def scale(sizes: list[int], total: int, concurrency: int) -> str:
              lambda r: f"{r.floor.size / mb:.1f} {r.floor.fetch:.2f} {r.floor.parse:.2f}"),
         line("full list, one answer: MB, fetch s, parse s",
              lambda r: f"{r.full.size / mb:.1f} {r.full.fetch:.2f} {r.full.parse:.2f}"),
+        line(f"ResourceSlices, pages of {PAGE}: MB, fetch s, parse s",
+             lambda r: f"{r.slices.size / mb:.1f} {r.slices.fetch:.2f} {r.slices.parse:.2f}"),
         line("ready s (× bare start + metadata floor)",
              lambda r: f"{r.start.seconds:.2f} ({floor_ratio(r):.1f}×)"),
         line("VmHWM MiB at ready (× bare)",
@@ -538,6 +600,14 @@ def scale(sizes: list[int], total: int, concurrency: int) -> str:
              lambda r: f"{r.busy.summary.p50_ms:.2f} / {r.busy.summary.p99_ms:.2f}"),
         line("webhook's own: within 10 ms, quiet / changing",
              lambda r: f"{100 * r.within[0]:.1f} / {100 * r.within[1]:.1f} %"),
+        line("DRA mix (templates made): p50 / p99 ms",
+             lambda r: f"{r.dra.summary.p50_ms:.2f} / {r.dra.summary.p99_ms:.2f}"),
+        line("DRA: webhook's own within 10 ms; CPU µs",
+             lambda r: f"{100 * r.within[2]:.1f} %; {r.dra.server_us:.0f}"),
+        line(f"DRA, {FIRSTS} one by one: new template / made, p50 ms",
+             lambda r: f"{r.first.summary.p50_ms:.1f} / {r.again.summary.p50_ms:.1f}"),
+        line("  the same, slowest ms",  # p99 of 20 is the slowest
+             lambda r: f"{r.first.summary.p99_ms:.1f} / {r.again.summary.p99_ms:.1f}"),
         line("server CPU per admission µs, quiet / changing",
              lambda r: f"{r.quiet.server_us:.0f} / {r.busy.server_us:.0f}"),
         line("changes/s; CPU following them, % of a core",

@@ -111,10 +111,11 @@ def _content_name(spec: Obj) -> str:
 
 
 class _Translation:
-    def __init__(self, ask: Ask, pools: Pools) -> None:
+    def __init__(self, ask: Ask, pools: Pools, devices: Sequence[PoolDevice]) -> None:
         self.ask = ask
         self.request = ask.request
         self.pools = pools
+        self.devices = devices  # what it passes over: all of the pools' devices, or `alike`
         self.kind = dra.MIG_TYPE if ask.mig or self._named_mig() else dra.GPU_TYPE
         self.selectors: list[str] = []
         self.warnings: list[str] = []
@@ -372,7 +373,7 @@ class _Translation:
         return dra.MIG_CLASS, of
 
     def claim(self) -> Claimed:
-        gpus = [d for d in self.pools.devices if d.kind == self.kind]
+        gpus = [d for d in self.devices if d.kind == self.kind]
         if not gpus:
             what = "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
             raise Unplaceable(
@@ -423,12 +424,20 @@ class _Translation:
 def claim(ask: Ask, pools: Pools) -> Claimed:
     """The template `ask` becomes on the DRA path; Unplaceable when no pool can ever give it.
 
-    Kept with the pools snapshot (a Deployment's pods ask alike; a translation costs a pass
-    over the cluster's GPUs), so the result is shared: read-only. Denials are not kept."""
+    Kept with the pools snapshot (a Deployment's pods ask alike), so the result is shared:
+    read-only. A translation passes over one node of each make-up (`Pools.alike`: nodes alike
+    give any claim the same), over all GPUs only where GPUs are named; a denial is worded
+    from all of them (its UUIDs and counts), and is not kept."""
     kept = pools.claims
     found = kept.get(ask)
     if not isinstance(found, Claimed):
         if len(kept) >= 1024:
             kept.clear()
-        found = kept[ask] = _Translation(ask, pools).claim()
+        named = ask.request.uuids or ask.request.excluded_uuids
+        try:
+            found = _Translation(ask, pools, pools.devices if named else pools.alike).claim()
+        except Unplaceable:
+            _Translation(ask, pools, pools.devices).claim()
+            raise
+        kept[ask] = found
     return found

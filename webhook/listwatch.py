@@ -9,10 +9,11 @@ results sets in chunks": kubernetes.io/docs/reference/using-api/api-concepts/):
 
 - list with `limit` (PAGE) and follow `continue` until the list ends; every page comes from
   the snapshot of the first, and the watch starts at its `resourceVersion`. A page is parsed
-  whole, so its size is the peak above what is kept: 250 where client-go's pager asks for
-  500 (at 10,000 Nodes, 20 MiB less at ready: bench/webhook.py). A page that fails (a
-  `continue` token expired: 410) restarts the list; the views of a list are published only
-  once it is whole, so a reader never sees half.
+  whole, and the views made of it stay spread over the memory its parse took, so a page's
+  size is the RSS above what is kept: 100 where client-go's pager asks for 500 (at 10,000
+  Nodes and their ResourceSlices, 250 cost 20 MiB more at ready: bench/webhook.py). A page
+  that fails (a `continue` token expired: 410) restarts the list; the views of a list are
+  published only once it is whole, so a reader never sees half.
 - watch from that version with bookmarks; ADDED/MODIFIED/DELETED change the views, a
   BOOKMARK only the version; a watch that ends is resumed from the last version, one whose
   history is gone (410 Expired, an ERROR event or an answer) is followed by a new list, any
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 View = TypeVar("View")
 Obj = dict[str, Any]
-PAGE = 250
+PAGE = 100
 LIST_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 WATCH_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 CONNECT_SECONDS = 10.0

@@ -4,7 +4,8 @@
 it can answer correctly (fleet, pools and templates synced, a grant key loaded), `/metrics`
 is Prometheus. An admission whose patch names ResourceClaimTemplates has them made to exist
 first (not on a dry run), in a worker thread and within `template_seconds`, so the event loop
-keeps answering others; a template that cannot be made denies the pod, saying why.
+keeps answering others; a template that cannot be made denies the pod, saying why. Templates
+the watch shows as they are (a Deployment's every pod after the first) need no thread.
 Bodies are capped at MAX_BODY: the API server caps a request at 3 MiB, and a CREATE review
 holds one object, so anything larger is not a review and gets 413 without being read whole.
 """
@@ -71,6 +72,8 @@ def create_app(
         """The outcome once its templates exist, or the denial saying why they do not."""
         store = sources.templates
         if not outcome.templates or reviewed.dry_run or store is None:
+            return outcome
+        if store.made(outcome.templates):  # most admissions: a thread hop costs them ~ms
             return outcome
         try:
             made = asyncio.to_thread(store.ensure, outcome.templates, template_seconds)

@@ -112,6 +112,16 @@ class TemplateStore:
         self.api: Any = api  # the client's methods are untyped
         self.known = known
 
+    def made(self, templates: Sequence[Obj]) -> bool:
+        """Whether every one of `templates` exists as it is and unmarked, as the watch shows
+        them: then there is nothing to make, and no reason to leave the event loop."""
+        for template in templates:
+            meta = template["metadata"]
+            seen = self.known.current.templates.get((meta["namespace"], meta["name"]))
+            if seen is None or seen[1] or not _within(template["spec"], seen[0]):
+                return False
+        return True
+
     def ensure(self, templates: Sequence[Obj], budget: float) -> Denial | None:
         """Make every template exist within `budget` seconds; the denial when one cannot."""
         deadline = time.monotonic() + budget

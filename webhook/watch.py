@@ -83,7 +83,9 @@ class SliceWatch(ListWatch[SliceView]):
         """Nothing to poll: the watch pushes."""
 
     def _snapshot(self, views: Mapping[str, SliceView]) -> None:
-        self._current = Pools.of_views(views.values())
+        pools = Pools.of_views(views.values())
+        pools.warm()
+        self._current = pools
 
 
 class TemplateWatch(ListWatch[templates.Seen]):

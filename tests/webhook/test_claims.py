@@ -520,3 +520,48 @@ def test_mig_requests_no_pool_can_satisfy_are_denied(
     outcome = mig_cluster.admit(annotations)
     assert outcome.denial is not None
     assert why in outcome.denial.message
+
+
+MANY = (
+    *CLUSTER,
+    *(dracluster.node(f"h100-{i}", 4, (H100,)) for i in range(5)),
+    *(dracluster.node(f"t4-{i}", 2, (T4,), nvlink="none", shared=("*T4*",)) for i in range(5)),
+)
+
+
+def test_devices_alike_share_one_make_and_a_translation_passes_over_one_node_of_each() -> None:
+    pools = Pools.of(dracluster.all_slices(MANY))
+    first, second = pools.nodes["h100-0"], pools.nodes["h100-1"]
+    assert [d.make for d in first] == [d.make for d in second]
+    assert all(a.make is b.make and a.uuid != b.uuid for a, b in zip(first, second, strict=True))
+    assert sorted({d.node for d in pools.alike}) == ["a100-40", "h100", "t4"]
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {"gpuwire.io/gpu-model": "A100,H100", "gpuwire.io/gpu-min-memory": "40Gi",
+         "gpuwire.io/gpu-count": "2"},
+        {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-memory-limit": "4Gi"},
+        {"gpuwire.io/gpu-count": "all"},
+    ],
+)  # fmt: skip
+def test_many_nodes_alike_give_the_template_one_of_each_gives(annotations: dict[str, str]) -> None:
+    def admitted(nodes: Sequence[DraNode]) -> Outcome:
+        pools = Pools.of(dracluster.all_slices(nodes))
+        return mutate(pod(annotations), NAMESPACE, DRA, Fleet(), grant.KeyRing({}), pools)
+
+    few, many = admitted(CLUSTER), admitted(MANY)
+    assert few.allowed
+    assert many.allowed
+    assert few.templates == many.templates
+    assert few.warnings == many.warnings
+
+
+def test_a_denial_counts_every_gpu_not_one_node_of_each() -> None:
+    pools = Pools.of(dracluster.all_slices(MANY))
+    outcome = mutate(pod({"gpuwire.io/gpu-model": "T4"}), NAMESPACE, DRA, Fleet(),
+                     grant.KeyRing({}), pools)  # fmt: skip
+    assert outcome.denial is not None
+    assert "are all shared" in outcome.denial.message
+    assert f"and {6 * 2 - 3} more" in outcome.denial.message  # 6 T4 nodes of 2: 3 shown

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -26,7 +27,7 @@ from tests.webhook.support import eventually, make_files
 from webhook.claims import MANAGED_BY, TEMPLATE_LABEL
 from webhook.lease import Leader, Lease
 from webhook.review import decode_patch, request_for
-from webhook.templates import UNUSED, TemplateStore, sweep
+from webhook.templates import UNUSED, Known, TemplateStore, sweep
 from webhook.watch import SliceWatch, TemplateWatch
 
 NAMESPACE = "team-a"
@@ -325,3 +326,18 @@ def test_slices_and_templates_an_api_server_does_not_serve_count_as_none(api: Ap
     finally:
         slices.stop()
         known.stop()
+
+
+def test_only_a_template_the_watch_shows_as_it_is_and_unmarked_counts_as_made() -> None:
+    spec = {"spec": {"devices": {"requests": [{"name": "gpus"}]}}}
+    template = {"metadata": {"namespace": NAMESPACE, "name": "gpuwire-1"}, "spec": spec}
+    other = {"metadata": {"namespace": NAMESPACE, "name": "gpuwire-2"}, "spec": spec}
+
+    def store(stored: dict[str, Any], marked: bool) -> TemplateStore:
+        known = Known({(NAMESPACE, "gpuwire-1"): (stored, marked)})
+        return TemplateStore(client.ResourceV1Api(), SimpleNamespace(current=known))
+
+    assert store(spec, marked=False).made([template])
+    assert not store(spec, marked=False).made([template, other])  # one not there
+    assert not store(spec, marked=True).made([template])  # to be unmarked
+    assert not store({"spec": {}}, marked=False).made([template])  # a squatter's: a conflict
