@@ -117,7 +117,7 @@ class Agent:
     def step(self, now: float) -> Snapshot:
         gpus, mig = tuple(self.gpus()), tuple(self.mig())
         held = observe(self.settings, gpus, now, mig, self.dra_names())
-        found = tuple(holders.conflicts(held))
+        found = tuple(holders.conflicts(held, {m.uuid: m.parent_uuid for m in mig}))
         names = {g.uuid: f"GPU {g.index}" for g in gpus}
         names |= {m.uuid: f"MIG {m.profile} of GPU {m.parent_index}" for m in mig}
         for conflict in found:

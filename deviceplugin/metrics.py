@@ -118,8 +118,8 @@ class Metrics(Collector):
         conflict = _family(
             "gpuwire_gpu_conflict",
             "The GPU is oversubscribed (value 1): kind shared-gpu (held by several containers, "
-            "not shared) or all-beside-plugin (a plugin-less `all` pod where the plugin "
-            "allocates).",
+            "not shared), all-beside-plugin (a plugin-less `all` pod where the plugin "
+            "allocates) or gpu-and-mig (a GPU held whole and one of its MIG devices by another).",
             ["node", "uuid", "index", "kind"],
         )
         flagged = sorted({(u, c.kind) for c in snapshot.conflicts for u in c.gpus})

@@ -195,8 +195,8 @@ class Supervisor:
             log.warning("GPU %s: quit not taken (%s); ending the daemon", uuid, exc)
         if running.process is not None:
             _end(running.process)
-        elif running.daemon.alive():
-            os.kill(running.daemon.pid, 15)
+        else:
+            _end_adopted(running.daemon)
 
     def _reap(self, running: _Running) -> None:
         if running.process is not None:
@@ -213,6 +213,19 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def _end_adopted(daemon: mps.Daemon) -> None:
+    """End a daemon an earlier agent started, which this one cannot wait for: as `_end`, a
+    grace period after `quit`, then SIGTERM, then SIGKILL, each watched through /proc."""
+    for signal in (0, 15, 9):
+        if signal and daemon.alive():
+            os.kill(daemon.pid, signal)
+        deadline = time.monotonic() + 5
+        while daemon.alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not daemon.alive():
+            return
 
 
 def job(

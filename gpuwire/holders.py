@@ -38,6 +38,7 @@ WATCH_ONLY = frozenset({"utility"})
 
 SHARED_GPU = "shared-gpu"
 ALL_BESIDE_PLUGIN = "all-beside-plugin"
+GPU_AND_MIG = "gpu-and-mig"
 
 
 class HoldersError(ValueError):
@@ -108,7 +109,7 @@ class NodeHolders:
 
 @dataclass(frozen=True)
 class Conflict:
-    kind: str  # SHARED_GPU or ALL_BESIDE_PLUGIN
+    kind: str  # SHARED_GPU, ALL_BESIDE_PLUGIN or GPU_AND_MIG
     gpus: tuple[str, ...]  # UUIDs
     holders: tuple[str, ...]  # Holder.name of each container involved
 
@@ -121,6 +122,12 @@ class Conflict:
         gpus = ", ".join(names.get(u, u) for u in ordered)
         if self.kind == SHARED_GPU:
             return f"{gpus} held by {' and '.join(self.holders)}, and not shared"
+        if self.kind == GPU_AND_MIG:
+            whole, part = (names.get(u, u) for u in self.gpus)
+            return (
+                f"{whole} held whole by {self.holders[0]} while {part} is held by "
+                f"{' and '.join(self.holders[1:])}"
+            )
         return (
             f"{self.holders[0]} took all GPUs ({gpus}) without the device plugin, "
             "which also allocates them"
@@ -237,7 +244,10 @@ def node_holders(
     return NodeHolders(holders, tuple(sorted(shared)), plugin)
 
 
-def conflicts(node: NodeHolders) -> list[Conflict]:
+def conflicts(node: NodeHolders, parents: Mapping[str, str] | None = None) -> list[Conflict]:
+    """What the node's holders collide on. `parents` (MIG device UUID → its GPU's UUID) adds a
+    GPU held whole beside one of its MIG devices held by someone else: the whole GPU's holder
+    reaches every MIG device's memory and SMs."""
     found = []
     for uuid in sorted({u for h in node.holders for u in h.gpus}):
         holding = node.of_gpu(uuid)
@@ -246,6 +256,15 @@ def conflicts(node: NodeHolders) -> list[Conflict]:
         one_claim = bool(set.intersection(*(set(h.claims) for h in holding)))
         if len(holding) > 1 and (mixed or (uuid not in node.shared and not one_claim)):
             found.append(Conflict(SHARED_GPU, (uuid,), tuple(h.name for h in holding)))
+    for mig, parent in sorted((parents or {}).items()):
+        whole = node.of_gpu(parent)
+        others = [h for h in node.of_gpu(mig) if h not in whole]
+        for h in whole:
+            apart = [o for o in others if not set(h.claims) & set(o.claims)]
+            if apart:
+                found.append(
+                    Conflict(GPU_AND_MIG, (parent, mig), (h.name, *(o.name for o in apart)))
+                )
     if node.plugin:
         for h in node.holders:
             if h.path == PLUGIN_LESS and h.whole_node:

@@ -277,7 +277,8 @@ def _node(obj: Obj, claimed: _Claimed) -> Node:
         shares = {u for u in claimed.shared if any(u in h.gpus for h in extra)}
         held = holding.NodeHolders(holding.merge([*base.holders, *extra]),
                                    tuple(sorted({*base.shared, *shares})), base.plugin)  # fmt: skip
-    conflicts = tuple(holding.conflicts(held)) if held is not None else ()
+    parents = {m.uuid: g.uuid for g in listed for m in g.mig or ()}
+    conflicts = tuple(holding.conflicts(held, parents)) if held is not None else ()
     conflicted = {u for c in conflicts for u in c.gpus}
 
     def holders_of(uuid: str) -> tuple[holding.Holder, ...]:

@@ -19,6 +19,7 @@ import pytest
 
 from deviceplugin import agent, cli, labeler, plugin, podresources
 from deviceplugin.config import Config
+from deviceplugin.simulated import SimDiscovery
 from gpuwire import holders, records, sim
 from gpuwire.records import PLUGIN, PLUGIN_LESS
 from testbed.apiserver import ApiServer
@@ -257,6 +258,30 @@ def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", f"conflict on node {NODE}: {what}"),
         ("INFO", f"conflict on node {NODE} is over: {what}"),
+    ]
+
+
+def test_a_gpu_held_whole_beside_a_container_on_its_mig_device_is_a_conflict(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    sim.write_node(tmp_path / "node", sim.with_mig(sim.make_machine(gpus=1), 0, ("balanced",)))
+    found = SimDiscovery(tmp_path / "node").discover()
+    (gpu,), mig = found.devices, found.mig_devices
+    settings = agent.Settings(records_dir=str(tmp_path / "records"), pod_resources="/nonexistent")
+    for name, held in (("whole", gpu.uuid), ("slice", mig[0].uuid)):
+        annotations = {**DAEMON, "io.kubernetes.cri.sandbox-name": name}
+        records.write(str(tmp_path / "records"), records.started(
+            name, annotations, [held], path=PLUGIN_LESS, whole_node=False,
+            capabilities=["compute"], pid=sleeper.pid,
+        ))  # fmt: skip
+    caplog.set_level("WARNING", logger="deviceplugin.agent")
+    snapshot = agent.Agent(settings, NODE, lambda: (gpu,), frozenset, mig=lambda: mig).step(1.0)
+    assert [(c.kind, c.gpus) for c in snapshot.conflicts] == [
+        (holders.GPU_AND_MIG, (gpu.uuid, mig[0].uuid))
+    ]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"conflict on node {NODE}: GPU 0 held whole by monitoring/whole while "
+        f"MIG {mig[0].profile} of GPU 0 is held by monitoring/slice"
     ]
 
 

@@ -8,6 +8,7 @@ import pytest
 from gpuwire import holders, sim
 from gpuwire.holders import (
     ALL_BESIDE_PLUGIN,
+    GPU_AND_MIG,
     SHARED_GPU,
     Assignment,
     Holder,
@@ -122,6 +123,33 @@ def test_two_holders_of_an_unshared_gpu_conflict() -> None:
     assert conflict.holders == ("team-a/squatter", "team-a/trainer")
     assert conflict.explain({U[1]: "GPU 1"}) == (
         "GPU 1 held by team-a/squatter and team-a/trainer, and not shared"
+    )
+
+
+def test_a_gpu_held_whole_beside_one_of_its_mig_devices_held_by_another_conflicts() -> None:
+    """The whole GPU's holder reaches every MIG device's memory and SMs; a MIG device's
+    holder beside it, or one claim holding both, is no conflict."""
+    mig, sibling = "MIG-a", "MIG-b"
+    node = NodeHolders(
+        (
+            Holder("team-a", "whole", "main", PLUGIN_LESS, (U[0],)),
+            Holder("team-b", "slice", "main", PLUGIN, (mig,)),
+            Holder("team-c", "other", "main", PLUGIN, (sibling,)),
+            Holder("team-d", "claimed", "main", DRA, (U[1],), claims=("team-d/c",)),
+            Holder("team-d", "claimed", "side", DRA, ("MIG-c",), claims=("team-d/c",)),
+        ),
+        (),
+        True,
+    )
+    parents = {mig: U[0], sibling: U[0], "MIG-c": U[1]}
+    assert holders.conflicts(node) == []  # without the parents, nothing to see
+    found = holders.conflicts(node, parents)
+    assert [(c.kind, c.gpus, c.holders) for c in found] == [
+        (GPU_AND_MIG, (U[0], mig), ("team-a/whole", "team-b/slice")),
+        (GPU_AND_MIG, (U[0], sibling), ("team-a/whole", "team-c/other")),
+    ]
+    assert found[0].explain({U[0]: "GPU 0", mig: "MIG 1g.10gb of GPU 0"}) == (
+        "GPU 0 held whole by team-a/whole while MIG 1g.10gb of GPU 0 is held by team-b/slice"
     )
 
 

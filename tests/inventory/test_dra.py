@@ -144,3 +144,46 @@ def test_a_plugin_less_container_on_a_dra_gpu_is_a_conflict_even_on_a_shared_one
 
 def share_index(placed: Placed) -> int:
     return int(placed.gpus()[0][1].removeprefix("gpu-"))
+
+
+MIG_NODE = dracluster.node("dra-mig", 1, ("NVIDIA A100-SXM4-80GB",), mig={0: ("balanced",)})
+
+
+def test_a_claim_on_a_mig_device_holds_it_under_its_gpu() -> None:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, [MIG_NODE])
+        placed = Cluster(api, [MIG_NODE]).run({"gpuwire.io/mig-profile": "2g.20gb"})
+        (uuid,) = placed.attribute("uuid")
+        text = inventory.report(api.objects("nodes"), api.objects("pods"),
+                                claims=api.objects("resourceclaims"),
+                                slices=api.objects("resourceslices"), output="json")  # fmt: skip
+    (node,) = json.loads(text)["nodes"]
+    (gpu0,) = node["gpus"]
+    assert gpu0["holders"] == []  # the GPU itself: nobody
+    held = {m["uuid"]: [(h["pod"], h["path"]) for h in m["holders"]] for m in gpu0["mig"]}
+    assert held.pop(uuid) == [(placed.pod, "dra")]
+    assert len(held) == 3  # the other MIG devices: nobody
+    assert all(h == [] for h in held.values())
+
+
+def test_a_gpu_taken_whole_beside_a_claim_on_its_mig_device_is_a_conflict() -> None:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, [MIG_NODE])
+        placed = Cluster(api, [MIG_NODE]).run({"gpuwire.io/mig-profile": "2g.20gb"})
+        parent = MIG_NODE.gpus().devices[0].uuid
+        squatter = holders.Holder("other", "squatter", "main", PLUGIN_LESS, (parent,))
+        node = api.get("nodes", MIG_NODE.name)
+        assert node is not None
+        node["metadata"]["annotations"][holders.ANNOTATION] = holders.encode(
+            holders.NodeHolders((squatter,), (), False)
+        )
+        api.put(node)
+        text = inventory.report(api.objects("nodes"), api.objects("pods"),
+                                claims=api.objects("resourceclaims"),
+                                slices=api.objects("resourceslices"), output="json")  # fmt: skip
+    (conflict,) = json.loads(text)["conflicts"]
+    assert conflict["kind"] == holders.GPU_AND_MIG
+    assert conflict["message"] == (
+        f"GPU 0 held whole by other/squatter while MIG 2g.20gb of GPU 0 is held by "
+        f"team-a/{placed.pod}"
+    )
