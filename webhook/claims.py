@@ -41,7 +41,7 @@ from gpuwire import annotations as keys
 from gpuwire import dra, limits
 from gpuwire.annotations import GpuRequest
 from gpuwire.quantity import canonical_mib
-from webhook.placement import Unplaceable, listing
+from webhook.placement import Unplaceable, listing, models_matching
 from webhook.pools import PoolDevice, Pools
 
 API_VERSION = "resource.k8s.io/v1"
@@ -101,10 +101,6 @@ def _contains(word: str) -> str:
     return f"{_PRODUCT}.contains({json.dumps(word)})"
 
 
-def _normalised_matches(name: str, words: Sequence[str]) -> bool:
-    return any(w in name for w in words)
-
-
 def _content_name(spec: Obj) -> str:
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     return PREFIX + digest[:16]
@@ -139,15 +135,7 @@ class _Translation:
         r = self.request
         if not r.models and not r.excluded_models:
             return devices
-        products = self.pools.products
-        allowed = [
-            p for p, name in products.items() if not _normalised_matches(name, r.excluded_models)
-        ]
-        chosen = (
-            [p for p in allowed if _normalised_matches(products[p], r.models)]
-            if r.models
-            else allowed
-        )
+        allowed, chosen = models_matching(self.pools.products, r.models, r.excluded_models)
         if not chosen:
             raise self.fail(
                 (keys.MODEL, keys.HAMI_USE_TYPE, keys.HAMI_NOUSE_TYPE),

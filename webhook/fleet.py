@@ -86,7 +86,10 @@ class Node:
             m
             for g in self.gpus
             for m in g.mig or ()
-            if m.profile == profile and m.healthy and m.uuid not in self.held | set(taken)
+            if m.profile == profile
+            and m.healthy
+            and m.uuid not in self.held
+            and m.uuid not in taken
         ]
 
     @property

@@ -26,7 +26,7 @@ can give one twice, which the inventory shows as a conflict.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +100,16 @@ def _matches(name: str, words: Sequence[str]) -> bool:
         if word in name:
             return True
     return False
+
+
+def models_matching(
+    present: Mapping[str, str], includes: Sequence[str], excludes: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Of `present` (product → its normalised name): those no exclude word matches, and of
+    them those an include word matches (all of them where there is no include word)."""
+    allowed = [p for p, name in present.items() if not _matches(name, excludes)]
+    chosen = [p for p in allowed if _matches(present[p], includes)] if includes else allowed
+    return allowed, chosen
 
 
 def _holds(e: Expression, product: str | None, memory: int | None) -> bool:
@@ -235,9 +245,8 @@ class _Placer:
         if not self.includes and not self.excludes:
             return
         present = self.fleet.normalised
-        allowed = [p for p, name in present.items() if not _matches(name, self.excludes)]
+        allowed, chosen = models_matching(present, self.includes, self.excludes)
         if self.includes:
-            chosen = [p for p in allowed if _matches(present[p], self.includes)]
             if not chosen:
                 self.unresolved(
                     (keys.MODEL, keys.HAMI_USE_TYPE),
