@@ -445,8 +445,9 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
         except devices.UnknownDevice as exc:
             raise devices.UnknownDevice(f"{exc}{problem}") from None
         outcome.devices, outcome.mig = chosen.gpus, chosen.mig
-        facts = requirements.read_facts(config.driver_facts, driver.version)
-        outcome.unchecked = requirements.check(env, driver.version, facts, outcome.devices)
+        if requirements.requirements(env):  # the facts file only where something needs it
+            facts = requirements.read_facts(config.driver_facts, driver.version)
+            outcome.unchecked = requirements.check(env, driver.version, facts, outcome.devices)
     except (
         nvidia.CapabilityError,
         DiscoveryError,
