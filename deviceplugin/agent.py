@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin import labeler, metrics, podresources
-from deviceplugin.discovery import Discovery, NodeGpus
+from deviceplugin.discovery import REDISCOVER, Discovery, NodeGpus
 from deviceplugin.dra.devices import Sharing
 from deviceplugin.dra.devices import devices as dra_devices
 from deviceplugin.metrics import Metrics, Snapshot
@@ -29,7 +29,6 @@ from gpuwire.dra import DRIVER
 log = logging.getLogger(__name__)
 
 RESYNC = 300.0  # after this long the published value is compared with the node's again
-REDISCOVER = 60.0  # how long the node's GPU list is taken as it is (NVML's is many calls)
 
 
 @dataclass(frozen=True)

@@ -100,19 +100,19 @@ def _parameters(opaque: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 def _config(fields: Mapping[str, Any], where: str) -> GpuConfig:
     config = GpuConfig()
-    if "driverCapabilities" in fields:
-        value = fields["driverCapabilities"]
+    if CONFIG_CAPABILITIES in fields:
+        value = fields[CONFIG_CAPABILITIES]
         try:
             if not isinstance(value, str):
                 raise nvidia.CapabilityError("expected a string, e.g. compute,utility")
             config = GpuConfig(nvidia.parse_capabilities(value), config.limit_profile)
         except nvidia.CapabilityError as exc:
-            raise ClaimError(f"{where}: driverCapabilities {value!r}: {exc}") from None
-    if "limitProfile" in fields:
-        profile = fields["limitProfile"]
+            raise ClaimError(f"{where}: {CONFIG_CAPABILITIES} {value!r}: {exc}") from None
+    if CONFIG_LIMIT_PROFILE in fields:
+        profile = fields[CONFIG_LIMIT_PROFILE]
         if profile not in limits.PROFILES:
             known = ", ".join(limits.PROFILES)
-            raise ClaimError(f"{where}: limitProfile {profile!r}: accepted are {known}")
+            raise ClaimError(f"{where}: {CONFIG_LIMIT_PROFILE} {profile!r}: accepted are {known}")
         config = GpuConfig(config.capabilities, str(profile))
     return config
 

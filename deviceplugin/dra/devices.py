@@ -47,7 +47,19 @@ from deviceplugin.labels import model_token
 from gpuwire import limits, nvidia
 from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import CORES as CORES_CAPACITY
-from gpuwire.dra import GPU_TYPE, MEMORY, MEMORY_STEP_MIB, MIG_TYPE, PROFILE
+from gpuwire.dra import (
+    GPU_TYPE,
+    ISLAND,
+    MEMORY,
+    MEMORY_STEP_MIB,
+    MIG_TYPE,
+    MODEL,
+    PRODUCT,
+    PROFILE,
+    SHARED,
+    TYPE,
+    UUID,
+)
 from gpuwire.quantity import canonical_mib
 
 STANDARD = "resource.kubernetes.io/"
@@ -143,10 +155,10 @@ def parent_attributes(gpu: Gpu, node: NodeGpus) -> Entry:
     d = gpu.device
     major, minor = gpu.compute_capability
     attributes: Entry = {
-        "productName": string(d.product),
+        PRODUCT: string(d.product),
         "brand": string(gpu.brand or nvidia.brand_of(d.product)),
         "architecture": string(nvidia.architecture(major, minor)),
-        "model": string(model_token(d.product)),
+        MODEL: string(model_token(d.product)),
         STANDARD + "pciBusID": string(d.pci_bus_id),
     }
     for name, text in (
@@ -168,10 +180,10 @@ def gpu_entry(gpu: Gpu, node: NodeGpus, island: int, sharing: Sharing) -> Entry:
     d = gpu.device
     shared = sharing.shares(d)
     attributes: Entry = {
-        "type": string(GPU_TYPE),
-        "uuid": string(d.uuid),
-        "nvlinkIsland": {"int": island},
-        "shared": {"bool": shared},
+        TYPE: string(GPU_TYPE),
+        UUID: string(d.uuid),
+        ISLAND: {"int": island},
+        SHARED: {"bool": shared},
         **parent_attributes(gpu, node),
     }
     if shared:
@@ -225,8 +237,8 @@ def mig_entry(gpu: Gpu, m: Mig, node: NodeGpus) -> Entry:
     capacity[MEMORY] = {"value": canonical_mib(m.device.memory_mib)}
     capacity |= {f"memorySlice{i}": {"value": "1"} for i in range(start, start + size)}
     attributes: Entry = {
-        "type": string(MIG_TYPE),
-        "uuid": string(m.device.uuid),
+        TYPE: string(MIG_TYPE),
+        UUID: string(m.device.uuid),
         "parentUUID": string(gpu.device.uuid),
         PROFILE: string(m.device.profile),
         **parent_attributes(gpu, node),
