@@ -79,6 +79,12 @@ def api_value(text: str) -> tuple[int, int]:
     return numerator, denominator
 
 
+def api_mib(text: str) -> int:
+    """The whole MiB within a Quantity as the API server writes it; QuantityError if none."""
+    numerator, denominator = api_value(text)
+    return numerator // (denominator * MIB)
+
+
 def canonical_mib(mib: int) -> str:
     """Whole MiB as the API server writes the quantity: the largest binary suffix that keeps
     it whole (81920 → `80Gi`, 81559 → `81559Mi`), so what gpuwire publishes reads back equal."""

@@ -23,7 +23,7 @@ from typing import Any
 from gpuwire import annotations as gpu_annotations
 from gpuwire import dra, nodegpus, records
 from gpuwire import holders as holding
-from gpuwire.quantity import MIB, QuantityError, api_value
+from gpuwire.quantity import QuantityError, api_mib
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 GPU_TEMPLATES = "gpuwire-"  # the ResourceClaimTemplates gpuwire's webhook makes for GPU pods
@@ -195,10 +195,9 @@ def _dra_devices(slices: Iterable[Obj]) -> dict[tuple[str, str], _DraDevice]:
 
 def _mib(text: object) -> int:
     try:
-        numerator, denominator = api_value(str(text))
+        return api_mib(str(text))
     except QuantityError:
         return 0
-    return numerator // (denominator * MIB)
 
 
 def _users(claim: Obj, pods: Mapping[tuple[str, str], Obj]) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ import yaml
 
 from gpuwire import dra, limits
 from gpuwire.annotations import normalise_model
-from gpuwire.quantity import MIB, QuantityError, api_value
+from gpuwire.quantity import QuantityError, api_mib
 
 log = logging.getLogger(__name__)
 
@@ -97,10 +97,9 @@ def _value(attributes: Obj, name: str) -> Any:
 
 def _mib(memory: Any) -> int | None:
     try:
-        numerator, denominator = api_value(str(memory))
+        return api_mib(str(memory))
     except QuantityError:
         return None
-    return numerator // (denominator * MIB)
 
 
 _ENFORCEMENT = tuple((p, limits.enforcement_attribute(p)) for p in limits.ENFORCED)
