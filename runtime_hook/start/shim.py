@@ -34,7 +34,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from gpuwire.edits import Edits
     from runtime_hook.start.config import Config
-    from runtime_hook.start.plan import Plan
 
 BUNDLE_FLAGS = ("--bundle", "-bundle", "-b")
 CREATING = ("create", "run")
@@ -104,7 +103,7 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
 
         hooked = ocispec.ldcache_hooks(spec) if decided.by_engine else []
         try:
-            for links in _links_and_caches(decided, hooked):
+            for links in _links_and_caches(decided.edits, decided.by_engine, hooked):
                 inject.prepare(decided.rootfs, links, settings.ldconfig)
         except inject.InjectionError as exc:
             log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
@@ -119,18 +118,18 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
         ocispec.save(bundle, ocispec.apply(spec, void))
 
 
-def _links_and_caches(decided: Plan, hooked: list[list[str]]) -> list[Edits]:
+def _links_and_caches(edits: Edits, by_engine: bool, hooked: list[list[str]]) -> list[Edits]:
     """What `inject.prepare` makes before runc: the plan's links and ld cache; for edits the
     engine applied from claims' CDI specs, what each spec's ld-cache hook would make, so that
     runc runs no hook (a hook costs runc a process and the resident a second call)."""
     from gpuwire.edits import Edits, parse_ldcache_args
 
-    if decided.edits is None or not decided.by_engine:
-        return [decided.edits] if decided.edits is not None else []
+    if not by_engine:
+        return [edits]
     made = []
     for args in hooked:
         _, folders, links, entries = parse_ldcache_args(args)
-        made.append(Edits({}, [], decided.edits.mounts, links, folders, entries))
+        made.append(Edits({}, [], edits.mounts, links, folders, entries))
     return made
 
 

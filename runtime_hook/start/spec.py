@@ -98,6 +98,10 @@ LDCACHE_HOOK_KINDS = ("createRuntime", "createContainer")
 LDCACHE_HOOK_ARGS = ["gpuwire-hook", "ldcache"]
 
 
+def _is_ldcache_hook(hook: Any) -> bool:
+    return list(hook.get("args") or ())[:2] == LDCACHE_HOOK_ARGS
+
+
 def ldcache_hooks(spec: Spec) -> list[list[str]]:
     """The arguments (after `gpuwire-hook ldcache`) of each distinct gpuwire ld-cache hook in
     the spec: one per CDI spec that brought one (a container of two claims has two)."""
@@ -106,15 +110,16 @@ def ldcache_hooks(spec: Spec) -> list[list[str]]:
         [str(a) for a in h.get("args") or ()][2:]
         for kind in LDCACHE_HOOK_KINDS
         for h in hooks.get(kind) or ()
-        if list(h.get("args") or ())[:2] == LDCACHE_HOOK_ARGS
+        if _is_ldcache_hook(h)
     ]
     return [list(args) for args in dict.fromkeys(tuple(a) for a in found)]
 
 
 def without_ldcache_hooks(spec: Spec) -> Spec:
-    """`spec` without gpuwire's ld-cache hooks (their work done before runc: the shim's)."""
+    """`spec` without the ld-cache hooks `ldcache_hooks` found (their work done before runc:
+    the shim's)."""
     hooks = {
-        kind: [h for h in entries if list(h.get("args") or ())[:2] != LDCACHE_HOOK_ARGS]
+        kind: [h for h in entries if kind not in LDCACHE_HOOK_KINDS or not _is_ldcache_hook(h)]
         for kind, entries in (spec.get("hooks") or {}).items()
     }
     return {**spec, "hooks": {kind: entries for kind, entries in hooks.items() if entries}}
