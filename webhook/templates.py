@@ -25,7 +25,7 @@ import calendar
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,10 +79,6 @@ class Known:
     """The gpuwire templates the watch shows: (namespace, name) → (spec, marked unused)."""
 
     templates: Mapping[tuple[str, str], tuple[Obj, bool]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, objects: Iterable[Obj]) -> Known:
-        return cls({(s.namespace, s.name): (s.spec, s.marked) for s in map(seen, objects)})
 
 
 def _rfc3339(at: float) -> str:
