@@ -143,6 +143,28 @@ class Agent:
             stop.wait(self.settings.interval)
 
 
+def of_node(
+    settings: Settings,
+    node: str,
+    found: Callable[[], NodeGpus],
+    unhealthy: Callable[[], frozenset[str]],
+    api: Any = None,
+    metrics: Metrics | None = None,
+) -> Agent:
+    """The agent of the node `found()` discovers: its GPUs, its MIG devices and the DRA names
+    pod-resources lists claims' devices by (the DRA plugin's names for them)."""
+    return Agent(
+        settings,
+        node,
+        lambda: found().devices,
+        unhealthy,
+        api,
+        metrics,
+        lambda: found().mig_devices,
+        lambda: {d.name: d.uuid for d in dra_devices(found(), Sharing())},
+    )
+
+
 def job(
     settings: Settings,
     node_name: str | None,
@@ -154,16 +176,8 @@ def job(
     metrics endpoint (if a port is set) up until `stop`."""
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
-    found = _rediscovered(discovery)
-    agent = Agent(
-        settings,
-        labeler.node_name(node_name),
-        lambda: found().devices,
-        unhealthy,
-        api,
-        collector,
-        lambda: found().mig_devices,
-        lambda: {d.name: d.uuid for d in dra_devices(found(), Sharing())},
+    agent = of_node(
+        settings, labeler.node_name(node_name), _rediscovered(discovery), unhealthy, api, collector
     )
 
     def run(stop: threading.Event) -> None:

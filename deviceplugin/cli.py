@@ -471,14 +471,7 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            node_agent = agent.Agent(
-                holder_settings,
-                name,
-                lambda: node.devices,
-                unreachable,
-                api,
-                mig=lambda: node.mig_devices,
-            )
+            node_agent = agent.of_node(holder_settings, name, lambda: node, unreachable, api)
             held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0
