@@ -433,7 +433,7 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
         outcome.capabilities = nvidia.parse_capabilities(caps)
         driver = outcome.driver = discover(config.roots, outcome.capabilities)
         problem = ""
-        if driver.mig:
+        if driver.mig and any(devices.is_mig_entry(e) for e in verdict.request.entries):
             from gpuwire import mig
 
             try:
