@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin import labeler, metrics, podresources
-from deviceplugin.discovery import REDISCOVER, Discovery, NodeGpus
+from deviceplugin.discovery import NodeGpus
 from deviceplugin.dra.devices import Sharing
 from deviceplugin.dra.devices import devices as dra_devices
 from deviceplugin.metrics import Metrics, Snapshot
@@ -169,16 +169,15 @@ def job(
     settings: Settings,
     node_name: str | None,
     kubeconfig: str | None,
-    discovery: Discovery,
+    found: Callable[[], NodeGpus],
     unhealthy: Callable[[], frozenset[str]],
 ) -> Callable[[threading.Event], None]:
-    """The agent as a background job of the node agent: `job(...)(stop)` runs it, with the
-    metrics endpoint (if a port is set) up until `stop`."""
+    """The agent as a background job of the node agent: `job(...)(stop)` runs it on the node
+    `found()` gives (the process's `discovery.Latest`), with the metrics endpoint (if a port
+    is set) up until `stop`."""
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
-    agent = of_node(
-        settings, labeler.node_name(node_name), _rediscovered(discovery), unhealthy, api, collector
-    )
+    agent = of_node(settings, labeler.node_name(node_name), found, unhealthy, api, collector)
 
     def run(stop: threading.Event) -> None:
         server = None
@@ -193,18 +192,3 @@ def job(
                 server.server_close()
 
     return run
-
-
-def _rediscovered(discovery: Discovery) -> Callable[[], NodeGpus]:
-    """The node's GPUs and MIG devices, discovered again at most every REDISCOVER seconds,
-    or when the MIG layout changed."""
-    found: list[tuple[float, object, NodeGpus]] = []
-
-    def node() -> NodeGpus:
-        now = time.monotonic()
-        if not found or now - found[0][0] >= REDISCOVER or discovery.layout() != found[0][1]:
-            gpus = discovery.discover()
-            found[:] = [(now, discovery.layout(), gpus)]
-        return found[0][2]
-
-    return node

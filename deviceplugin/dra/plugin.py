@@ -20,7 +20,7 @@ import kubeclient
 from deviceplugin import labeler, state
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus, follow
+from deviceplugin.discovery import Discovery, Latest, NodeGpus, follow
 from deviceplugin.dra import devices, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
@@ -66,6 +66,7 @@ class DraPlugin:
         self.node = labeler.node_name(config.node_name)
         self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
         node = self.discovery.discover()
+        self.latest = Latest(self.discovery, node)
         self.sockets = Sockets(config.kubelet_root, DRIVER)
         holders = Holders(
             config.hami_library if "hami" in labeler.enforced(config) else None,
@@ -119,6 +120,7 @@ class DraPlugin:
     def _publish(self, node: NodeGpus) -> None:
         """Make the node's devices the ones published and prepared (each swapped whole); say
         what changed, and which MIG devices are left out and why."""
+        self.published = node
         found = devices.devices(node, self.sharing)
         left = {m.device.name: devices.unpublished(m) for m in node.mig}
         for name, why in sorted(left.items()):
@@ -157,14 +159,16 @@ class DraPlugin:
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
             threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
             threading.Thread(
-                target=follow, args=(self.discovery, self._rediscovered, stop), name="mig"
+                target=follow,
+                args=(self.latest, self.published, self._rediscovered, stop),
+                name="mig",
             ),
         ]
         if self.config.labels:
             jobs.append(
                 threading.Thread(
                     target=labeler.run,
-                    args=(self.config, self.discovery, stop, self.health.unhealthy),
+                    args=(self.config, self.latest, stop, self.health.unhealthy),
                     name="labels",
                 )
             )
