@@ -145,11 +145,6 @@ class DraPlugin:
     def taints(self) -> dict[str, Sequence[taints.Taint]]:
         return dict(taints.taints(self.health.causes()))
 
-    def _publish_on_change(self, stop: threading.Event) -> None:
-        """Wake the publisher the moment health changes (a fault, a recovery)."""
-        for _ in self.health.watch(stop.is_set, poll=0.25):
-            self.publisher.wake.set()
-
     def run(self, stop: threading.Event) -> None:
         """Serve until `stop` is set; the sockets are gone when this returns."""
         jobs = [
@@ -157,7 +152,6 @@ class DraPlugin:
                 target=state.monitor, args=(self.discovery, self.health, stop), name="health"
             ),
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
-            threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
             threading.Thread(
                 target=follow,
                 args=(self.latest, self.published, self._rediscovered, stop),
