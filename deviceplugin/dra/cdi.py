@@ -67,17 +67,26 @@ def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     return spec
 
 
+def unique(results: Sequence[Result]) -> tuple[Result, ...]:
+    """A claim's results, one per device (shares of one GPU are one device to a container)."""
+    return tuple({r.device.name: r for r in results}.values())
+
+
+def capabilities(results: Sequence[Result]) -> tuple[str, ...]:
+    """The driver capabilities a claim's containers get: all its results' configs ask for."""
+    return tuple(sorted({c for r in results for c in r.config.capabilities}))
+
+
 def claim_devices(results: Sequence[Result]) -> tuple[claimtoken.ClaimDevice, ...]:
     """What a claim's token names of each device it was given: NVIDIA_VISIBLE_DEVICES names
     a GPU by its UUID, a MIG device by its own (`MigDevice.name`)."""
-    unique = {r.device.name: r for r in results}.values()
     return tuple(
         claimtoken.ClaimDevice(
             r.device.name,
             r.device.mig.name if r.device.mig is not None else r.device.gpu.uuid,
             r.share_id is not None,
         )
-        for r in unique
+        for r in unique(results)
     )
 
 
@@ -106,28 +115,29 @@ def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[drive
 
 def claim_spec(
     found: driver.Driver,
-    ref: ClaimRef,
+    proof: claimtoken.ClaimToken,
     results: Sequence[Result],
+    capabilities: tuple[str, ...],
     hook: str,
     ldconfig: str,
     token: str,
     host_root: str = "/",
     holders: Holders = NOTHING,
 ) -> dict[str, Any]:
-    """The spec for a claim's results (pure, given the discovered driver); `token`: where its
-    claim token is, as the host names it. ClaimError where nothing here holds the claim to
-    its share."""
+    """The spec for a claim's results (pure, given the driver discovered for their
+    `capabilities`); `proof`: the claim's token, which names its devices, and `token` where
+    it is, as the host names it. ClaimError where nothing here holds the claim to its share."""
+    ref = ClaimRef(proof.namespace, proof.name, proof.uid)
     devices = []
-    for r in {r.device.name: r for r in results}.values():
+    for r in unique(results):
         device = cdi.device(
             f"{ref.uid}-{r.device.name}", cdi.device_nodes(_nodes(found, ref, r.device))
         )
-        proof = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
-        device["containerEdits"]["mounts"] = [proof]
+        mount = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
+        device["containerEdits"]["mounts"] = [mount]
         devices.append(device)
-    capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
-    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in claim_devices(results))
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in proof.devices)
     env, mounts = hold(results, holders)
     common.env.update(env)
     common.mounts += mounts
@@ -161,9 +171,9 @@ class CdiWriter:
     def write(
         self, ref: ClaimRef, results: Sequence[Result], owner: str | None
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-        capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
+        wanted = capabilities(results)
         try:
-            found = driver.discover(self.roots, capabilities)
+            found = driver.discover(self.roots, wanted)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
         proof = claimtoken.ClaimToken(
@@ -171,9 +181,8 @@ class CdiWriter:
         )
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
-            found, ref, results, cdi.hook_program(self.hook, self.host_root), self.ldconfig,
-            on_host(token, self.host_root),
-            self.host_root, self.holders,
+            found, proof, results, wanted, cdi.hook_program(self.hook, self.host_root),
+            self.ldconfig, on_host(token, self.host_root), self.host_root, self.holders,
         )  # fmt: skip
         keys = KeyRing.load(self.key_dir)
         if not keys.keys:
