@@ -317,6 +317,13 @@ def test_a_kubelet_that_does_not_answer_is_named(socket_dir: Path) -> None:
         podresources.read(str(path), timeout=1)
 
 
+def label_argv(root: Path, kubeconfig: str, tmp_path: Path, pod_resources: str) -> list[str]:
+    """`gpuwire node label --holders` once, on the simulated node."""
+    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig, "--holders"]
+    return [*argv, "--records-dir", str(tmp_path / "records"), "--pod-resources-socket",
+            pod_resources]  # fmt: skip
+
+
 def test_node_label_publishes_holders_once(
     api: ApiServer,
     kubeconfig: str,
@@ -331,9 +338,7 @@ def test_node_label_publishes_holders_once(
         capabilities=["compute"], pid=sleeper.pid,
     )  # fmt: skip
     records.write(str(tmp_path / "records"), grant)
-    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig, "--holders"]
-    argv += ["--records-dir", str(tmp_path / "records"), "--pod-resources-socket", "/nonexistent"]
-    assert cli.label(argv) == 0
+    assert cli.label(label_argv(root, kubeconfig, tmp_path, "/nonexistent")) == 0
     assert f"node {NODE}: gpuwire.io/holders: 1 container(s) hold GPUs" in capsys.readouterr().out
     assert held(api) == [("monitoring/agent-x7k2p", PLUGIN_LESS, 1, False)]
 
@@ -357,12 +362,10 @@ def test_node_label_once_names_the_gpus_of_dra_claims(
         ]}}},
     }  # fmt: skip
     path = socket_dir / "kubelet.sock"
-    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig, "--holders"]
-    argv += ["--records-dir", str(tmp_path / "records"), "--pod-resources-socket", str(path)]
     with PodResourcesKubelet(path) as pod_resources:
         pod_resources.add_pod("team-a", "trainer", "u1", ["main"])
         pod_resources.claim("u1", "main", claim, {})
-        assert cli.label(argv) == 0
+        assert cli.label(label_argv(root, kubeconfig, tmp_path, str(path))) == 0
     assert f"node {NODE}: gpuwire.io/holders: 1 container(s) hold GPUs" in capsys.readouterr().out
     node = annotation(api)
     assert node is not None
