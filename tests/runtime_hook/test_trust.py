@@ -283,3 +283,10 @@ def test_only_a_start_that_names_a_mig_device_reads_the_mig_map(
     assert outcome.error is None, outcome.error
     assert [m.uuid for m in outcome.mig] == [named]
     assert read == [str(mig_map)]
+    config.mig_map = str(tmp_path)  # unreadable as a map: whole GPUs start all the same
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(keys, "0")}
+    assert granted_indices(container_spec(env), config) == [0]
+    env = {"NVIDIA_VISIBLE_DEVICES": named, "GPUWIRE_GRANT": grant_for(keys, named)}
+    outcome = evaluate(container_spec(env), config, claim=True)
+    assert outcome.error is not None
+    assert f"cannot read the MIG map {tmp_path}" in outcome.error
