@@ -13,6 +13,7 @@ import importlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from deviceplugin import labeler, state
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus, follow
-from deviceplugin.dra import devices, taints
+from deviceplugin.dra import devices, healthfile, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
 from deviceplugin.dra.devices import DraDevice, Sharing
@@ -30,7 +31,7 @@ from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
 from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
-from deviceplugin.health import HealthBook, HealthPolicy
+from deviceplugin.health import Entries, HealthBook, HealthPolicy
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
@@ -81,7 +82,16 @@ class DraPlugin:
         policy = HealthPolicy(config.ignored_xids, config.recover_after)
         uuids, children = node.watched()
         book = HealthBook(policy, uuids, children=children)
-        self.health = state.HealthState(book, self.discovery.alive)
+        plugin_dir = str(self.sockets.plugin_dir)
+        book.restore(healthfile.load(plugin_dir, time.monotonic(), time.time()))
+        for uuid, (_, causes) in book.entries().items():
+            log.warning("GPU %s is unhealthy, as before the restart: %s", uuid,
+                        "; ".join(e.detail for e in causes))  # fmt: skip
+
+        def persist(entries: Entries) -> None:
+            healthfile.save(plugin_dir, entries, time.monotonic(), time.time())
+
+        self.health = state.HealthState(book, self.discovery.alive, persist=persist)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
             config.cdi_dir,
@@ -100,7 +110,7 @@ class DraPlugin:
             lambda: self.by_name,
             self.taints,
             writer,
-            str(self.sockets.plugin_dir),
+            plugin_dir,
         )
         self.publisher = Publisher(
             self.api_client, DRIVER, self.node, lambda: self.devices, self.taints

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.config import Config
-from deviceplugin.dra import cdi, checkpoint
+from deviceplugin.dra import cdi, checkpoint, healthfile
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import claimtoken, sim
 from gpuwire.dra import DRIVER
@@ -414,6 +415,43 @@ def test_a_fault_taints_the_gpu_in_the_next_slice_update_and_recovery_clears_it(
     until(lambda: "taints" not in c.devices()["gpu-2"])  # quiet for recover_after (0.5 s)
     until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Healthy")
     assert c.slices()[0]["spec"]["pool"]["generation"] == generation + 2
+
+
+def test_a_fault_survives_a_plugin_restart_until_its_quiet_period_is_over(c: Cluster) -> None:
+    """NVML, like the simulated node, reports only events after the plugin starts: without
+    the health state on disk, the restarted plugin would publish gpu-2 untainted."""
+    c.start_plugin(recover_after=4.0)
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    faulted = time.monotonic()
+    sim.inject_fault(c.root, c.machine.devices[2].uuid, 79)
+    until(lambda: "taints" in c.devices()["gpu-2"])
+    c.stop_plugin()
+    for obj in c.slices():  # as the kubelet wipes a gone driver's slices
+        c.api.delete("resourceslices", obj["metadata"]["name"])
+    c.start_plugin(recover_after=4.0)
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    (taint,) = c.devices()["gpu-2"]["taints"]  # the first slices the new plugin wrote
+    assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.gpuwire.io/xid", "79",
+                                                                "NoExecute")  # fmt: skip
+    until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Unhealthy")
+    until(lambda: "taints" not in c.devices()["gpu-2"], timeout=15)
+    assert time.monotonic() - faulted >= 3.9  # the quiet period ran on across the restart
+    c.stop_plugin()
+    c.start_plugin(recover_after=4.0)  # recovered: it stays healthy after another restart
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert all("taints" not in d for d in c.devices().values())
+
+
+def test_unreadable_health_state_stops_the_plugin_naming_it(c: Cluster) -> None:
+    plugin_dir = Path(c.config.kubelet_root) / "plugins" / DRIVER
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / healthfile.NAME).write_text('{"version": 1, "devices": {"GPU-x": {}}}')
+    with pytest.raises(checkpoint.CheckpointError, match=r"health state .*health.json is "
+                       r"unreadable \('since'\): the taints it held would be lost"):  # fmt: skip
+        DraPlugin(c.config, api_client=c.api.client())
 
 
 def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(
