@@ -1,6 +1,7 @@
 """`gpuwire dra serve` put together: discovery and health (shared with the device plugin), the
-published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer, and
-the kubelet's sockets; optionally the node's labels.
+published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer and
+the watch of the shared claims' reservations, and the kubelet's sockets; optionally the
+node's labels.
 
 MIG changes are followed as the device plugin follows them (`discovery.follow`): within a
 second of instances being created or destroyed the devices, their health and the slices (at
@@ -29,6 +30,7 @@ from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.dra.endpoint import Endpoint, Sockets
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
+from deviceplugin.dra.reservations import Reservations
 from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
 from deviceplugin.health import Entries, HealthBook, HealthPolicy
@@ -112,6 +114,7 @@ class DraPlugin:
             writer,
             plugin_dir,
         )
+        self.reservations = Reservations(self.api_client, self.preparer)
         self.publisher = Publisher(
             self.api_client, DRIVER, self.node, lambda: self.devices, self.taints
         )
@@ -165,6 +168,7 @@ class DraPlugin:
                 target=state.monitor, args=(self.discovery, self.health, stop), name="health"
             ),
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
+            threading.Thread(target=self.reservations.run, args=(stop,), name="reservations"),
             threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
             threading.Thread(
                 target=follow, args=(self.discovery, self._rediscovered, stop), name="mig"
