@@ -208,7 +208,7 @@ def test_a_mig_device_destroyed_after_allocation_fails_its_claim_naming_it(
     found = driver.discover(Roots(str(root)), caps)
     token = f"/var/lib/gpuwire/allocations/claims/{ref.uid}"
     results = [Result("gpus", target)]
-    proof = ClaimToken(ref.uid, ref.namespace, ref.name, None, cdi.claim_devices(results))
+    proof = ClaimToken(ref.uid, ref.namespace, ref.name, (), cdi.claim_devices(results))
     spec = cdi.claim_spec(found, proof, results, caps, HOOK, "/sbin/ldconfig", token)
     (device,) = spec["devices"]
     nodes = [f"/dev/nvidia-caps/nvidia-cap{c}" for c in (target.mig.gi_cap, target.mig.ci_cap)]
