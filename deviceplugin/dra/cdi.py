@@ -115,9 +115,10 @@ def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[drive
 
 def claim_spec(
     found: driver.Driver,
-    proof: claimtoken.ClaimToken,
+    ref: ClaimRef,
     results: Sequence[Result],
     capabilities: tuple[str, ...],
+    named: Sequence[claimtoken.ClaimDevice],
     hook: str,
     ldconfig: str,
     token: str,
@@ -125,9 +126,9 @@ def claim_spec(
     holders: Holders = NOTHING,
 ) -> dict[str, Any]:
     """The spec for a claim's results (pure, given the driver discovered for their
-    `capabilities`); `proof`: the claim's token, which names its devices, and `token` where
-    it is, as the host names it. ClaimError where nothing here holds the claim to its share."""
-    ref = ClaimRef(proof.namespace, proof.name, proof.uid)
+    `capabilities`); `named`: their `claim_devices`, in the allocation's order (the order
+    NVIDIA_VISIBLE_DEVICES gives them to CUDA); `token`: where the claim's token is, as the
+    host names it. ClaimError where nothing here holds the claim to its share."""
     devices = []
     for r in unique(results):
         device = cdi.device(
@@ -137,7 +138,7 @@ def claim_spec(
         device["containerEdits"]["mounts"] = [mount]
         devices.append(device)
     common = cdi.common_edits(found, capabilities)
-    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in proof.devices)
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in named)
     env, mounts = hold(results, holders)
     common.env.update(env)
     common.mounts += mounts
@@ -176,12 +177,11 @@ class CdiWriter:
             found = driver.discover(self.roots, wanted)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
-        proof = claimtoken.ClaimToken(
-            ref.uid, ref.namespace, ref.name, pods, claim_devices(results)
-        )
+        named = claim_devices(results)
+        proof = claimtoken.ClaimToken(ref.uid, ref.namespace, ref.name, pods, named)
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
-            found, proof, results, wanted, cdi.hook_program(self.hook, self.host_root),
+            found, ref, results, wanted, named, cdi.hook_program(self.hook, self.host_root),
             self.ldconfig, on_host(token, self.host_root), self.host_root, self.holders,
         )  # fmt: skip
         keys = self._keys(ref)
