@@ -84,7 +84,10 @@ def test_follow_hands_on_a_changed_node_once_and_an_equal_one_never(
     with running(lambda stop: follow(latest, node, changes.append, stop)):
         until(lambda: counted.discoveries >= 5)  # discovered again and again: the same node
         assert changes == []
-        sim.write_node(root, sim.create_mig(machine, 0, "3g.40gb"))
+        made = root.parent / "made"  # the change whole at once: write_node is not atomic
+        sim.write_node(made, sim.create_mig(machine, 0, "3g.40gb"))
+        os.rename(root, root.parent / "before")
+        os.rename(made, root)
         until(lambda: len(changes) == 1)
         seen = counted.discoveries
         until(lambda: counted.discoveries >= seen + 5)
