@@ -272,7 +272,6 @@ def test_gpuwire_call_compiles_without_warnings() -> None:
     assert out.returncode == 0, out.stderr
 
 
-
 def test_a_declined_call_gives_the_callers_stdio_back_before_it_answers() -> None:
     """A runtime reads a hook's output until every copy of its pipes is closed: the child
     that declines must not keep the caller's until it exits (an exit left to an idle CPU)."""
