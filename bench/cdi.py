@@ -69,17 +69,18 @@ HOST_CDI = Path("/var/run/cdi")
 
 
 def write_specs(
-    lab: Lab, directory: Path, hooks: dict[str, str | None]
+    lab: Lab, directory: Path, hooks: dict[str, str | None], pods: tuple[str, ...] = ()
 ) -> tuple[dict[str, str], list[Path]]:
     """One claim spec per case (its hook, or none), written where the engine reads them, its
-    token in the lab's allocation dir; case → the CDI id of its one GPU, and the specs."""
+    token (bound to the pods of UIDs `pods`) in the lab's allocation dir; case → the CDI id of
+    its one GPU, and the specs."""
     gpu = devices(SimDiscovery(lab.node).discover(), Sharing())[1]
     ids, paths = {}, []
     for case, hook in hooks.items():
         ref = ClaimRef("bench", f"c-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()))
         writer = CdiWriter(str(directory), Roots(str(lab.node)), hook or "/", "/sbin/ldconfig",
                            str(lab.allocations), str(lab.root / "keys"))  # fmt: skip
-        answered, (path, _token) = writer.write(ref, [Result("gpus", gpu)], None)
+        answered, (path, _token) = writer.write(ref, [Result("gpus", gpu)], pods)
         if hook is None:  # the same edits, without the hook
             spec = json.loads(Path(path).read_text())
             spec["containerEdits"].pop("hooks")
@@ -253,12 +254,13 @@ def cri_half(generation: containerds.Generation, runs: int, python: str) -> None
                          "--runtime-path", served]  # fmt: skip
             subprocess.run([str(CONSOLE_SCRIPTS / "gpuwire"), *configure], check=True,
                            capture_output=True)  # fmt: skip
-            ids, _ = write_specs(lab, containerd.home / "cdi", case_hooks)
+            pods = [_pod(), _pod()]
+            uids = tuple(p["metadata"]["uid"] for p in pods)
+            ids, _ = write_specs(lab, containerd.home / "cdi", case_hooks, uids)
             handled = {SHIM_BASE: ids[BASE], SHIM: ids[RESIDENT]}  # the same specs
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_image(tmp / "image.tar"), CRI_NAMESPACE)
             with containerd.kuberuntime() as kubelet:
-                pods = [_pod(), _pod()]
                 runc, shim = kubelet.run_sandbox(pods[0], ""), kubelet.run_sandbox(pods[1], HANDLER)
 
                 def start(case: str) -> float:

@@ -8,6 +8,9 @@ Figures (each a ratio to the baseline, an empty NodePrepareResources on the same
   claim read from the API, checked, the driver discovered, its CDI spec and the checkpoint
   written), and of a claim prepared already (answered from the checkpoint);
 - NodeUnprepareResources (spec removed, checkpoint written);
+- a prepared shared claim reserved for one more pod (its `status.reservedFor`, as the
+  scheduler writes it at PreBind) → its token, signed again by the plugin, binds that pod
+  (the kubelet calls no plugin for a claim it prepared: the plugin watches the claim);
 - health: from a fault appended to the node's event file to the ResourceSlice in the API
   server carrying the device's taint (and back, after recovery, untimed);
 - MIG change: from a MIG device created on the node (as `gpuwire sim mig` makes it) to the
@@ -36,10 +39,11 @@ import grpc
 from bench.common import Summary, report, summarise, timed
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
 from deviceplugin.discovery import LOOK
-from gpuwire import sim
+from gpuwire import claimtoken, sim
 from gpuwire.dra import DRIVER
 from testbed.apiserver import ApiServer
 from testbed.kubelet_dra import DraKubelet
+from testbed.lab import write_keys
 from testbed.waiting import until
 
 GPUS = 8
@@ -48,10 +52,12 @@ NODE = "bench-node"
 
 
 def start_plugin(tmp: Path, root: Path, kubeconfig: Path) -> subprocess.Popen[str]:
+    write_keys(tmp / "keys")  # the claims' tokens are signed with them
     argv = [
         sys.executable, "-m", "gpuwire.cli", "dra", "serve",
         "--sim", str(root), "--kubelet-root", str(tmp / "kubelet"),
         "--cdi-dir", str(tmp / "cdi"), "--hook", "/usr/local/bin/gpuwire-hook",
+        "--allocation-dir", str(tmp / "allocations"), "--grant-key-dir", str(tmp / "keys"),
         "--recover-after", "0.2", "--node", NODE, "--kubeconfig", str(kubeconfig),
         "--log-level", "ERROR",
     ]  # fmt: skip
@@ -88,6 +94,27 @@ def prepare_and_unprepare(stub: Any, api: ApiServer, devices: list[str], n: int)
         stub.NodeUnprepareResources(dra_v1_pb2.NodeUnprepareResourcesRequest(claims=[c]))
         unprepare.append(time.perf_counter() - start)
     return prepare, unprepare
+
+
+def rebind_latency(stub: Any, api: ApiServer, allocations: Path, n: int) -> list[float]:
+    """A prepared claim reserved for a new pod → its token names that pod (after one untimed
+    round: the plugin's watch of the claim is up)."""
+    c = claim(api, ["gpu-6"])
+    assert not stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(
+        claims=[c])).claims[c.uid].error  # fmt: skip
+    token = Path(claimtoken.path(str(allocations), c.uid))
+    samples = []
+    for _ in range(n + 1):
+        pod = str(uuid.uuid4())
+        stored = api.get("resourceclaims", c.name, "default")
+        assert stored is not None
+        stored["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": pod}]
+        start = time.perf_counter()
+        api.put(stored)
+        while pod not in token.read_text():
+            time.sleep(0.001)
+        samples.append(time.perf_counter() - start)
+    return samples[1:]
 
 
 def published(api: ApiServer) -> dict[str, dict[str, Any]]:
@@ -134,9 +161,9 @@ def mig_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> lis
     return samples
 
 
-def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: int) -> list[
-    Summary
-]:  # fmt: skip
+def measure(
+    stub: Any, api: ApiServer, tmp: Path, root: Path, machine: sim.Machine, calls: int
+) -> list[Summary]:
     empty = dra_v1_pb2.NodePrepareResourcesRequest()
     timed(lambda: stub.NodePrepareResources(empty), 200)  # warm up
     baseline = summarise("empty NodePrepareResources", timed(
@@ -147,6 +174,7 @@ def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: 
     kept = claim(api, ["gpu-5"])
     again = dra_v1_pb2.NodePrepareResourcesRequest(claims=[kept])
     stub.NodePrepareResources(again)
+    rebound = rebind_latency(stub, api, tmp / "allocations", 100)
     return [
         baseline,
         summarise("prepare, new claim, 1 GPU", one_p),
@@ -156,6 +184,7 @@ def measure(stub: Any, api: ApiServer, root: Path, machine: sim.Machine, calls: 
             "prepare, prepared claim", timed(lambda: stub.NodePrepareResources(again), calls)
         ),
         summarise("unprepare, 1 GPU", one_u),
+        summarise("reservedFor → token rebound", rebound),
         summarise("fault → taint in the API", taint_latency(api, root, machine, 30)),
         summarise("MIG change → slice in API", mig_latency(api, root, machine, 20)),
     ]
@@ -181,7 +210,7 @@ def main() -> int:
                     until(lambda: bool(api.objects("resourceslices")))
                     with grpc.insecure_channel(f"unix:{endpoint}") as channel:
                         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-                        baseline, *figures = measure(stub, api, root, machine, args.calls)
+                        baseline, *figures = measure(stub, api, tmp, root, machine, args.calls)
                 finally:
                     plugin.terminate()
                     plugin.wait(timeout=30)

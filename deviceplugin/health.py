@@ -21,6 +21,9 @@ DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVER_AFTER = 300.0
 KEPT_CAUSES = 8
 
+# unhealthy device → (when its last critical event was, on the book's clock; its causes)
+Entries = dict[str, tuple[float, tuple[HealthEvent, ...]]]
+
 
 @dataclass(frozen=True)
 class HealthPolicy:
@@ -78,6 +81,17 @@ class HealthBook:
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.last_bad)
+
+    def entries(self) -> Entries:
+        """What the book holds of each unhealthy device: what a restart must not forget."""
+        return {u: (t, self.causes.get(u, ())) for u, t in sorted(self.last_bad.items())}
+
+    def restore(self, entries: Mapping[str, tuple[float, tuple[HealthEvent, ...]]]) -> None:
+        """Take back what an earlier run held, for the devices watched now."""
+        for uuid, (t, causes) in entries.items():
+            if uuid in self.uuids:
+                self.last_bad[uuid] = t
+                self.causes[uuid] = tuple(causes[-KEPT_CAUSES:])
 
     def next_due(self) -> float | None:
         """When the next device's quiet period ends (None: nothing to wait for)."""

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from deviceplugin.discovery import Discovery, HealthEvent
-from deviceplugin.health import HealthBook
+from deviceplugin.health import Entries, HealthBook
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +23,16 @@ class HealthState:
         book: HealthBook,
         alive: Callable[[str], bool],
         clock: Callable[[], float] = time.monotonic,
+        persist: Callable[[Entries], None] | None = None,
     ) -> None:
+        """`persist`: given what the book holds whenever that changes (the DRA plugin keeps
+        it on disk, so that a restart forgets no fault)."""
         self._book = book
         self._alive = alive
         self._clock = clock
+        self._persist = persist
+        self._saved = book.entries()
+        self._failing = ""  # the last failure to persist, logged once
         self._cond = threading.Condition()
         self._revision = 0  # bumped when the devices change
 
@@ -37,6 +43,7 @@ class HealthState:
         with self._cond:
             if uuids is not None:
                 self._book.track(uuids, children or {})
+                self._save()
             self._revision += 1
             self._cond.notify_all()
 
@@ -48,6 +55,7 @@ class HealthState:
                 why = "; ".join(e.detail for e in events if e.uuid in (uuid, None))
                 log.warning("GPU %s is unhealthy: %s", uuid, why)
             if hit:
+                self._save()
                 self._cond.notify_all()
 
     def unhealthy(self) -> frozenset[str]:
@@ -69,7 +77,25 @@ class HealthState:
                 log.warning("GPU %s is healthy again: no critical event for the quiet period", uuid)
             else:
                 self._book.record([HealthEvent(uuid, None, "does not answer")], now)
+        self._save()
         return self._book.unhealthy()
+
+    def _save(self) -> None:
+        """Hand what the book holds to `persist` if it changed since last handed (a failure
+        is logged once and tried again on each look: health itself goes on)."""
+        if self._persist is None:
+            return
+        entries = self._book.entries()
+        if entries == self._saved:
+            return
+        try:
+            self._persist(entries)
+        except OSError as exc:
+            if str(exc) != self._failing:
+                log.warning("cannot keep the health state: %s", exc)
+            self._failing = str(exc)
+            return
+        self._saved, self._failing = entries, ""
 
     def watch(
         self, done: Callable[[], bool], poll: float = 1.0, every: float | None = None

@@ -2,15 +2,17 @@
 
 NodePrepareResources prepares a ResourceClaim once per node, and the claim then serves every
 container that references it: a pod's containers, or, for a claim that was not generated from
-a template, any pod of its namespace that the scheduler reserved it for. So the token is bound
-to whom the claim can serve: the pod that owns it (ownerReferences' controller is a Pod: the
+a template, every pod the scheduler reserved it for. So the token is bound to the pods the
+claim can serve, by UID: the pod that owns it (ownerReferences' controller is a Pod: the
 claim was generated for that pod from a ResourceClaimTemplate, Kubernetes
-`resource.k8s.io/v1` "ResourceClaim", KEP-4381), else the claim's namespace (a pod can
-reference only claims of its own namespace, `spec.resourceClaims[].resourceClaimName`).
+`resource.k8s.io/v1` "ResourceClaim", KEP-4381), else the pods in its `status.reservedFor`
+(the kubelet starts no pod a claim is not reserved for). The kubelet does not prepare a
+claim again for its next pod, so the DRA plugin follows a prepared claim's `reservedFor` and
+signs its token again when it changes (`deviceplugin/dra/reservations.py`).
 
 The plugin writes one token per claim, `<allocation dir>/claims/<claim UID>`, beside the
 device plugin's allocation tokens in the root-only host directory, MAC'd with the grant keys:
-the claim's namespace, name and UID, whom it binds, and its devices (the DRA device name, the
+the claim's namespace, name and UID, the pods it binds, and its devices (the DRA device name, the
 UUID NVIDIA_VISIBLE_DEVICES names it by, and whether it is a share of a shared GPU). The
 claim's CDI spec mounts the token read-only once per device, each mount in that device's own
 container edits, at `/run/gpuwire/allocations/claims/<claim UID>/<device>`: the kubelet hands a
@@ -63,11 +65,11 @@ class ClaimDevice(Value):
 
 
 class ClaimToken(Value):
-    __slots__ = _fields = ("uid", "namespace", "name", "owner", "devices")
+    __slots__ = _fields = ("uid", "namespace", "name", "pods", "devices")
     uid: str
     namespace: str
     name: str
-    owner: str | None  # the UID of the pod the claim was generated for; None: shared
+    pods: tuple[str, ...]  # the UIDs of the pods it may serve, sorted
     devices: tuple[ClaimDevice, ...]  # sorted by name
 
     def __init__(
@@ -75,14 +77,14 @@ class ClaimToken(Value):
         uid: str,
         namespace: str,
         name: str,
-        owner: str | None,
+        pods: tuple[str, ...],
         devices: tuple[ClaimDevice, ...],
     ) -> None:
         self._set(
             uid=uid,
             namespace=namespace,
             name=name,
-            owner=owner or None,
+            pods=tuple(sorted(set(pods))),
             devices=tuple(sorted(devices, key=lambda d: d.name)),
         )
 
@@ -91,7 +93,7 @@ class ClaimToken(Value):
 
     def message(self) -> bytes:
         devices = ",".join(f"{d.name}={d.uuid}{'/share' if d.share else ''}" for d in self.devices)
-        fields = ("gpuwire-claim-v1", self.uid, self.namespace, self.name, self.owner or "")
+        fields = ("gpuwire-claim-v2", self.uid, self.namespace, self.name, ",".join(self.pods))
         return "\0".join((*fields, devices)).encode()
 
     def device(self, name: str) -> ClaimDevice | None:
@@ -104,11 +106,12 @@ class ClaimToken(Value):
             return f"{self}: the spec names no pod namespace to check it against"
         if namespace != self.namespace:
             return f"{self} is in namespace {self.namespace}, not {namespace}"
-        if self.owner is None:
+        if pod in self.pods:
             return None
+        named = f"pod{'s' if len(self.pods) > 1 else ''} {', '.join(self.pods) or '(none)'}"
         if pod is None:
-            return f"{self} belongs to pod {self.owner}; the spec names no pod UID"
-        return None if pod == self.owner else f"{self} belongs to pod {self.owner}, not {pod}"
+            return f"{self} is reserved for {named}; the spec names no pod UID"
+        return f"{self} is reserved for {named}, not {pod}"
 
 
 def directory(allocation_dir: str) -> str:
@@ -152,7 +155,7 @@ def write(allocation_dir: str, token: ClaimToken, keys: KeyRing) -> str:
     body = {
         "namespace": token.namespace,
         "name": token.name,
-        "owner": token.owner,
+        "pods": list(token.pods),
         "devices": [[d.name, d.uuid, d.share] for d in token.devices],
         "key": key_id,
         "mac": _mac(keys, key_id, token),
@@ -170,12 +173,12 @@ def read(allocation_dir: str, uid: str, keys: KeyRing) -> ClaimToken:
         raise ClaimTokenError(f"malformed claim UID {uid!r}")
     try:
         body = allocation.read_proof(path(allocation_dir, uid))
-        owner, devices = body["owner"], body["devices"]
+        pods, devices = body["pods"], body["devices"]
         token = ClaimToken(
             uid,
             str(body["namespace"]),
             str(body["name"]),
-            None if owner is None else str(owner),
+            tuple(str(p) for p in pods),
             tuple(ClaimDevice(str(n), str(u), s is True) for n, u, s in devices),
         )
         key_id, mac = str(body["key"]), str(body["mac"])

@@ -70,8 +70,11 @@ class DraNode:
 
     def node(self) -> Obj:
         """The Node, with what the node agent beside the DRA plugin writes on it: its GPUs
-        in the `gpuwire.io/gpus` annotation (the inventory reads them)."""
-        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux"}
+        in the `gpuwire.io/gpus` annotation (the inventory reads them); and GPU feature
+        discovery's `nvidia.com/gpu.present`, where gpuwire's DaemonSets and RuntimeClass
+        land (docs/install.md)."""
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
+                  "nvidia.com/gpu.present": "true"}  # fmt: skip
         annotations = {GPUS_ANNOTATION: gpus_annotation(self.gpus())}
         meta = {"name": self.name, "uid": self.uid, "labels": labels, "annotations": annotations}
         return {"apiVersion": "v1", "kind": "Node", "metadata": meta}

@@ -21,7 +21,8 @@ and the tests call it directly. The rules, in the order a container meets them:
   can give it), a GPU container gets a ResourceClaim instead, made from a template named by
   its request (`webhook/claims.py`): an entry in `spec.resourceClaims`, the container's
   `resources.claims`, its `nvidia.com/gpu` resource dropped, and `NVIDIA_VISIBLE_DEVICES=void`
-  (the claim's CDI spec gives its GPUs). The templates to create come back with the patch.
+  (the claim's CDI spec gives its GPUs), and the policy's RuntimeClass as a granted pod
+  does. The templates to create come back with the patch.
 """
 
 from __future__ import annotations
@@ -169,14 +170,19 @@ class _Mutation:
                 ops += self.gpu_container(c, request, placement)
             else:
                 ops += self.other_container(c)
-        if self.granted and self.policy.runtime_class and not self.pod.spec.get("runtimeClassName"):
-            ops.append(
-                {"op": "add", "path": "/spec/runtimeClassName", "value": self.policy.runtime_class}
-            )
+        ops += self.runtime_class(bool(claimed))
         ops += affinity.require(self.pod.spec, placement.expressions)
         ops += self.claim_entries(claimed)
         templates = {c.name: c.template(self.namespace) for c in claimed.values() if c}
         return Outcome(tuple(ops), tuple(self.warnings), templates=tuple(templates.values()))
+
+    def runtime_class(self, claimed: bool) -> list[Op]:
+        """The policy's RuntimeClass on a pod that names none and gets a GPU, by grant or by a
+        claim of gpuwire's: gpuwire's runtime checks a claim's token only where it runs."""
+        name = self.policy.runtime_class
+        if not (self.granted or claimed) or not name or self.pod.spec.get("runtimeClassName"):
+            return []
+        return [{"op": "add", "path": "/spec/runtimeClassName", "value": name}]
 
     def cdi_annotations(self) -> list[Op]:
         """containerd (>= 1.7) and CRI-O inject the CDI devices a pod annotation

@@ -159,7 +159,7 @@ class CdiWriter:
         self.holders = holders
 
     def write(
-        self, ref: ClaimRef, results: Sequence[Result], owner: str | None
+        self, ref: ClaimRef, results: Sequence[Result], pods: tuple[str, ...]
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
         try:
@@ -167,7 +167,7 @@ class CdiWriter:
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
         proof = claimtoken.ClaimToken(
-            ref.uid, ref.namespace, ref.name, owner, claim_devices(results)
+            ref.uid, ref.namespace, ref.name, pods, claim_devices(results)
         )
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
@@ -175,12 +175,7 @@ class CdiWriter:
             on_host(token, self.host_root),
             self.host_root, self.holders,
         )  # fmt: skip
-        keys = KeyRing.load(self.key_dir)
-        if not keys.keys:
-            raise ClaimError(
-                f"claim {ref}: no grant key in {self.key_dir} to sign its token with (gpuwire's "
-                "runtime accepts a claim's devices only with it)"
-            )
+        keys = self._keys(ref)
         path = os.path.join(self.directory, spec_file(ref.uid))
         try:
             claimtoken.write(self.allocation_dir, proof, keys)
@@ -193,6 +188,22 @@ class CdiWriter:
             r.device.name: (cdi_id(ref.uid, r.device.name),) for r in results
         }
         return ids, (path, token)
+
+    def _keys(self, ref: ClaimRef) -> KeyRing:
+        keys = KeyRing.load(self.key_dir)
+        if not keys.keys:
+            raise ClaimError(
+                f"claim {ref}: no grant key in {self.key_dir} to sign its token with (gpuwire's "
+                "runtime accepts a claim's devices only with it)"
+            )
+        return keys
+
+    def bind(self, ref: ClaimRef, pods: tuple[str, ...]) -> None:
+        """The claim's token again, bound to `pods`, signed with the current key."""
+        keys = self._keys(ref)
+        was = claimtoken.read(self.allocation_dir, ref.uid, keys)
+        token = claimtoken.ClaimToken(was.uid, was.namespace, was.name, pods, was.devices)
+        claimtoken.write(self.allocation_dir, token, keys)
 
     def remove(self, files: Sequence[str]) -> None:
         for path in files:

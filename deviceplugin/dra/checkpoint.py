@@ -46,6 +46,8 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     files: tuple[str, ...] = ()  # what unprepare removes (the claim's CDI spec, its token)
     gpus: tuple[str, ...] = field(default=())  # the GPUs' and MIG devices' UUIDs
+    pods: tuple[str, ...] = ()  # the pods its token binds
+    reserved: bool = False  # bound to its status.reservedFor (no template made it): followed
 
 
 def _claim(raw: Mapping[str, Any]) -> PreparedClaim:
@@ -60,9 +62,11 @@ def _claim(raw: Mapping[str, Any]) -> PreparedClaim:
         for d in raw["devices"]
     )
     files, gpus = tuple(raw.get("files") or ()), tuple(raw.get("gpus") or ())
+    pods = tuple(str(p) for p in raw.get("pods") or ())
     return PreparedClaim(
-        str(raw["namespace"]), str(raw["name"]), str(raw["uid"]), devices, files, gpus
-    )
+        str(raw["namespace"]), str(raw["name"]), str(raw["uid"]), devices, files, gpus, pods,
+        raw.get("reserved") is True,
+    )  # fmt: skip
 
 
 def load(directory: str | os.PathLike[str]) -> dict[str, PreparedClaim]:

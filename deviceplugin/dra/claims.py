@@ -146,6 +146,16 @@ def owner_pod(claim: Mapping[str, Any]) -> str | None:
     return None
 
 
+def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """The UIDs of the pods a claim's `status.reservedFor` names (the scheduler adds each pod
+    it binds with the claim; the kubelet starts no pod the claim is not reserved for)."""
+    found = (claim.get("status") or {}).get("reservedFor") or ()
+    return tuple(
+        sorted({str(r["uid"]) for r in found if r.get("resource") == "pods"
+                and not r.get("apiGroup") and r.get("uid")})
+    )  # fmt: skip
+
+
 def results(
     claim: Mapping[str, Any],
     ref: ClaimRef,

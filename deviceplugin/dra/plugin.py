@@ -1,6 +1,7 @@
 """`gpuwire dra serve` put together: discovery and health (shared with the device plugin), the
-published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer, and
-the kubelet's sockets; optionally the node's labels.
+published devices, the ResourceSlice publisher, the claims' preparer with its CDI writer and
+the watch of the shared claims' reservations, and the kubelet's sockets; optionally the
+node's labels.
 
 MIG changes are followed as the device plugin follows them (`discovery.follow`): within a
 second of instances being created or destroyed the devices, their health and the slices (at
@@ -13,6 +14,7 @@ import importlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,16 +23,17 @@ from deviceplugin import labeler, state
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
 from deviceplugin.discovery import Discovery, NodeGpus, follow
-from deviceplugin.dra import devices, taints
+from deviceplugin.dra import devices, healthfile, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
 from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.dra.endpoint import Endpoint, Sockets
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.publisher import Publisher
+from deviceplugin.dra.reservations import Reservations
 from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
-from deviceplugin.health import HealthBook, HealthPolicy
+from deviceplugin.health import Entries, HealthBook, HealthPolicy
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
@@ -81,7 +84,16 @@ class DraPlugin:
         policy = HealthPolicy(config.ignored_xids, config.recover_after)
         uuids, children = node.watched()
         book = HealthBook(policy, uuids, children=children)
-        self.health = state.HealthState(book, self.discovery.alive)
+        plugin_dir = str(self.sockets.plugin_dir)
+        book.restore(healthfile.load(plugin_dir, time.monotonic(), time.time()))
+        for uuid, (_, causes) in book.entries().items():
+            log.warning("GPU %s is unhealthy, as before the restart: %s", uuid,
+                        "; ".join(e.detail for e in causes))  # fmt: skip
+
+        def persist(entries: Entries) -> None:
+            healthfile.save(plugin_dir, entries, time.monotonic(), time.time())
+
+        self.health = state.HealthState(book, self.discovery.alive, persist=persist)
         root = config.driver_root or config.sim or config.host_root
         writer = CdiWriter(
             config.cdi_dir,
@@ -100,8 +112,9 @@ class DraPlugin:
             lambda: self.by_name,
             self.taints,
             writer,
-            str(self.sockets.plugin_dir),
+            plugin_dir,
         )
+        self.reservations = Reservations(self.api_client, self.preparer)
         self.publisher = Publisher(
             self.api_client, DRIVER, self.node, lambda: self.devices, self.taints
         )
@@ -155,6 +168,7 @@ class DraPlugin:
                 target=state.monitor, args=(self.discovery, self.health, stop), name="health"
             ),
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
+            threading.Thread(target=self.reservations.run, args=(stop,), name="reservations"),
             threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
             threading.Thread(
                 target=follow, args=(self.discovery, self._rediscovered, stop), name="mig"

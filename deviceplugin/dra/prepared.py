@@ -14,11 +14,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from deviceplugin.dra import checkpoint
 from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
-from deviceplugin.dra.claims import ClaimError, ClaimRef, Result, owner_pod, results
+from deviceplugin.dra.claims import (
+    ClaimError,
+    ClaimRef,
+    Result,
+    owner_pod,
+    reserved_pods,
+    results,
+)
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.taints import Taint
 
@@ -29,11 +37,16 @@ class Writer(Protocol):
     """What a prepared claim leaves on the node for the container runtime."""
 
     def write(
-        self, ref: ClaimRef, results: Sequence[Result], owner: str | None
+        self, ref: ClaimRef, results: Sequence[Result], pods: tuple[str, ...]
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-        """Write the claim's files, its proof bound to the pod whose UID is `owner` (None:
-        to its namespace); returns the CDI device ids per device name, and the files written
-        (all removed again if it raises)."""
+        """Write the claim's files, its proof bound to the pods of these UIDs; returns the
+        CDI device ids per device name, and the files written (all removed again if it
+        raises)."""
+        ...
+
+    def bind(self, ref: ClaimRef, pods: tuple[str, ...]) -> None:
+        """Bind a prepared claim's proof to these pods instead (OSError, ValueError: it
+        stays as it was)."""
         ...
 
     def remove(self, files: Sequence[str]) -> None: ...
@@ -85,7 +98,9 @@ class Preparer:
         try:
             read = self.read_claim(ref.namespace, ref.name)
             found = results(read, ref, self.driver, self.pool, self.devices(), self.taints())
-            cdi_ids, files = self.writer.write(ref, found, owner_pod(read))
+            owner = owner_pod(read)
+            pods = (owner,) if owner else reserved_pods(read)
+            cdi_ids, files = self.writer.write(ref, found, pods)
             answered = tuple(
                 PreparedDevice(
                     (r.request,), self.pool, r.device.name, cdi_ids[r.device.name], r.share_id
@@ -93,7 +108,9 @@ class Preparer:
                 for r in found
             )
             gpus = tuple(sorted({r.device.uuid for r in found}))
-            claim = PreparedClaim(ref.namespace, ref.name, ref.uid, answered, files, gpus)
+            claim = PreparedClaim(
+                ref.namespace, ref.name, ref.uid, answered, files, gpus, pods, owner is None
+            )
             checkpoint.save(self.directory, {**self.prepared, ref.uid: claim})
         except ClaimError as exc:
             return self._failed(ref, str(exc), files)
@@ -110,6 +127,30 @@ class Preparer:
             self.writer.remove(files)
         log.warning("cannot prepare %s (%s): %s", ref, ref.uid, why)
         return why
+
+    def rebind(self, uid: str, read: Mapping[str, Any]) -> None:
+        """Bind prepared claim `uid`'s proof to the pods `read` (the claim as the API server
+        has it now) is reserved for, where they changed; a claim made from a template stays
+        its pod's."""
+        with self._lock:
+            claim = self.prepared.get(uid)
+            if claim is None or not claim.reserved:
+                return
+            if (read.get("metadata") or {}).get("uid") != uid:
+                return  # another claim of that name: this one is gone, unprepare comes
+            pods = reserved_pods(read)
+            if pods == claim.pods:
+                return
+            ref = ClaimRef(claim.namespace, claim.name, uid)
+            bound = replace(claim, pods=pods)
+            try:
+                self.writer.bind(ref, pods)
+                checkpoint.save(self.directory, {**self.prepared, uid: bound})
+            except (OSError, ValueError) as exc:
+                log.warning("cannot bind claim %s (%s) to its pods: %s", ref, uid, exc)
+                return
+            self.prepared[uid] = bound
+            log.info("claim %s (%s) is reserved for pod(s) %s", ref, uid, ", ".join(pods))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Claim UID → None when it is unprepared (or never was), else why not."""

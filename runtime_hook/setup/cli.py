@@ -82,7 +82,7 @@ def _claim(check: trust.ClaimCheck) -> str:
     devices = ", ".join(
         f"{d.name} ({d.uuid}{', a share' if d.share else ''})" for d in check.devices
     )
-    whom = f"pod {token.owner}" if token.owner else f"any pod of namespace {token.namespace}"
+    whom = f"pod{'s' if len(token.pods) > 1 else ''} {', '.join(token.pods) or '(none)'}"
     return f"{token.namespace}/{token.name} ({check.uid}): valid, {devices}; for {whom}"
 
 

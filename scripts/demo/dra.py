@@ -8,10 +8,11 @@ with the kubelet DRA stand-in (testbed/kubelet_dra.py); the Node carries the GPU
 agent would write (`gpuwire.io/gpus`, which the inventory reads), and the DeviceClasses of
 `deploy/overlays/dra` are in the API server. The webhook's watch takes in the new slices.
 As root, its containers run on a containerd of its own that applies CDI from CRI (1.7 or
-2.x: the newest the testbed has), configured as the first node's is (`gpuwire containerd
-configure --set-default`, with `--cdi`), its CDI spec dir the one the plugin writes. The
-plugin signs each claim's token with the node's grant keys into its allocation dir, and the
-gpuwire runtime takes it as the container's proof (docs/dra.md).
+2.x: the newest the testbed has), configured by `gpuwire containerd configure --cdi`
+(gpuwire's handler beside runc, the default: the DRA pods name it by the RuntimeClass the
+webhook gives them), its CDI spec dir the one the plugin writes. The plugin signs each
+claim's token with the node's grant keys into its allocation dir, and the gpuwire runtime
+takes it as the container's proof (docs/dra.md).
 
 `run_pod` is the kubelet's part for a pod bound to it: NodePrepareResources for the pod's
 claims (the DRA manager), then each container with its claims' CDI ids in CRI's
@@ -36,7 +37,7 @@ from gpuwire.dra import DRIVER
 from scripts.demo.base import GPUWIRE, Handler, Step, handlers_of, import_images, run, until
 from scripts.demo.cluster import Cluster
 from scripts.demo.controlplane import review
-from scripts.demo.kubelet import Started, start
+from scripts.demo.kubelet import Started, handler_for, start
 from testbed import containerds, dracluster
 from testbed.containerd import Containerd
 from testbed.containerds import Generation
@@ -170,11 +171,12 @@ def runtime_config(cluster: Cluster, node: DraNode) -> Path:
 def start_containerd(
     cluster: Cluster, node: DraNode, containerd: Containerd, chosen: Generation, stack: ExitStack
 ) -> None:
-    """Its containerd, CDI from CRI on and the gpuwire handler its default, with the demo's
-    images and the kubelet's runtime manager on its CRI socket."""
+    """Its containerd, CDI from CRI on and the gpuwire handler beside runc, its default (the
+    DRA pods reach gpuwire's runtime by the RuntimeClass the webhook gives them), with the
+    demo's images and the kubelet's runtime manager on its CRI socket."""
     libexec = cluster.workdir / "libexec"
     configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
-    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime"), "--set-default", "--cdi"]
+    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime"), "--cdi"]
     which = ["--containerd", containerd.binary("containerd")]
     run(cluster.steps, "the DRA node's containerd: the gpuwire handler, CDI on",
         [*configure, *runtime, *which], env=chosen.env())  # fmt: skip
@@ -250,10 +252,14 @@ def run_pod(cluster: Cluster, node: DraNode, pod: Obj) -> tuple[Started, ...]:
             error = f"not run: {node.no_containers}"
             started.append(Started(name, (), None, error=error, cdi_ids=ids))
             continue
-        handler = node.handlers[node.default_handler]
+        try:
+            handler, named = handler_for(cluster.api, node.handlers, node.default_handler, pod)
+        except KeyError as exc:
+            started.append(Started(name, (), None, error=str(exc.args[0]), cdi_ids=ids))
+            continue
         if sandbox is None:
             try:
-                sandbox = node.runtime.run_sandbox(pod, "")
+                sandbox = node.runtime.run_sandbox(pod, named)
             except CRIError as exc:
                 sandbox = f"RunPodSandbox: {exc}"
         if isinstance(sandbox, str):

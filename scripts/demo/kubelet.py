@@ -27,6 +27,7 @@ import grpc
 from deviceplugin.api import api_pb2
 from scripts.demo.base import VIEWED, Handler, until
 from scripts.demo.cluster import Cluster
+from testbed.apiserver import ApiServer
 from testbed.cri import api_pb2 as cri
 from testbed.kubelet import KubeletError
 from testbed.kuberuntime import CRIError, KubeRuntime, Sandbox
@@ -93,19 +94,22 @@ def allocate(cluster: Cluster, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
     return tuple(out)
 
 
-def handler_for(cluster: Cluster, pod: Obj) -> Handler:
-    """The pod's RuntimeClass handler (containerd's default without one), as containerd has
-    it configured. KeyError names what is missing, as the kubelet would fail the pod."""
+def handler_for(
+    api: ApiServer, handlers: Mapping[str, Handler], default: str, pod: Obj
+) -> tuple[Handler, str]:
+    """The pod's RuntimeClass handler (containerd's `default` without one), as containerd has
+    it configured, and the name the kubelet asks RunPodSandbox for ("" without a class).
+    KeyError names what is missing, as the kubelet would fail the pod."""
     name = pod["spec"].get("runtimeClassName")
-    handler = cluster.default_handler
+    handler = default
     if name:
-        runtime_class = cluster.api.get("runtimeclasses", name)
+        runtime_class = api.get("runtimeclasses", name)
         if runtime_class is None:
             raise KeyError(f'RuntimeClass "{name}" not found')
         handler = runtime_class["handler"]
-    if handler not in cluster.handlers:
+    if handler not in handlers:
         raise KeyError(f"no runtime for {handler!r} is configured")
-    return cluster.handlers[handler]
+    return handlers[handler], handler if name else ""
 
 
 def _runtime_log(path: Path, offset: int, cid: str) -> tuple[str, ...]:
@@ -188,14 +192,13 @@ def run_pod(cluster: Cluster, pod: Obj) -> tuple[Started, ...]:
             started.append(Started(name, allocations, None, error=error))
             continue
         try:
-            handler = handler_for(cluster, pod)
+            handler, named = handler_for(cluster.api, cluster.handlers, cluster.default_handler,
+                                         pod)  # fmt: skip
         except KeyError as exc:
             started.append(Started(name, allocations, None, error=str(exc.args[0])))
             continue
         if sandbox is None:
             try:
-                # the kubelet names a handler only for a pod with a RuntimeClass
-                named = handler.name if spec.get("runtimeClassName") else ""
                 sandbox = cluster.runtime.run_sandbox(pod, named)
             except CRIError as exc:
                 sandbox = f"RunPodSandbox: {exc}"

@@ -291,7 +291,8 @@ def dra_node(node: DraNode, style: Style) -> list[str]:
         "containerd",
         [
             f"{node.containerd.generation.describe()}, private, CDI from CRI on",
-            "(`gpuwire containerd configure --set-default --cdi`); claims' CDI specs in",
+            "(`gpuwire containerd configure --cdi`: the DRA pods' RuntimeClass names gpuwire's",
+            "handler, runc stays the default); claims' CDI specs in",
             f"$DRA_CTD/cdi, $DRA_CTD = {node.containerd.home}",
         ],
     )

@@ -504,7 +504,7 @@ def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:
     role = find(objs, "ClusterRole", spec["serviceAccountName"])
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {
-        (("resource.k8s.io",), ("resourceclaims",)): {"get"},
+        (("resource.k8s.io",), ("resourceclaims",)): {"get", "watch"},
         (("resource.k8s.io",), ("resourceslices",)): {
             "get", "list", "watch", "create", "update", "delete"
         },

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.config import Config
-from deviceplugin.dra import cdi, checkpoint
+from deviceplugin.dra import cdi, checkpoint, healthfile
 from deviceplugin.dra.plugin import DraPlugin
 from gpuwire import claimtoken, sim
 from gpuwire.dra import DRIVER
@@ -79,9 +80,11 @@ def put_claim(
     allocated: bool = True,
     owner: str | None = None,
     device_class: str = "gpu.gpuwire.io",
+    reserved: tuple[str, ...] = (),
 ) -> tuple[str, str, str]:
-    """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node;
-    with `owner`, generated from a template for the pod of that UID."""
+    """A ResourceClaim allocated (as the scheduler writes it) to `devices` of this node,
+    reserved for the pods of UIDs `reserved` (and `owner`); with `owner`, generated from a
+    template for the pod of that UID."""
     uid = str(uuid.uuid4())
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
         "deviceClassName": device_class, "count": len(devices)}}]}}  # fmt: skip
@@ -100,9 +103,23 @@ def put_claim(
         allocation: dict[str, Any] = {"devices": {"results": results}}
         if config:
             allocation["devices"]["config"] = config
-        obj["status"] = {"allocation": allocation}
+        pods = (owner,) if owner else reserved
+        obj["status"] = {"allocation": allocation, "reservedFor": [reservation(p) for p in pods]}
     stored = api.put(obj)
     return namespace, name, stored["metadata"]["uid"]
+
+
+def reservation(pod: str) -> dict[str, str]:
+    return {"resource": "pods", "name": f"pod-{pod[:8]}", "uid": pod}
+
+
+def reserve(api: ApiServer, ref: tuple[str, str, str], pods: tuple[str, ...]) -> None:
+    """The claim's `status.reservedFor` becomes these pods, as the scheduler adds a pod (at
+    PreBind) and the resourceclaim controller drops one that is done."""
+    claim = api.get("resourceclaims", ref[1], ref[0])
+    assert claim is not None
+    claim["status"]["reservedFor"] = [reservation(p) for p in pods]
+    api.put(claim)
 
 
 @contextlib.contextmanager
@@ -222,7 +239,7 @@ def test_prepare_writes_the_claims_cdi_spec_and_unprepare_removes_it(c: Cluster)
         for name in ("gpu-1", "gpu-2")
     }  # fmt: skip
     proved = claimtoken.read(c.config.allocation_dir, uid, c.keys)
-    assert (proved.namespace, proved.name, proved.owner) == ("default", "trainer", None)
+    assert (proved.namespace, proved.name, proved.pods) == ("default", "trainer", ())
     assert [(d.name, d.uuid, d.share) for d in proved.devices] == [
         ("gpu-1", gpus[0], False), ("gpu-2", gpus[1], False)
     ]  # fmt: skip
@@ -285,24 +302,66 @@ def test_each_claim_fails_alone_naming_what_is_wrong(c: Cluster) -> None:
     assert c.tokens() == [good[2]]
 
 
-def test_a_claim_generated_for_a_pod_is_bound_to_it_and_a_shared_one_to_its_namespace(
+def test_a_claim_generated_for_a_pod_is_bound_to_it_and_a_shared_one_to_its_pods(
     c: Cluster,
 ) -> None:
     c.start_plugin()
     c.kubelet.wait_registered(DRIVER)
-    pod = str(uuid.uuid4())
+    pod, first, second = (str(uuid.uuid4()) for _ in range(3))
     own = put_claim(c.api, "p-gpu", ["gpu-0"], namespace="team-a", owner=pod)
-    shared = put_claim(c.api, "team-gpus", ["gpu-3"], namespace="team-a")
+    shared = put_claim(c.api, "team-gpus", ["gpu-3"], namespace="team-a", reserved=(first,))
     assert {a.error for a in c.kubelet.prepare(DRIVER, [own, shared]).values()} == {""}
     mine = claimtoken.read(c.config.allocation_dir, own[2], c.keys)
-    other = str(uuid.uuid4())
-    assert (mine.owner, mine.refusal("team-a", pod)) == (pod, None)
-    assert mine.refusal("team-a", other) == f"claim team-a/p-gpu belongs to pod {pod}, not {other}"
+    assert (mine.pods, mine.refusal("team-a", pod)) == ((pod,), None)
+    assert mine.refusal("team-a", first) == (
+        f"claim team-a/p-gpu is reserved for pod {pod}, not {first}"
+    )
     theirs = claimtoken.read(c.config.allocation_dir, shared[2], c.keys)
-    assert (theirs.owner, theirs.refusal("team-a", other)) == (None, None)
-    assert theirs.refusal("team-b", other) == (
+    assert (theirs.pods, theirs.refusal("team-a", first)) == ((first,), None)
+    assert theirs.refusal("team-a", second) == (
+        f"claim team-a/team-gpus is reserved for pod {first}, not {second}"
+    )
+    assert theirs.refusal("team-b", first) == (
         "claim team-a/team-gpus is in namespace team-a, not team-b"
     )
+    # what the watch may show: a claim generated for a pod stays its pod's, and a namesake
+    # (the claim deleted and made again) binds nothing of this one
+    assert c.plugin is not None
+    for ref, uid in ((own, own[2]), (shared, str(uuid.uuid4()))):
+        seen = {"metadata": {"uid": uid}, "status": {"reservedFor": [reservation(second)]}}
+        c.plugin.preparer.rebind(ref[2], seen)
+    assert claimtoken.read(c.config.allocation_dir, own[2], c.keys).pods == (pod,)
+    assert claimtoken.read(c.config.allocation_dir, shared[2], c.keys).pods == (first,)
+
+
+def test_a_shared_claims_token_follows_the_pods_it_is_reserved_for(c: Cluster) -> None:
+    """The kubelet prepares a claim once per node: for the second pod it calls no plugin, so
+    the plugin follows the claim's reservedFor itself, across its own restart too."""
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    first, second, third = (str(uuid.uuid4()) for _ in range(3))
+    shared = put_claim(c.api, "team-gpus", ["gpu-3"], namespace="team-a", reserved=(first,))
+    assert c.kubelet.prepare(DRIVER, [shared])[shared[2]].error == ""
+
+    def pods() -> tuple[str, ...]:
+        return claimtoken.read(c.config.allocation_dir, shared[2], c.keys).pods
+
+    assert pods() == (first,)
+    reserve(c.api, shared, (first, second))  # the scheduler, binding the second pod
+    assert c.kubelet.prepare(DRIVER, [shared])[shared[2]].error == ""  # sends nothing
+    until(lambda: pods() == tuple(sorted((first, second))))
+    reserve(c.api, shared, (second,))  # the first pod is done
+    until(lambda: pods() == (second,))
+    c.stop_plugin()
+    reserve(c.api, shared, (second, third))  # while the plugin is away
+    c.start_plugin()
+    until(lambda: pods() == tuple(sorted((second, third))))
+    c.kubelet.wait_registered(DRIVER)
+    assert c.kubelet.unprepare(DRIVER, [shared]) == {shared[2]: ""}
+    assert c.tokens() == []
+    reserve(c.api, shared, (third,))  # an unprepared claim is followed no more
+    time.sleep(0.5)
+    assert c.tokens() == []
 
 
 def test_a_prepare_that_fails_after_its_token_leaves_neither(c: Cluster) -> None:
@@ -414,6 +473,43 @@ def test_a_fault_taints_the_gpu_in_the_next_slice_update_and_recovery_clears_it(
     until(lambda: "taints" not in c.devices()["gpu-2"])  # quiet for recover_after (0.5 s)
     until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Healthy")
     assert c.slices()[0]["spec"]["pool"]["generation"] == generation + 2
+
+
+def test_a_fault_survives_a_plugin_restart_until_its_quiet_period_is_over(c: Cluster) -> None:
+    """NVML, like the simulated node, reports only events after the plugin starts: without
+    the health state on disk, the restarted plugin would publish gpu-2 untainted."""
+    c.start_plugin(recover_after=4.0)
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    faulted = time.monotonic()
+    sim.inject_fault(c.root, c.machine.devices[2].uuid, 79)
+    until(lambda: "taints" in c.devices()["gpu-2"])
+    c.stop_plugin()
+    for obj in c.slices():  # as the kubelet wipes a gone driver's slices
+        c.api.delete("resourceslices", obj["metadata"]["name"])
+    c.start_plugin(recover_after=4.0)
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    (taint,) = c.devices()["gpu-2"]["taints"]  # the first slices the new plugin wrote
+    assert (taint["key"], taint["value"], taint["effect"]) == ("gpu.gpuwire.io/xid", "79",
+                                                                "NoExecute")  # fmt: skip
+    until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Unhealthy")
+    until(lambda: "taints" not in c.devices()["gpu-2"], timeout=15)
+    assert time.monotonic() - faulted >= 3.9  # the quiet period ran on across the restart
+    c.stop_plugin()
+    c.start_plugin(recover_after=4.0)  # recovered: it stays healthy after another restart
+    c.kubelet.wait_registered(DRIVER)
+    until(lambda: len(c.devices()) == 4)
+    assert all("taints" not in d for d in c.devices().values())
+
+
+def test_unreadable_health_state_stops_the_plugin_naming_it(c: Cluster) -> None:
+    plugin_dir = Path(c.config.kubelet_root) / "plugins" / DRIVER
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / healthfile.NAME).write_text('{"version": 1, "devices": {"GPU-x": {}}}')
+    with pytest.raises(checkpoint.CheckpointError, match=r"health state .*health.json is "
+                       r"unreadable \('since'\): the taints it held would be lost"):  # fmt: skip
+        DraPlugin(c.config, api_client=c.api.client())
 
 
 def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -19,7 +20,7 @@ TOKEN = ClaimToken(
     UID,
     "team-a",
     "gpus",
-    None,
+    ("pod-b", "pod-a"),
     (ClaimDevice("gpu-3", "GPU-c", True), ClaimDevice("gpu-1", "GPU-a")),
 )
 
@@ -63,8 +64,8 @@ def test_only_claim_mounts_name_a_claim(destination: str, found: tuple[str, str]
 def test_names_no_file_may_be_made_from_are_refused(tmp_path: Path) -> None:
     keys = write_keys(tmp_path / "keys")
     for bad in (
-        ClaimToken("../x", "team-a", "gpus", None, ()),
-        ClaimToken(UID, "team-a", "gpus", None, (ClaimDevice("../gpu", "GPU-a"),)),
+        ClaimToken("../x", "team-a", "gpus", (), ()),
+        ClaimToken(UID, "team-a", "gpus", (), (ClaimDevice("../gpu", "GPU-a"),)),
     ):
         with pytest.raises(ClaimTokenError, match="not one gpuwire names a file by"):
             claimtoken.write(str(tmp_path / "alloc"), bad, keys)
@@ -77,3 +78,35 @@ def test_reading_imports_nothing_heavy() -> None:
     code = f"import sys, gpuwire.claimtoken; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.mark.parametrize(
+    ("pods", "pod", "why"),
+    [
+        (("pod-a", "pod-b"), "pod-b", None),
+        (("pod-a", "pod-b"), "pod-c", "is reserved for pods pod-a, pod-b, not pod-c"),
+        (("pod-a",), "pod-c", "is reserved for pod pod-a, not pod-c"),
+        ((), "pod-c", "is reserved for pod (none), not pod-c"),
+        (("pod-a",), None, "is reserved for pod pod-a; the spec names no pod UID"),
+    ],
+)  # fmt: skip
+def test_it_serves_only_the_pods_it_binds(
+    pods: tuple[str, ...], pod: str | None, why: str | None
+) -> None:
+    """A pod of the claim's namespace that it is not reserved for is refused as well."""
+    token = ClaimToken(UID, "team-a", "gpus", pods, TOKEN.devices)
+    assert token.refusal("team-a", pod) == (why and f"claim team-a/gpus {why}")
+    assert (
+        token.refusal("team-b", "pod-a") == "claim team-a/gpus is in namespace team-a, not team-b"
+    )
+
+
+def test_a_pod_added_to_the_file_by_hand_breaks_its_mac(tmp_path: Path) -> None:
+    keys = write_keys(tmp_path / "keys")
+    path = Path(claimtoken.write(str(tmp_path / "alloc"), TOKEN, keys))
+    body = json.loads(path.read_text())
+    assert body["pods"] == ["pod-a", "pod-b"]
+    body["pods"].append("pod-c")
+    path.write_text(json.dumps(body))
+    with pytest.raises(ClaimTokenError, match="has an invalid MAC"):
+        claimtoken.read(str(tmp_path / "alloc"), UID, keys)

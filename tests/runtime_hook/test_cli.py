@@ -120,7 +120,7 @@ def test_a_claim_is_explained(lab: Lab, capsys: pytest.CaptureFixture[str]) -> N
     uid = "3c0ffee0-0000-4000-8000-000000000001"
     devices = (claimtoken.ClaimDevice("gpu-2", lab.uuid(2)),)
     claimtoken.write(str(lab.allocations), claimtoken.ClaimToken(
-        uid, "team-a", "gpus", POD_UID, devices), lab.keys)  # fmt: skip
+        uid, "team-a", "gpus", (POD_UID,), devices), lab.keys)  # fmt: skip
     mount = {"destination": claimtoken.container_path(uid, "gpu-2"), "type": "bind",
              "source": claimtoken.path(str(lab.allocations), uid)}  # fmt: skip
     env = {"NVIDIA_VISIBLE_DEVICES": lab.uuid(2)}
@@ -130,8 +130,9 @@ def test_a_claim_is_explained(lab: Lab, capsys: pytest.CaptureFixture[str]) -> N
     assert out["decision"].startswith(f"honoured (claim): GPUs 2 ({lab.uuid(2)})")
     code, out = verify(lab, container_spec(env, cri_annotations(pod=OTHER_POD), [mount]), capsys)
     assert code == 1
-    assert out["claim"] == f"{uid}: claim team-a/gpus belongs to pod {POD_UID}, not {OTHER_POD}"
-    assert out["decision"].startswith("cannot start: claim team-a/gpus belongs to pod")
+    refusal = f"claim team-a/gpus is reserved for pod {POD_UID}, not {OTHER_POD}"
+    assert out["claim"] == f"{uid}: {refusal}"
+    assert out["decision"].startswith("cannot start: claim team-a/gpus is reserved for pod")
     elsewhere = {**mount, "source": str(lab.root / "planted")}
     code, out = verify(lab, container_spec(env, mounts=[elsewhere]), capsys)
     token = claimtoken.path(str(lab.allocations), uid)

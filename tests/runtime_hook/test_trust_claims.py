@@ -1,7 +1,7 @@
 """A prepared DRA claim as the proof the runtime's `granted` trust accepts: its token
 (`gpuwire.claimtoken`) mounted once per device by the claim's CDI spec, bound to the claim's
-owner pod or its namespace, checked against the runtime's own CRI annotations; and the
-record the start keeps of it."""
+owner pod or the pods it is reserved for, checked against the runtime's own CRI annotations;
+and the record the start keeps of it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from testbed.lab import NAMESPACE, OTHER_POD, POD_UID, container_spec, cri_annot
 from testbed.rootfs import busybox_rootfs
 
 CLAIM_UID = "0f7c2a34-5a1e-4d7e-9a0b-2c3d4e5f6a7b"
+SHARER = "9d8c7b6a-0000-4000-8000-00000000000b"  # another pod a shared claim is reserved for
 
 
 def uuids(config: Config) -> list[str]:
@@ -32,14 +33,14 @@ def prepare(
     config: Config,
     keys: KeyRing,
     gpus: tuple[int, ...],
-    owner: str | None = None,
+    pods: tuple[str, ...] = (POD_UID,),
     uid: str = CLAIM_UID,
     shares: tuple[int, ...] = (),
 ) -> ClaimToken:
-    """What the DRA plugin writes at prepare for a claim of GPUs `gpus`."""
+    """What the DRA plugin writes at prepare for a claim of GPUs `gpus`, bound to `pods`."""
     ids = uuids(config)
     devices = tuple(ClaimDevice(f"gpu-{i}", ids[i], i in shares) for i in gpus)
-    token = ClaimToken(uid, NAMESPACE, "trainer-gpus", owner, devices)
+    token = ClaimToken(uid, NAMESPACE, "trainer-gpus", pods, devices)
     claimtoken.write(config.allocation_dir, token, keys)
     return token
 
@@ -102,26 +103,31 @@ def test_a_container_of_two_claims_holds_both(node: tuple[Config, KeyRing]) -> N
 
 
 @pytest.mark.parametrize(
-    ("owner", "annotations", "why"),
+    ("pods", "annotations", "why"),
     [
         # a claim generated for one pod, in a container of another pod of its namespace
-        (POD_UID, cri_annotations(pod=OTHER_POD), f" belongs to pod {POD_UID}, not {OTHER_POD}"),
-        # a runtime that names no pod UID cannot show it is the owner
-        (POD_UID, cri_annotations(pod=None), f" belongs to pod {POD_UID}; the spec names no pod"),
-        # a shared claim in a container of another namespace
-        (None, cri_annotations(namespace="team-b"), " is in namespace team-a, not team-b"),
+        ((POD_UID,), cri_annotations(pod=OTHER_POD),
+         f" is reserved for pod {POD_UID}, not {OTHER_POD}"),
+        # a shared claim, in a pod of its namespace it is not reserved for
+        ((POD_UID, SHARER), cri_annotations(pod=OTHER_POD),
+         f" is reserved for pods {', '.join(sorted((POD_UID, SHARER)))}, not {OTHER_POD}"),
+        # a runtime that names no pod UID cannot show it is one of them
+        ((POD_UID,), cri_annotations(pod=None),
+         f" is reserved for pod {POD_UID}; the spec names no pod"),
+        # a claim in a container of another namespace
+        ((POD_UID,), cri_annotations(namespace="team-b"), " is in namespace team-a, not team-b"),
         # a spec without the CRI annotations (not a Kubernetes container)
-        (None, {}, ": the spec names no pod namespace"),
+        ((POD_UID,), {}, ": the spec names no pod namespace"),
     ],
-    ids=["other-pod", "no-pod-uid", "other-namespace", "no-namespace"],
-)
+    ids=["other-pod", "shared-other-pod", "no-pod-uid", "other-namespace", "no-namespace"],
+)  # fmt: skip
 def test_a_claim_replayed_outside_whom_it_binds_fails_the_start(
-    node: tuple[Config, KeyRing], owner: str | None, annotations: dict[str, str], why: str
+    node: tuple[Config, KeyRing], pods: tuple[str, ...], annotations: dict[str, str], why: str
 ) -> None:
     """The engine has applied the claim's devices already, so a refusal fails the start
     (with the reason) rather than leave the container running with them."""
     config, keys = node
-    prepare(config, keys, (1,), owner=owner)
+    prepare(config, keys, (1,), pods=pods)
     outcome = evaluate(
         started(config, ["gpu-1"], uuids(config)[1], annotations), config, claim=True
     )
@@ -132,16 +138,15 @@ def test_a_claim_replayed_outside_whom_it_binds_fails_the_start(
     assert not outcome.inject
 
 
-def test_the_owner_pod_and_any_pod_of_a_shared_claims_namespace_are_served(
-    node: tuple[Config, KeyRing],
-) -> None:
+def test_each_pod_a_claim_is_reserved_for_is_served(node: tuple[Config, KeyRing]) -> None:
     config, keys = node
-    prepare(config, keys, (1,), owner=POD_UID)
+    prepare(config, keys, (1,))
     mine = started(config, ["gpu-1"], uuids(config)[1], cri_annotations(pod=POD_UID))
     assert evaluate(mine, config, claim=True).verdict.status == GRANTED
-    prepare(config, keys, (1,))
-    anyone = started(config, ["gpu-1"], uuids(config)[1], cri_annotations(pod=OTHER_POD))
-    assert evaluate(anyone, config, claim=True).verdict.status == GRANTED
+    prepare(config, keys, (1,), pods=(POD_UID, OTHER_POD))  # the plugin saw a second pod
+    other = started(config, ["gpu-1"], uuids(config)[1], cri_annotations(pod=OTHER_POD))
+    assert evaluate(other, config, claim=True).verdict.status == GRANTED
+    assert evaluate(mine, config, claim=True).verdict.status == GRANTED
 
 
 @pytest.mark.parametrize(

@@ -187,7 +187,7 @@ def test_the_dra_pods_get_claims_from_one_template_per_request(
     container = pod["spec"]["containers"][0]
     assert container["resources"]["claims"] == [{"name": entry["name"]}]
     assert env(pod) == {"NVIDIA_VISIBLE_DEVICES": "void"}  # the claim's CDI spec gives GPUs
-    assert "runtimeClassName" not in pod["spec"]
+    assert pod["spec"]["runtimeClassName"] == "gpuwire"  # gpuwire's runtime checks its claim
 
 
 def test_the_pair_is_an_nvlink_pair_of_whole_gpus_and_the_shares_are_of_gpu_3(

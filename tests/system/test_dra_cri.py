@@ -36,7 +36,7 @@ import pytest
 from deviceplugin.config import Config
 from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.plugin import DraPlugin
-from gpuwire import grant, records
+from gpuwire import claimtoken, grant, records
 from gpuwire.dra import DRIVER
 from runtime_hook.setup import launcher
 from runtime_hook.start import spec as ocispec
@@ -129,10 +129,27 @@ def kubelet(dra_node: DraNode) -> Iterator[KubeRuntime]:
         yield runtime
 
 
+def reserved_for(*pods: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
+            for p in pods]  # fmt: skip
+
+
+def reserve(api: ApiServer, ref: tuple[str, str, str], *pods: dict[str, Any]) -> None:
+    """The claim reserved for these pods, as the scheduler reserves it for each pod it binds."""
+    claim = api.get("resourceclaims", ref[1], ref[0])
+    assert claim is not None
+    claim["status"]["reservedFor"] = reserved_for(*pods)
+    api.put(claim)
+
+
 def put_claim(
-    api: ApiServer, devices: list[str], owner: dict[str, Any] | None = None
+    api: ApiServer,
+    devices: list[str],
+    owner: dict[str, Any] | None = None,
+    reserved: tuple[dict[str, Any], ...] = (),
 ) -> tuple[str, str, str]:
-    """A claim of team-a allocated `devices`; with `owner`, generated for that pod."""
+    """A claim of team-a allocated `devices`, reserved for the pods `reserved` (and `owner`);
+    with `owner`, generated for that pod."""
     name = f"claim-{uuid.uuid4().hex[:6]}"
     results = [{"request": "gpus", "driver": DRIVER, "pool": NODE, "device": d} for d in devices]
     spec = {"devices": {"requests": [{"name": "gpus", "exactly": {
@@ -143,16 +160,20 @@ def put_claim(
             "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]  # fmt: skip
     stored = api.put({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
-        "spec": spec, "status": {"allocation": {"devices": {"results": results}}},
+        "spec": spec, "status": {"allocation": {"devices": {"results": results}},
+                                 "reservedFor": reserved_for(*((owner,) if owner else reserved))},
     })  # fmt: skip
     return "team-a", name, stored["metadata"]["uid"]
 
 
 def prepared(
-    dra_node: DraNode, devices: list[str], owner: dict[str, Any] | None = None
+    dra_node: DraNode,
+    devices: list[str],
+    owner: dict[str, Any] | None = None,
+    reserved: tuple[dict[str, Any], ...] = (),
 ) -> tuple[tuple[str, str, str], list[str]]:
     """A claim of `devices` put and prepared: its reference and the CDI ids its request got."""
-    ref = put_claim(dra_node.api, devices, owner)
+    ref = put_claim(dra_node.api, devices, owner, reserved)
     (answer,) = dra_node.kubelet.prepare(DRIVER, [ref]).values()
     assert answer.error == ""
     return ref, dra_node.kubelet.cdi_ids(ref[2], "gpus")
@@ -269,8 +290,8 @@ def bundle_spec(dra_node: DraNode, cid: str) -> dict[str, Any]:
 def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     generation: Generation, lab: Lab, dra_node: DraNode, kubelet: KubeRuntime
 ) -> None:
-    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"])
     trainer = pod(script=HELD)
+    ref, ids = prepared(dra_node, ["gpu-1", "gpu-3"], reserved=(trainer,))
     _, (cid,) = run_pod(kubelet, _image(trainer), HANDLER, claims={"trainer": ids})
     if not generation.cdi:  # 1.6 drops CDI devices: nothing to prove, nothing recorded
         other = pod()
@@ -303,8 +324,20 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     kubelet.remove(cid)
     assert records_of(lab, trainer) == []  # deleted: its record goes
 
-    # a shared claim serves any pod of its namespace, no pod of another
-    others = [pod(), pod(namespace="team-b"), pod()]
+    # a shared claim serves the pods it is reserved for: replayed into another pod of its
+    # namespace (its CDI ids given by other means), it fails the start
+    others = [pod(), pod(namespace="team-b"), pod(), pod()]
+    uid = others[0]["metadata"]["uid"]
+    with pytest.raises(
+        CRIError,
+        match=f"claim team-a/{ref[1]} is reserved for pod "
+        f"{trainer['metadata']['uid']}, not {others[3]['metadata']['uid']}",
+    ):
+        run_view(kubelet, others[3], ids, HANDLER)  # fmt: skip
+    # the scheduler binds a second pod with it; the kubelet finds it prepared and calls no
+    # plugin: the plugin, watching the claim, binds its token to that pod too
+    reserve(dra_node.api, ref, trainer, others[0])
+    until(lambda: uid in claimtoken.read(str(lab.allocations), ref[2], lab.keys).pods)
     assert run_view(kubelet, others[0], ids, HANDLER)["devices"] == expected["devices"]
     with pytest.raises(CRIError, match=f"claim team-a/{ref[1]} is in namespace team-a, not team-b"):
         run_view(kubelet, others[1], ids, HANDLER)
@@ -312,7 +345,7 @@ def test_under_gpuwires_runtime_a_claim_is_proof_recorded_and_injected_once(
     owner = pod()
     mine, own_ids = prepared(dra_node, ["gpu-0"], owner)
     assert run_view(kubelet, owner, own_ids, HANDLER)["devices"] != ["nvidia*"]
-    with pytest.raises(CRIError, match=f"belongs to pod {owner['metadata']['uid']}, not "):
+    with pytest.raises(CRIError, match=f"reserved for pod {owner['metadata']['uid']}, not "):
         run_view(kubelet, others[2], own_ids, HANDLER)
     assert records_of(lab, owner, *others) == []  # exited and deleted, refused: none left
     release(dra_node, ref, mine)
@@ -324,7 +357,8 @@ def test_under_the_prestart_hook_a_claim_is_proof_and_nothing_is_injected_again(
     """The `gpuwire` handler as `configure --prestart-hook` makes it (runc, the hook in the
     base spec), CDI on: the hook accepts the claim, keeps the container's record and injects
     nothing over what the engine applied; in another namespace the claim fails the start."""
-    ref, ids = prepared(dra_node, ["gpu-2"])
+    first = pod(script=HELD.replace("sleep 600", ""))
+    ref, ids = prepared(dra_node, ["gpu-2"], reserved=(first,))
     containerd = Containerd.create(cri=True, generation=generation)
     with containerd:
         base = containerd.home / "base-spec.json"
@@ -338,7 +372,7 @@ def test_under_the_prestart_hook_a_claim_is_proof_and_nothing_is_injected_again(
         containerd.start()
         containerd.import_image(write_layout_tar(containerd.home / "busybox.tar"), CRI_NAMESPACE)
         with containerd.kuberuntime() as kubelet:
-            seen = run_view(kubelet, pod(script=HELD.replace("sleep 600", "")), ids, HANDLER)
+            seen = run_view(kubelet, first, ids, HANDLER)
             if not generation.cdi:  # 1.6 drops CDI devices
                 assert seen["devices"] == ["nvidia*"]
                 release(dra_node, ref)

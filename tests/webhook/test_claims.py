@@ -8,11 +8,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import kubernetes_validate
 import pytest
+import yaml
 
 from gpuwire import grant
 from testbed import dracel, dracluster
@@ -33,6 +35,7 @@ A100, A100_40, H100, T4 = (
     "Tesla T4",
 )
 NAMESPACE = "team-a"
+RUNTIME_CLASS = Path(__file__).parents[2] / "deploy/base/runtimeclass.yaml"
 DRA = Policy(allocation="dra")
 CLUSTER = (
     dracluster.node("a100-40", 4, (A100_40,), nvlink="none"),
@@ -290,6 +293,37 @@ def test_the_device_plugin_policy_writes_no_claim(cluster: Cluster) -> None:
     outcome = cluster.admit({"gpuwire.io/gpu-count": "2"}, Policy())
     assert not outcome.templates
     assert not any("resourceClaims" in op["path"] or "claims" in op["path"] for op in outcome.patch)
+
+
+def test_a_dra_pod_gets_the_policys_runtime_class_and_lands_where_it_lets_it(
+    cluster: Cluster,
+) -> None:
+    """gpuwire's runtime checks a claim's token only where it runs: without the class, a pod
+    would run under the node's default handler, its claim's devices taken on trust."""
+    cluster.api.put(yaml.safe_load(RUNTIME_CLASS.read_text()))  # its nodeSelector: GPU nodes
+    policy = Policy(allocation="dra", runtime_class="gpuwire")
+    placed = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "1"}, policy)
+    stored = cluster.api.get("pods", placed.pod, NAMESPACE)
+    assert stored is not None
+    assert stored["spec"]["runtimeClassName"] == "gpuwire"
+    assert placed.decision.node == "h100"
+    own = cluster.admit({"gpuwire.io/gpu-count": "1"}, policy)
+    assert own.templates
+    named = jsonpatch.apply_patch(pod({"gpuwire.io/gpu-count": "1"}), list(own.patch))
+    named["spec"]["runtimeClassName"] = "kata"
+    outcome = mutate(named, NAMESPACE, policy, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert not [op for op in outcome.patch if op["path"] == "/spec/runtimeClassName"]
+
+
+def test_a_pod_bringing_its_own_claim_gets_no_runtime_class(cluster: Cluster) -> None:
+    """The webhook does not read a pod's own ResourceClaim(Template) to learn its class
+    (docs/dra.md): such a pod names the RuntimeClass itself."""
+    raw = pod({}, resources={"claims": [{"name": "gpu"}]})
+    raw["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+    policy = Policy(allocation="dra", runtime_class="gpuwire")
+    outcome = mutate(raw, NAMESPACE, policy, Fleet(), grant.KeyRing({}), cluster.pools)
+    assert outcome.allowed
+    assert not [op for op in outcome.patch if op["path"] == "/spec/runtimeClassName"]
 
 
 TEMPLATES = [

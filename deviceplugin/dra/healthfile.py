@@ -1,0 +1,73 @@
+"""The node's device health, on disk: a plugin restarted a second after a fault still
+publishes its taint, and lifts it only once the quiet period since the fault is over.
+
+`<plugin dir>/health.json`, beside the checkpoint, written whole (`gpuwire.atomicfile`) each
+time the health book changes: per unhealthy device, when its last critical event was and
+the events since it was last healthy (what its taint says). The book counts on a monotonic
+clock, which does not survive a reboot, so the file holds wall-clock times and `load` turns
+them back into the caller's clock (an age never below zero). A file that cannot be read
+stops the plugin with the reason, as the checkpoint does: starting healthy would publish a
+GPU that faulted a second ago as fit for new claims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from deviceplugin.discovery import HealthEvent
+from deviceplugin.dra.checkpoint import CheckpointError
+from deviceplugin.health import Entries
+from gpuwire import atomicfile
+
+VERSION = 1
+NAME = "health.json"
+
+
+def save(directory: str | os.PathLike[str], entries: Entries, now: float, wall: float) -> None:
+    """Write `entries` (times on the clock that reads `now` while the wall clock reads
+    `wall`)."""
+    devices = {
+        uuid: {"since": wall - (now - t), "causes": [[e.uuid, e.xid, e.detail] for e in causes]}
+        for uuid, (t, causes) in entries.items()
+    }
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    body = json.dumps({"version": VERSION, "devices": devices}, indent=1).encode()
+    atomicfile.replace(os.path.join(directory, NAME), body, 0o600)
+
+
+def load(directory: str | os.PathLike[str], now: float, wall: float) -> Entries:
+    """What was saved, its times on the caller's clock (reading `now` while the wall clock
+    reads `wall`); nothing where nothing was saved."""
+    path = Path(directory, NAME)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CheckpointError(f"health state {path}: {exc.strerror}") from None
+    try:
+        raw = json.loads(text)
+        if raw.get("version") != VERSION:
+            raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
+        return {
+            str(uuid): (
+                now - max(0.0, wall - float(device["since"])),
+                tuple(_event(*cause) for cause in device["causes"]),
+            )
+            for uuid, device in raw["devices"].items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"health state {path} is unreadable ({exc}): the taints it held would be lost; "
+            "remove it to start with every GPU healthy"
+        ) from None
+
+
+def _event(uuid: object, xid: object, detail: object) -> HealthEvent:
+    if uuid is not None and not isinstance(uuid, str):
+        raise TypeError(f"device {uuid!r} is not a UUID")
+    if xid is not None and (not isinstance(xid, int) or isinstance(xid, bool)):
+        raise TypeError(f"XID {xid!r} is not a number")
+    return HealthEvent(uuid, xid, str(detail))
