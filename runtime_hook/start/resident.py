@@ -193,13 +193,6 @@ def let_go() -> None:
     os.close(null)
 
 
-def step_aside() -> None:
-    """Leave the exit (unmapping this copy of the resident, ~0.5-1 ms of CPU) to an idle CPU:
-    the answer is sent, and the rest of the container's start goes on meanwhile."""
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
 def listen(path: str) -> socket.socket:
     """A root-only socket at `path`, replacing a stale one from an earlier resident."""
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -239,7 +232,6 @@ def serve(listener: socket.socket) -> None:
                 os.close(tell)  # the parent forks the next one now
                 status = answer(conn, served)
             finally:
-                step_aside()
                 os._exit(status)
         os.close(tell)
         try:

@@ -274,7 +274,7 @@ def test_gpuwire_call_compiles_without_warnings() -> None:
 
 def test_a_declined_call_gives_the_callers_stdio_back_before_it_answers() -> None:
     """A runtime reads a hook's output until every copy of its pipes is closed: the child
-    that declines must not keep the caller's until it exits (an exit left to an idle CPU)."""
+    that declines must not keep the caller's until its own exit."""
     caller, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     read_end, write_end = os.pipe()
     cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)
