@@ -13,7 +13,8 @@ order each round:
 - the hook served by the resident gpuwire (its launcher hands the call over with
   gpuwire-call; the `createRuntime` hook runs in the runtime's namespaces, where the resident
   serves it, and enters the container itself): what a node the installer set up runs;
-- the hook as the Python launcher (what every CDI start paid before, ~25 ms on podman).
+- the hook as the Python launcher (what every CDI start paid before, ~25 ms on podman);
+- `/bin/true` as the hook: what the runtime's running of any hook costs.
 
 - through containerd only, the same two specs for a pod under gpuwire's runtime handler
   (RuntimeClass `gpuwire`, its launcher served by the resident), which checks the claim's
@@ -129,12 +130,14 @@ BASE = "CDI edits, no hook"
 RESIDENT = "gpuwire hook, resident"
 SHIM_BASE = "gpuwire runtime, CDI edits, no hook"
 SHIM = "gpuwire runtime, its hook made by the shim"
+ANY = "any hook at all (/bin/true)"
 HANDLER = "gpuwire"  # deploy/base/runtimeclass.yaml
 
 
 @contextlib.contextmanager
 def hooks(tmp: Path, python: str) -> Iterator[dict[str, str | None]]:
-    """case → the spec's hook: none, the served launcher (a resident running), Python's."""
+    """case → the spec's hook: none, the served launcher (a resident running), Python's,
+    /bin/true."""
     launcher.install(f"{tmp}/libexec", python, socket=None)
     # whose Python fallback does not exist: a start the resident declined would fail
     launcher.install(f"{tmp}/served", "/nonexistent/python3", socket=f"{tmp}/resident.sock")
@@ -143,6 +146,7 @@ def hooks(tmp: Path, python: str) -> Iterator[dict[str, str | None]]:
             BASE: None,
             RESIDENT: f"{tmp}/served/{launcher.HOOK}",
             "gpuwire hook, Python launcher": f"{tmp}/libexec/{launcher.HOOK}",
+            ANY: "/bin/true",
         }
 
 
