@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin import labeler, metrics, podresources
-from deviceplugin.discovery import REDISCOVER, Discovery, NodeGpus
+from deviceplugin.discovery import NodeGpus
 from deviceplugin.dra.devices import Sharing
 from deviceplugin.dra.devices import devices as dra_devices
 from deviceplugin.metrics import Metrics, Snapshot
@@ -143,28 +143,41 @@ class Agent:
             stop.wait(self.settings.interval)
 
 
+def of_node(
+    settings: Settings,
+    node: str,
+    found: Callable[[], NodeGpus],
+    unhealthy: Callable[[], frozenset[str]],
+    api: Any = None,
+    metrics: Metrics | None = None,
+) -> Agent:
+    """The agent of the node `found()` discovers: its GPUs, its MIG devices and the DRA names
+    pod-resources lists claims' devices by (the DRA plugin's names for them)."""
+    return Agent(
+        settings,
+        node,
+        lambda: found().devices,
+        unhealthy,
+        api,
+        metrics,
+        lambda: found().mig_devices,
+        lambda: {d.name: d.uuid for d in dra_devices(found(), Sharing())},
+    )
+
+
 def job(
     settings: Settings,
     node_name: str | None,
     kubeconfig: str | None,
-    discovery: Discovery,
+    found: Callable[[], NodeGpus],
     unhealthy: Callable[[], frozenset[str]],
 ) -> Callable[[threading.Event], None]:
-    """The agent as a background job of the node agent: `job(...)(stop)` runs it, with the
-    metrics endpoint (if a port is set) up until `stop`."""
+    """The agent as a background job of the node agent: `job(...)(stop)` runs it on the node
+    `found()` gives (the process's `discovery.Latest`), with the metrics endpoint (if a port
+    is set) up until `stop`."""
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
-    found = _rediscovered(discovery)
-    agent = Agent(
-        settings,
-        labeler.node_name(node_name),
-        lambda: found().devices,
-        unhealthy,
-        api,
-        collector,
-        lambda: found().mig_devices,
-        lambda: {d.name: d.uuid for d in dra_devices(found(), Sharing())},
-    )
+    agent = of_node(settings, labeler.node_name(node_name), found, unhealthy, api, collector)
 
     def run(stop: threading.Event) -> None:
         server = None
@@ -179,18 +192,3 @@ def job(
                 server.server_close()
 
     return run
-
-
-def _rediscovered(discovery: Discovery) -> Callable[[], NodeGpus]:
-    """The node's GPUs and MIG devices, discovered again at most every REDISCOVER seconds,
-    or when the MIG layout changed."""
-    found: list[tuple[float, object, NodeGpus]] = []
-
-    def node() -> NodeGpus:
-        now = time.monotonic()
-        if not found or now - found[0][0] >= REDISCOVER or discovery.layout() != found[0][1]:
-            gpus = discovery.discover()
-            found[:] = [(now, discovery.layout(), gpus)]
-        return found[0][2]
-
-    return node

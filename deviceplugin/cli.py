@@ -426,6 +426,7 @@ def label(argv: list[str]) -> int:
     _logging("INFO" if args.watch else "WARNING")
     from deviceplugin import agent, labeler, mps
     from deviceplugin.backend import open_discovery
+    from deviceplugin.discovery import Latest
     from gpuwire.holders import ANNOTATION
 
     discovery = open_discovery(config.sim)
@@ -448,19 +449,20 @@ def label(argv: list[str]) -> int:
         holder_settings = _holder_settings(args)
         if args.watch:
             stop = _stop_on_signals()
+            latest = Latest(discovery, node)
             jobs = []
             if holder_settings is not None:
                 job = agent.job(
-                    holder_settings, config.node_name, config.kubeconfig, discovery, unreachable
+                    holder_settings, config.node_name, config.kubeconfig, latest, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-            daemons = mps.job(config, discovery, unreachable)
+            daemons = mps.job(config, latest, unreachable)
             if daemons is not None:
                 jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
             for thread in jobs:
                 thread.start()
             try:
-                labeler.run(config, discovery, stop, unreachable)
+                labeler.run(config, latest, stop, unreachable)
             finally:
                 stop.set()
                 for thread in jobs:
@@ -471,14 +473,7 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            node_agent = agent.Agent(
-                holder_settings,
-                name,
-                lambda: node.devices,
-                unreachable,
-                api,
-                mig=lambda: node.mig_devices,
-            )
+            node_agent = agent.of_node(holder_settings, name, lambda: node, unreachable, api)
             held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0

@@ -5,7 +5,8 @@ MIG devices are there (as `gpuwire.devices.Device` and `MigDevice`, plus what la
 devices need), which health events happened, and whether a device still answers. Everything
 above this module is source-agnostic. A MIG device's capability minors are procfs's in both
 (`gpuwire.mig.read_instances`, as NVIDIA's plugin reads them): NVML does not give them.
-`follow` is how every long-running part keeps up with MIG changes.
+`Latest` is the node every long-running part of a process shares, and `follow` how the
+plugins keep up with its changes.
 """
 
 from __future__ import annotations
@@ -117,23 +118,49 @@ class Discovery(Protocol):
     def close(self) -> None: ...
 
 
+class Latest:
+    """The node as last discovered, one for every part of a process that keeps up with it
+    (the MIG follower, the labeler, the holders agent, the MPS daemons): discovered again only
+    when procfs's MIG layout moved or the node is older than a caller accepts, and then once
+    for all of them, so one MIG change costs one discovery, not one per part."""
+
+    def __init__(self, discovery: Discovery, node: NodeGpus | None = None) -> None:
+        self.discovery = discovery
+        self._lock = threading.Lock()
+        self._node = node
+        self._at = time.monotonic()
+        self._layout = discovery.layout() if node is not None else None
+
+    def __call__(self, within: float | None = None) -> NodeGpus:
+        """The node on the MIG layout procfs shows now, discovered at most `within` seconds
+        ago (REDISCOVER by default)."""
+        within = REDISCOVER if within is None else within
+        with self._lock:
+            if (
+                self._node is None
+                or time.monotonic() - self._at >= within
+                or self.discovery.layout() != self._layout
+            ):
+                self._node = self.discovery.discover()
+                self._at, self._layout = time.monotonic(), self.discovery.layout()
+            return self._node
+
+
 def follow(
-    discovery: Discovery,
+    latest: Latest,
+    node: NodeGpus,
     changed: Callable[[NodeGpus], None],
     stop: threading.Event,
 ) -> None:
-    """Hand `changed` the node discovered again each time the MIG instances procfs lists
-    change (looked at every LOOK seconds: instances created or destroyed) and every
-    REDISCOVER seconds anyway, until `stop` is set."""
-    layout = discovery.layout()
-    due = time.monotonic() + REDISCOVER
+    """Hand `changed` the node each time it is found other than `node` (the one the caller
+    acts on now), until `stop` is set: MIG instances created or destroyed (procfs looked at
+    every LOOK seconds), or anything else a discovery sees (one every REDISCOVER seconds)."""
     while not stop.wait(LOOK):
         try:
-            if discovery.layout() == layout and time.monotonic() < due:
-                continue
-            node = discovery.discover()
-            layout, due = discovery.layout(), time.monotonic() + REDISCOVER
-            changed(node)
+            found = latest()
+            if found != node:
+                node = found
+                changed(node)
         except Exception:
             log.exception("rediscovery failed; trying again")
 

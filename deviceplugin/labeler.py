@@ -16,7 +16,7 @@ from typing import Any
 import kubeclient
 from deviceplugin import labels, mps
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus
+from deviceplugin.discovery import REDISCOVER, Latest, NodeGpus
 from gpuwire import mig
 
 log = logging.getLogger(__name__)
@@ -103,34 +103,45 @@ def label_once(
 
 def run(
     config: Config,
-    discovery: Discovery,
+    latest: Latest,
     stop: threading.Event,
     unhealthy: Callable[[], frozenset[str]] | None = None,
     api: Any = None,
 ) -> None:
-    """Label now, again within a second of a health change or a MIG change, and every
-    `label_interval` (which also puts back labels someone removed) until `stop` is set.
-    Where no device plugin runs, this is the node agent that keeps the MIG map."""
+    """Label now, again within a second of a health change or a change of the node, and
+    every `label_interval` (looking at the node again, and putting back labels someone
+    removed) until `stop` is set. Where no device plugin runs, this is the node agent that
+    keeps the MIG map: written on a change and every `label_interval`."""
     api = api or core_api(config.kubeconfig)
     name = node_name(config.node_name)
     node: NodeGpus | None = None
     last: frozenset[str] | None = None
-    layout: object = None
     due = 0.0
     while not stop.is_set():
         bad = unhealthy() if unhealthy else frozenset()
         try:
-            moved = node is not None and discovery.layout() != layout
-            if bad != last or moved or time.monotonic() >= due:
-                if node is None or moved or time.monotonic() >= due:
-                    node = discovery.discover()
-                    layout, due = discovery.layout(), time.monotonic() + config.label_interval
-                    write_mig_map(config.mig_map, node)
-                label_once(api, name, config, node, bad)
-                last = bad
+            found = latest(config.label_interval)
+            now = time.monotonic()
+            if found != node or now >= due:
+                write_mig_map(config.mig_map, found)
+            if bad != last or found != node or now >= due:
+                label_once(api, name, config, found, bad)
+                node, last, due = found, bad, now + config.label_interval
         except Exception as exc:  # the API server may be away; try again later
             log.warning("labeling node %s failed: %s", name, exc)
         stop.wait(1.0)
+
+
+def keep_mig_map(
+    path: str, latest: Latest, stop: threading.Event, every: float = REDISCOVER
+) -> None:
+    """Write the MIG map again every `every` seconds until `stop` is set, so that one that
+    failed to be written or was removed is put back; a MIG change writes it at once."""
+    while not stop.wait(every):
+        try:
+            write_mig_map(path, latest())
+        except Exception:
+            log.exception("MIG map %s not checked", path)
 
 
 def write_mig_map(path: str, node: NodeGpus) -> None:

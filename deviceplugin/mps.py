@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery
+from deviceplugin.discovery import NodeGpus
 from gpuwire import mps, nvidia
 from gpuwire.devices import Device
 from gpuwire.records import process_start
@@ -229,7 +229,7 @@ def _end_adopted(daemon: mps.Daemon) -> None:
 
 
 def job(
-    config: Config, discovery: Discovery, unhealthy: Callable[[], frozenset[str]]
+    config: Config, found: Callable[[], NodeGpus], unhealthy: Callable[[], frozenset[str]]
 ) -> Callable[[threading.Event], None] | None:
     """The daemons as a background job of the node agent (`job(...)(stop)` runs it), None
     where the config asks for none. Each GPU's defaults are its replicas' share where it is
@@ -241,7 +241,7 @@ def job(
     if control is None:
         log.error("mps.root is set, and the driver under %s has no %s: no MPS", root, mps.CONTROL)
         return None
-    node = discovery.discover()
+    node = found()
     devices = node.devices
     shares = {
         g.uuid: share

@@ -4,9 +4,11 @@ holders, and following MIG changes).
 
 MIG changes are followed while serving (`discovery.follow`): every second the MIG instances
 procfs lists are compared with the last ones (`Discovery.layout`), and on a change (or every
-minute) the node is discovered again; resources then get their new devices (ListAndWatch
-sends them), a resource that appears gets an endpoint of its own, and one whose devices are
-all gone stays registered with none. The node side's MIG map is written from the same discovery.
+minute) the node is discovered again, once for every job here (`discovery.Latest`). When it
+differs, resources get their new devices (ListAndWatch sends them), a resource that appears
+gets an endpoint of its own, and one whose devices are all gone stays registered with none.
+The node side's MIG map is written from the same discovery, first, and put back every minute
+should it be gone.
 """
 
 from __future__ import annotations
@@ -17,14 +19,13 @@ import os
 import threading
 from collections.abc import Callable
 
-from deviceplugin import agent, labels, mps, state, sweep
+from deviceplugin import agent, labeler, labels, mps, state, sweep
 from deviceplugin.allocate import Strategies
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus, follow
+from deviceplugin.discovery import Discovery, Latest, NodeGpus, follow
 from deviceplugin.endpoint import Endpoint
 from deviceplugin.health import HealthBook, HealthPolicy
-from deviceplugin.labeler import write_mig_map
 from deviceplugin.resources import Resource
 from deviceplugin.service import DevicePluginService
 from deviceplugin.supervisor import Supervisor
@@ -100,7 +101,7 @@ def build(config: Config, discovery: Discovery) -> tuple[Endpoints, state.Health
     policy = HealthPolicy(config.ignored_xids, config.recover_after)
     uuids, children = node.watched()
     health = state.HealthState(HealthBook(policy, uuids, children=children), discovery.alive)
-    write_mig_map(config.mig_map, node)
+    labeler.write_mig_map(config.mig_map, node)
     endpoints = Endpoints(config, health)
     endpoints.update(resources(config, node))
     if not endpoints.by_name:
@@ -114,7 +115,7 @@ def rediscovered(
     """What a MIG change does: resources, health and the MIG map follow what the node has."""
 
     def changed(node: NodeGpus) -> None:
-        write_mig_map(config.mig_map, node)  # first: the node side must know what is allocated
+        labeler.write_mig_map(config.mig_map, node)  # first: the node side must know it
         for endpoint in endpoints.update(resources(config, node)):
             supervisor.add(endpoint)
         endpoints.health.changed(*node.watched())
@@ -132,7 +133,8 @@ def run(
     also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
     MPS control daemon per healthy GPU."""
     discovery = discovery or open_discovery(config.sim)
-    endpoints, health, _ = build(config, discovery)
+    endpoints, health, node = build(config, discovery)
+    latest = Latest(discovery, node)
     supervisor = Supervisor(list(endpoints.by_name.values()), config.kubelet_dir)
     jobs = [
         threading.Thread(target=state.monitor, args=(discovery, health, stop), name="health"),
@@ -149,23 +151,24 @@ def run(
         ),
         threading.Thread(
             target=follow,
-            args=(discovery, rediscovered(config, endpoints, supervisor), stop),
+            args=(latest, node, rediscovered(config, endpoints, supervisor), stop),
             name="mig",
+        ),
+        threading.Thread(
+            target=labeler.keep_mig_map, args=(config.mig_map, latest, stop), name="mig-map"
         ),
     ]
     if config.labels:
-        from deviceplugin import labeler
-
         jobs.append(
             threading.Thread(
-                target=labeler.run, args=(config, discovery, stop, health.unhealthy), name="labels"
+                target=labeler.run, args=(config, latest, stop, health.unhealthy), name="labels"
             )
         )
     if holders is not None:
         inside = dataclasses.replace(holders, plugin=bool(endpoints.by_name))
-        watch = agent.job(inside, config.node_name, config.kubeconfig, discovery, health.unhealthy)
+        watch = agent.job(inside, config.node_name, config.kubeconfig, latest, health.unhealthy)
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
-    daemons = mps.job(config, discovery, health.unhealthy)
+    daemons = mps.job(config, latest, health.unhealthy)
     if daemons is not None:
         jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
     for job in jobs:

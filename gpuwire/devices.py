@@ -241,6 +241,13 @@ def normalise_bus_id(value: str) -> str | None:
     return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}.{fn}"
 
 
+def is_mig_entry(entry: str) -> bool:
+    """Whether an NVIDIA_VISIBLE_DEVICES entry names a MIG device: `MIG-<uuid>` (or the
+    legacy `MIG-GPU-<uuid>/<gi>/<ci>`), `<gpu>:<gi>:<ci>` or `<gpu>:<mig index>` (a bus id
+    has a colon too, and a dot)."""
+    return entry.lower().startswith("mig-") or (":" in entry and "." not in entry)
+
+
 def select(
     request: Request,
     devices: list[Device] | tuple[Device, ...],
@@ -263,7 +270,7 @@ def select(
     chosen: dict[str, MigDevice] = {}
     for entry in request.entries:
         lowered = entry.lower()
-        if lowered.startswith("mig-") or (":" in entry and "." not in entry):
+        if is_mig_entry(entry):
             found = mig_by_name.get(lowered)
             if found is None:
                 raise UnknownDevice(_unknown_mig(entry, devices, mig))

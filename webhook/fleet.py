@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-import yaml
-
 from gpuwire import holders, limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
+from webhook import listfile
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +36,6 @@ GPUS_ANNOTATION = nodegpus.ANNOTATION
 MIG_LABEL_PREFIX = nvidia.LABEL_PREFIX + "mig-"  # GFD's mixed strategy: mig-<profile>.count
 Gpu = nodegpus.NodeGpu
 Mig = nodegpus.NodeMig
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the safe loader, in C if built
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,18 +321,5 @@ class FleetFileError(ValueError):
 
 def load(path: str | Path) -> Fleet:
     """A `v1 List` (or `NodeList`) of Node objects in YAML or JSON, as `kubectl get nodes -o
-    yaml` (or `-o json`) prints it: a static fleet for local use, tests and the demo. JSON is
-    read by orjson, YAML by libyaml where PyYAML has it: a large cluster's list is hundreds of
-    MB, which PyYAML's pure-Python parser reads at about 1 MB/s."""
-    try:
-        text = Path(path).read_bytes()
-        json_text = text.lstrip()[:1] in (b"{", b"[")
-        doc = orjson.loads(text) if json_text else yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 - a safe loader
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        raise FleetFileError(f"{path}: {exc}") from exc
-    if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
-        raise FleetFileError(f"{path}: expected a v1 List of Node objects (with items:)")
-    kinds = {i.get("kind") for i in doc["items"] if isinstance(i, Mapping)}
-    if len(kinds) > 1 or kinds - {"Node"} or not all(isinstance(i, Mapping) for i in doc["items"]):
-        raise FleetFileError(f"{path}: every item must be a Node; found {sorted(map(str, kinds))}")
-    return Fleet.of(doc["items"])
+    yaml` (or `-o json`) prints it: a static fleet for local use, tests and the demo."""
+    return Fleet.of(listfile.items(path, "Node", FleetFileError))

@@ -27,9 +27,10 @@ results sets in chunks": kubernetes.io/docs/reference/using-api/api-concepts/):
 - `optional`: a resource the API server may not serve (404: `resource.k8s.io/v1` before
   Kubernetes 1.34) counts as listed and empty (synced), and is listed again every minute.
 
-`publish(views)` is called, from the watch thread, after each whole list and after each event
-that changed a view (views compare equal: a heartbeat that changes nothing of a view publishes
-nothing); it gets the live mapping, to read at once, never to keep.
+`snapshot(views)` makes `current`, what readers get, from the watch thread, after each whole
+list and after each event that changed a view (views compare equal: a heartbeat that changes
+nothing of a view makes nothing new); it gets the live mapping, to read at once, never to
+keep. Until the first list, `current` is `empty`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from kubernetes import client
 log = logging.getLogger(__name__)
 
 View = TypeVar("View")
+Snapshot = TypeVar("Snapshot")
 Obj = dict[str, Any]
 PAGE = 100
 LIST_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -78,8 +80,9 @@ def _lines(response: Any) -> Iterator[bytes]:
         yield buffer
 
 
-class ListWatch(Generic[View]):
-    """The views of one resource's objects, kept current by a background thread.
+class ListWatch(Generic[View, Snapshot]):
+    """The views of one resource's objects, and the snapshot readers get of them, kept
+    current by a background thread.
 
     `list_call` is the generated client's list function for the resource (it lists and, with
     `watch=True`, watches: `CoreV1Api.list_node`, `ResourceV1Api.list_resource_slice`); `view`
@@ -90,7 +93,8 @@ class ListWatch(Generic[View]):
         name: str,
         list_call: Callable[..., Any],
         view: Callable[[Obj], View | None],
-        publish: Callable[[Mapping[str, View]], None],
+        snapshot: Callable[[Mapping[str, View]], Snapshot],
+        empty: Snapshot,
         *,
         metadata_only: bool,
         timeout_seconds: int = 300,
@@ -100,7 +104,8 @@ class ListWatch(Generic[View]):
         self.name = name
         self._call = list_call
         self._view = view
-        self._publish = publish
+        self._snapshot = snapshot
+        self._current = empty
         self._accept = (LIST_METADATA, WATCH_METADATA) if metadata_only else (None, None)
         self.timeout_seconds = timeout_seconds
         self.page = page
@@ -111,6 +116,13 @@ class ListWatch(Generic[View]):
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(target=self._run, name=f"gpuwire-{name}", daemon=True)
+
+    @property
+    def current(self) -> Snapshot:
+        return self._current
+
+    def refresh(self) -> None:
+        """Nothing to poll: the watch pushes."""
 
     @property
     def synced(self) -> bool:
@@ -181,7 +193,7 @@ class ListWatch(Generic[View]):
                 if exc.status != 404 or not self.optional:
                     raise
                 self.views, self.listed = {}, 0
-                self._publish(self.views)
+                self._current = self._snapshot(self.views)
                 self._synced.set()
                 log.info("%s: not served by the API server; none", self.name)
                 raise NotServed from exc
@@ -199,7 +211,7 @@ class ListWatch(Generic[View]):
             if not token:
                 break
         self.views, self.listed = views, listed
-        self._publish(views)
+        self._current = self._snapshot(views)
         self._synced.set()
         log.info("%s: %d kept of %d listed", self.name, len(views), listed)
         return str(meta["resourceVersion"])
@@ -243,5 +255,5 @@ class ListWatch(Generic[View]):
             del self.views[key]
         else:
             self.views[key] = made
-        self._publish(self.views)
+        self._current = self._snapshot(self.views)
         return version

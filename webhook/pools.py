@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from gpuwire import dra, limits
 from gpuwire.annotations import normalise_model
 from gpuwire.quantity import QuantityError, api_mib
+from webhook import listfile
 
 log = logging.getLogger(__name__)
 
@@ -252,14 +252,5 @@ class SlicesFileError(ValueError):
 
 def load(path: str | Path) -> Pools:
     """A `v1 List` of ResourceSlices in YAML or JSON, as `kubectl get resourceslices -o yaml`
-    prints it: a static view for `gpuwire mutate`, tests and the demo."""
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise SlicesFileError(f"{path}: {exc}") from exc
-    items = doc.get("items") if isinstance(doc, Mapping) else None
-    if not isinstance(items, list) or not all(
-        isinstance(i, Mapping) and i.get("kind", "ResourceSlice") == "ResourceSlice" for i in items
-    ):
-        raise SlicesFileError(f"{path}: expected a v1 List of ResourceSlice objects (items:)")
-    return Pools.of(items)
+    (or `-o json`) prints it: a static view for `gpuwire mutate`, tests and the demo."""
+    return Pools.of(listfile.items(path, "ResourceSlice", SlicesFileError))

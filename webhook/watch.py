@@ -31,83 +31,56 @@ from webhook.pools import NO_POOLS, Pools, SliceView, slice_view
 from webhook.templates import Known
 
 
-class NodeWatch(ListWatch[Node]):
+class NodeWatch(ListWatch[Node, Fleet]):
     """The cluster's GPU nodes, kept current by a list + watch in a background thread."""
 
     def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
         """`api`: a `kubernetes.client.CoreV1Api`."""
-        self._current = Fleet()
-        self._shared: dict[object, Any] = {}  # one object per distinct GPU make-up, profiles
+        shared: dict[object, Any] = {}  # one object per distinct GPU make-up, profiles
         super().__init__(
             "node watch",
             api.list_node,
-            self._node,
-            self._snapshot,
+            lambda obj: node_from_object(obj, shared),
+            lambda nodes: Fleet.of_nodes(nodes.values()),
+            Fleet(),
             metadata_only=True,
             timeout_seconds=timeout_seconds,
             page=page,
         )
 
-    @property
-    def current(self) -> Fleet:
-        return self._current
 
-    def refresh(self) -> None:
-        """Nothing to poll: the watch pushes."""
-
-    def _node(self, obj: dict[str, Any]) -> Node | None:
-        return node_from_object(obj, self._shared)
-
-    def _snapshot(self, nodes: Mapping[str, Node]) -> None:
-        self._current = Fleet.of_nodes(nodes.values())
-
-
-class SliceWatch(ListWatch[SliceView]):
+class SliceWatch(ListWatch[SliceView, Pools]):
     """gpuwire's ResourceSlices as the pools the DRA path reads (RBAC: list, watch on
     resourceslices)."""
 
     def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
         """`api`: a `kubernetes.client.ResourceV1Api`."""
-        self._current = NO_POOLS
         calls = functools.partial(
             api.list_resource_slice, field_selector=f"spec.driver={dra.DRIVER}"
         )
-        super().__init__("slice watch", calls, slice_view, self._snapshot, metadata_only=False,
+        super().__init__("slice watch", calls, slice_view, _pools, NO_POOLS, metadata_only=False,
                          timeout_seconds=timeout_seconds, page=page, optional=True)  # fmt: skip
 
-    @property
-    def current(self) -> Pools:
-        return self._current
 
-    def refresh(self) -> None:
-        """Nothing to poll: the watch pushes."""
-
-    def _snapshot(self, views: Mapping[str, SliceView]) -> None:
-        pools = Pools.of_views(views.values())
-        pools.warm()
-        self._current = pools
+def _pools(views: Mapping[str, SliceView]) -> Pools:
+    pools = Pools.of_views(views.values())
+    pools.warm()
+    return pools
 
 
-class TemplateWatch(ListWatch[templates.Seen]):
+class TemplateWatch(ListWatch[templates.Seen, Known]):
     """The ResourceClaimTemplates gpuwire made, in every namespace (RBAC: list, watch on
     resourceclaimtemplates)."""
 
     def __init__(self, api: Any, timeout_seconds: int = 300, page: int = PAGE) -> None:
         """`api`: a `kubernetes.client.ResourceV1Api`."""
-        self._current = Known()
         calls = functools.partial(
             api.list_resource_claim_template_for_all_namespaces, label_selector=templates.SELECTOR
         )
-        super().__init__("template watch", calls, templates.seen, self._snapshot,
+        super().__init__("template watch", calls, templates.seen, _known, Known(),
                          metadata_only=False, timeout_seconds=timeout_seconds, page=page,
                          optional=True)  # fmt: skip
 
-    @property
-    def current(self) -> Known:
-        return self._current
 
-    def refresh(self) -> None:
-        """Nothing to poll: the watch pushes."""
-
-    def _snapshot(self, views: Mapping[str, templates.Seen]) -> None:
-        self._current = Known({(v.namespace, v.name): (v.spec, v.marked) for v in views.values()})
+def _known(views: Mapping[str, templates.Seen]) -> Known:
+    return Known({(v.namespace, v.name): (v.spec, v.marked) for v in views.values()})

@@ -67,17 +67,26 @@ def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     return spec
 
 
+def unique(results: Sequence[Result]) -> tuple[Result, ...]:
+    """A claim's results, one per device (shares of one GPU are one device to a container)."""
+    return tuple({r.device.name: r for r in results}.values())
+
+
+def capabilities(results: Sequence[Result]) -> tuple[str, ...]:
+    """The driver capabilities a claim's containers get: all its results' configs ask for."""
+    return tuple(sorted({c for r in results for c in r.config.capabilities}))
+
+
 def claim_devices(results: Sequence[Result]) -> tuple[claimtoken.ClaimDevice, ...]:
     """What a claim's token names of each device it was given: NVIDIA_VISIBLE_DEVICES names
     a GPU by its UUID, a MIG device by its own (`MigDevice.name`)."""
-    unique = {r.device.name: r for r in results}.values()
     return tuple(
         claimtoken.ClaimDevice(
             r.device.name,
             r.device.mig.name if r.device.mig is not None else r.device.gpu.uuid,
             r.share_id is not None,
         )
-        for r in unique
+        for r in unique(results)
     )
 
 
@@ -108,26 +117,28 @@ def claim_spec(
     found: driver.Driver,
     ref: ClaimRef,
     results: Sequence[Result],
+    capabilities: tuple[str, ...],
+    named: Sequence[claimtoken.ClaimDevice],
     hook: str,
     ldconfig: str,
     token: str,
     host_root: str = "/",
     holders: Holders = NOTHING,
 ) -> dict[str, Any]:
-    """The spec for a claim's results (pure, given the discovered driver); `token`: where its
-    claim token is, as the host names it. ClaimError where nothing here holds the claim to
-    its share."""
+    """The spec for a claim's results (pure, given the driver discovered for their
+    `capabilities`); `named`: their `claim_devices`, in the allocation's order (the order
+    NVIDIA_VISIBLE_DEVICES gives them to CUDA); `token`: where the claim's token is, as the
+    host names it. ClaimError where nothing here holds the claim to its share."""
     devices = []
-    for r in {r.device.name: r for r in results}.values():
+    for r in unique(results):
         device = cdi.device(
             f"{ref.uid}-{r.device.name}", cdi.device_nodes(_nodes(found, ref, r.device))
         )
-        proof = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
-        device["containerEdits"]["mounts"] = [proof]
+        mount = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
+        device["containerEdits"]["mounts"] = [mount]
         devices.append(device)
-    capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
     common = cdi.common_edits(found, capabilities)
-    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in claim_devices(results))
+    common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in named)
     env, mounts = hold(results, holders)
     common.env.update(env)
     common.mounts += mounts
@@ -161,19 +172,17 @@ class CdiWriter:
     def write(
         self, ref: ClaimRef, results: Sequence[Result], pods: tuple[str, ...]
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-        capabilities = tuple(sorted({c for r in results for c in r.config.capabilities}))
+        wanted = capabilities(results)
         try:
-            found = driver.discover(self.roots, capabilities)
+            found = driver.discover(self.roots, wanted)
         except driver.DiscoveryError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
-        proof = claimtoken.ClaimToken(
-            ref.uid, ref.namespace, ref.name, pods, claim_devices(results)
-        )
+        named = claim_devices(results)
+        proof = claimtoken.ClaimToken(ref.uid, ref.namespace, ref.name, pods, named)
         token = claimtoken.path(self.allocation_dir, ref.uid)
         spec = claim_spec(
-            found, ref, results, cdi.hook_program(self.hook, self.host_root), self.ldconfig,
-            on_host(token, self.host_root),
-            self.host_root, self.holders,
+            found, ref, results, wanted, named, cdi.hook_program(self.hook, self.host_root),
+            self.ldconfig, on_host(token, self.host_root), self.host_root, self.holders,
         )  # fmt: skip
         keys = self._keys(ref)
         path = os.path.join(self.directory, spec_file(ref.uid))

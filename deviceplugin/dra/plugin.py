@@ -22,7 +22,7 @@ import kubeclient
 from deviceplugin import labeler, state
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, NodeGpus, follow
+from deviceplugin.discovery import Discovery, Latest, NodeGpus, follow
 from deviceplugin.dra import devices, healthfile, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
@@ -69,6 +69,7 @@ class DraPlugin:
         self.node = labeler.node_name(config.node_name)
         self.api_client = api_client or kubeclient.api_client(config.kubeconfig)
         node = self.discovery.discover()
+        self.latest = Latest(self.discovery, node)
         self.sockets = Sockets(config.kubelet_root, DRIVER)
         holders = Holders(
             config.hami_library if "hami" in labeler.enforced(config) else None,
@@ -132,6 +133,7 @@ class DraPlugin:
     def _publish(self, node: NodeGpus) -> None:
         """Make the node's devices the ones published and prepared (each swapped whole); say
         what changed, and which MIG devices are left out and why."""
+        self.published = node
         found = devices.devices(node, self.sharing)
         left = {m.device.name: devices.unpublished(m) for m in node.mig}
         for name, why in sorted(left.items()):
@@ -156,11 +158,6 @@ class DraPlugin:
     def taints(self) -> dict[str, Sequence[taints.Taint]]:
         return dict(taints.taints(self.health.causes()))
 
-    def _publish_on_change(self, stop: threading.Event) -> None:
-        """Wake the publisher the moment health changes (a fault, a recovery)."""
-        for _ in self.health.watch(stop.is_set, poll=0.25):
-            self.publisher.wake.set()
-
     def run(self, stop: threading.Event) -> None:
         """Serve until `stop` is set; the sockets are gone when this returns."""
         jobs = [
@@ -169,16 +166,17 @@ class DraPlugin:
             ),
             threading.Thread(target=self.publisher.run, args=(stop,), name="publisher"),
             threading.Thread(target=self.reservations.run, args=(stop,), name="reservations"),
-            threading.Thread(target=self._publish_on_change, args=(stop,), name="taints"),
             threading.Thread(
-                target=follow, args=(self.discovery, self._rediscovered, stop), name="mig"
+                target=follow,
+                args=(self.latest, self.published, self._rediscovered, stop),
+                name="mig",
             ),
         ]
         if self.config.labels:
             jobs.append(
                 threading.Thread(
                     target=labeler.run,
-                    args=(self.config, self.discovery, stop, self.health.unhealthy),
+                    args=(self.config, self.latest, stop, self.health.unhealthy),
                     name="labels",
                 )
             )

@@ -61,50 +61,56 @@ class ContainerRequest:
     """What a container spec asks for and carries, read without judging it."""
 
     __slots__ = (
-        "capabilities",
         "claims",
         "conflicts",
         "env",
-        "grant",
-        "mig_controls",
         "names",
         "owner",
         "privileged",
         "stray_claims",
         "stray_tokens",
         "tokens",
-        "visible",
     )
 
     def __init__(
         self,
-        visible: str | None,
-        capabilities: str | None,
-        grant: str | None,
+        env: dict[str, str],
         names: tuple[str, str] | None,
         owner: allocation.Owner | None,
         privileged: bool,
         tokens: tuple[str, ...] = (),
         stray_tokens: tuple[str, ...] = (),
         conflicts: dict[str, list[str]] | None = None,
-        mig_controls: dict[str, str] | None = None,
         claims: tuple[tuple[str, str], ...] = (),
         stray_claims: tuple[tuple[str, str], ...] = (),
-        env: dict[str, str] | None = None,
     ) -> None:
-        self.visible = visible  # NVIDIA_VISIBLE_DEVICES (last value)
-        self.capabilities = capabilities  # NVIDIA_DRIVER_CAPABILITIES
-        self.grant = grant  # GPUWIRE_GRANT
+        self.env = env  # the whole environment, last values
         self.names = names  # (namespace, container name) from the CRI annotations
         self.owner = owner  # the pod: its sandbox id and, where the runtime names it, UID
         self.privileged = privileged
         self.tokens = tokens  # allocation tokens mounted from the allocation dir
         self.stray_tokens = stray_tokens  # allocation-looking mounts from anywhere else
         self.conflicts = conflicts or {}  # request keys set more than once, differently
-        self.mig_controls = mig_controls or {}  # config, monitor → NVIDIA_MIG_*_DEVICES
         self.claims = claims  # (claim UID, device) of claim mounts from the allocation dir
         self.stray_claims = stray_claims  # claim-looking mounts from anywhere else
-        self.env = env if env is not None else {}  # the whole environment, last values
+
+    @property
+    def visible(self) -> str | None:
+        return self.env.get(nvidia.VISIBLE_DEVICES_ENV)
+
+    @property
+    def capabilities(self) -> str | None:
+        return self.env.get(nvidia.CAPABILITIES_ENV)
+
+    @property
+    def grant(self) -> str | None:
+        return self.env.get(grant.ENV)
+
+    @property
+    def mig_controls(self) -> dict[str, str]:
+        """config, monitor → the NVIDIA_MIG_*_DEVICES value that asks for it."""
+        env = self.env
+        return {c: env[name] for c, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)}
 
     @property
     def device_request(self) -> devices.Request:
@@ -133,19 +139,13 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
             own = source.rstrip("/") == claimtoken.path(allocation_dir, claim[0])
             (claims if own else stray_claims).append(claim)
     return ContainerRequest(
-        visible=env.get(nvidia.VISIBLE_DEVICES_ENV),
-        capabilities=env.get(nvidia.CAPABILITIES_ENV),
-        grant=env.get(grant.ENV),
+        env=env,
         names=grant.subject_names(notes),
         owner=allocation.owner_of(notes),
         privileged=PRIVILEGED_CAPABILITY in ocispec.bounding_capabilities(spec),
         tokens=tuple(dict.fromkeys(tokens)),
         stray_tokens=tuple(strays),
         conflicts=ocispec.conflicting_env(spec, REQUEST_ENV),
-        env=env,
-        mig_controls={
-            control: env[name] for control, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)
-        },
         claims=tuple(dict.fromkeys(claims)),
         stray_claims=tuple(stray_claims),
     )
@@ -433,7 +433,7 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
         outcome.capabilities = nvidia.parse_capabilities(caps)
         driver = outcome.driver = discover(config.roots, outcome.capabilities)
         problem = ""
-        if driver.mig:
+        if driver.mig and any(devices.is_mig_entry(e) for e in verdict.request.entries):
             from gpuwire import mig
 
             try:
@@ -466,7 +466,8 @@ class MigControlError(ValueError):
 def mig_controls(request: ContainerRequest) -> tuple[str, ...]:
     """The MIG capabilities a granted container asks for; MigControlError where it may not
     have them (only `all`, only privileged)."""
-    for control, value in request.mig_controls.items():
+    asked = request.mig_controls
+    for control, value in asked.items():
         name = nvidia.MIG_CONTROL_ENV[control]
         if value != "all":
             raise MigControlError(f"{name}={value!r}: only 'all' devices are supported")
@@ -476,4 +477,4 @@ def mig_controls(request: ContainerRequest) -> tuple[str, ...]:
                 f"({PRIVILEGED_CAPABILITY}), as NVIDIA's toolkit: "
                 f"cannot set MIG_{control.upper()}_DEVICES in non privileged container"
             )
-    return tuple(request.mig_controls)
+    return tuple(asked)

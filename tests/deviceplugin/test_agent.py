@@ -21,7 +21,8 @@ from deviceplugin import agent, cli, labeler, plugin, podresources
 from deviceplugin.config import Config
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import holders, records, sim
-from gpuwire.records import PLUGIN, PLUGIN_LESS
+from gpuwire.dra import DRIVER
+from gpuwire.records import DRA, PLUGIN, PLUGIN_LESS
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
 from testbed.podresources import PodResourcesKubelet
@@ -316,6 +317,13 @@ def test_a_kubelet_that_does_not_answer_is_named(socket_dir: Path) -> None:
         podresources.read(str(path), timeout=1)
 
 
+def label_argv(root: Path, kubeconfig: str, tmp_path: Path, pod_resources: str) -> list[str]:
+    """`gpuwire node label --holders` once, on the simulated node."""
+    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig, "--holders"]
+    return [*argv, "--records-dir", str(tmp_path / "records"), "--pod-resources-socket",
+            pod_resources]  # fmt: skip
+
+
 def test_node_label_publishes_holders_once(
     api: ApiServer,
     kubeconfig: str,
@@ -330,11 +338,40 @@ def test_node_label_publishes_holders_once(
         capabilities=["compute"], pid=sleeper.pid,
     )  # fmt: skip
     records.write(str(tmp_path / "records"), grant)
-    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig, "--holders"]
-    argv += ["--records-dir", str(tmp_path / "records"), "--pod-resources-socket", "/nonexistent"]
-    assert cli.label(argv) == 0
+    assert cli.label(label_argv(root, kubeconfig, tmp_path, "/nonexistent")) == 0
     assert f"node {NODE}: gpuwire.io/holders: 1 container(s) hold GPUs" in capsys.readouterr().out
     assert held(api) == [("monitoring/agent-x7k2p", PLUGIN_LESS, 1, False)]
+
+
+def test_node_label_once_names_the_gpus_of_dra_claims(
+    api: ApiServer,
+    kubeconfig: str,
+    sim_node: tuple[Path, sim.Machine],
+    tmp_path: Path,
+    socket_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """pod-resources lists a claim's device by its DRA name (`gpu-<minor>`); the one-shot
+    labeler's holders name the GPU it is, as the long-running agent's do."""
+    root, machine = sim_node
+    gpu = machine.devices[1]
+    claim = {
+        "metadata": {"name": "trainer-gpu", "namespace": "team-a"},
+        "status": {"allocation": {"devices": {"results": [
+            {"driver": DRIVER, "pool": NODE, "device": f"gpu-{gpu.minor}", "request": "gpu"},
+        ]}}},
+    }  # fmt: skip
+    path = socket_dir / "kubelet.sock"
+    with PodResourcesKubelet(path) as pod_resources:
+        pod_resources.add_pod("team-a", "trainer", "u1", ["main"])
+        pod_resources.claim("u1", "main", claim, {})
+        assert cli.label(label_argv(root, kubeconfig, tmp_path, str(path))) == 0
+    assert f"node {NODE}: gpuwire.io/holders: 1 container(s) hold GPUs" in capsys.readouterr().out
+    node = annotation(api)
+    assert node is not None
+    assert [(h.name, h.path, h.gpus, h.claims) for h in node.holders] == [
+        ("team-a/trainer", DRA, (gpu.uuid,), ("team-a/trainer-gpu",))
+    ]
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, driver, migprofiles, sim
+from gpuwire.claimtoken import ClaimToken
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots
 from testbed.waiting import until
@@ -203,20 +204,42 @@ def test_a_mig_device_destroyed_after_allocation_fails_its_claim_naming_it(
     target = by_name(discovered(root, machine))["gpu-0-mig-2g20gb-14-2"]
     ref = ClaimRef("team-a", "small", "5a4f6b1e-0000-4000-8000-000000000001")
     assert target.mig is not None
-    found = driver.discover(Roots(str(root)), ("compute", "utility"))
+    caps = ("compute", "utility")
+    found = driver.discover(Roots(str(root)), caps)
     token = f"/var/lib/gpuwire/allocations/claims/{ref.uid}"
-    spec = cdi.claim_spec(found, ref, [Result("gpus", target)], HOOK, "/sbin/ldconfig", token)
+    results = [Result("gpus", target)]
+    named = cdi.claim_devices(results)
+    spec = cdi.claim_spec(found, ref, results, caps, named, HOOK, "/sbin/ldconfig", token)
     (device,) = spec["devices"]
-    caps = [f"/dev/nvidia-caps/nvidia-cap{c}" for c in (target.mig.gi_cap, target.mig.ci_cap)]
-    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == ["/dev/nvidia0", *caps]
+    nodes = [f"/dev/nvidia-caps/nvidia-cap{c}" for c in (target.mig.gi_cap, target.mig.ci_cap)]
+    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == ["/dev/nvidia0", *nodes]
     # the runtime selects it, and its token names it, by its own UUID
     assert f"NVIDIA_VISIBLE_DEVICES={target.mig.uuid}" in spec["containerEdits"]["env"]
-    assert [d.uuid for d in cdi.claim_devices([Result("gpus", target)])] == [target.mig.uuid]
+    assert [d.uuid for d in named] == [target.mig.uuid]
     sim.write_node(root, sim.destroy_mig(machine, 0, target.mig.gi))
-    found = driver.discover(Roots(str(root)), ("compute", "utility"))
-    gone = f"MIG device {target.mig.uuid} .* does not exist any more"
+    found = driver.discover(Roots(str(root)), caps)
+    gone = f"claim team-a/small: MIG device {target.mig.uuid} .* does not exist any more"
     with pytest.raises(ClaimError, match=gone):
-        cdi.claim_spec(found, ref, [Result("gpus", target)], HOOK, "/sbin/ldconfig", token)
+        cdi.claim_spec(found, ref, results, caps, named, HOOK, "/sbin/ldconfig", token)
+
+
+def test_a_claims_devices_are_visible_in_the_order_they_were_allocated(tmp_path: Path) -> None:
+    """The token lists its devices by name; the container gets them in the allocation's
+    order, which NVIDIA_VISIBLE_DEVICES hands to CUDA as its device ordinals."""
+    root = tmp_path / "node"
+    machine = machine_with({}, gpus=4)
+    gpus = by_name(discovered(root, machine))
+    ref = ClaimRef("team-a", "pair", "5a4f6b1e-0000-4000-8000-000000000002")
+    caps = ("compute", "utility")
+    found = driver.discover(Roots(str(root)), caps)
+    results = [Result("gpus", gpus["gpu-3"]), Result("gpus", gpus["gpu-1"])]
+    named = cdi.claim_devices(results)
+    spec = cdi.claim_spec(found, ref, results, caps, named, HOOK, "/sbin/ldconfig", "/t")
+    visible = ",".join(gpus[n].gpu.uuid for n in ("gpu-3", "gpu-1"))
+    assert f"NVIDIA_VISIBLE_DEVICES={visible}" in spec["containerEdits"]["env"]
+    assert [d["name"] for d in spec["devices"]] == [f"{ref.uid}-gpu-3", f"{ref.uid}-gpu-1"]
+    token = ClaimToken(ref.uid, ref.namespace, ref.name, (), named)
+    assert [d.name for d in token.devices] == ["gpu-1", "gpu-3"]
 
 
 # -- the plugin ------------------------------------------------------------------------------

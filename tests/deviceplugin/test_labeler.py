@@ -16,6 +16,7 @@ import pytest
 from deviceplugin import cli, labeler, plugin
 from deviceplugin.backend import open_discovery
 from deviceplugin.config import Config
+from deviceplugin.discovery import Latest
 from gpuwire import limits, sim
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
@@ -144,7 +145,9 @@ def test_labeler_survives_api_errors(
     config = Config(sim=str(root), node_name=NODE, kubeconfig=kubeconfig, label_interval=0.2)
     api.fail("PATCH", f"/api/v1/nodes/{NODE}", 500, times=2)
     stop = threading.Event()
-    thread = threading.Thread(target=labeler.run, args=(config, open_discovery(str(root)), stop))
+    thread = threading.Thread(
+        target=labeler.run, args=(config, Latest(open_discovery(str(root))), stop)
+    )
     thread.start()
     try:
         until(lambda: "gpuwire.io/gpu.present" in node_meta(api)["labels"])

@@ -173,7 +173,7 @@ def test_the_job_shares_a_gpu_through_its_daemon_as_the_config_says(
     node: Path, socket_dir: Path
 ) -> None:
     config = Config(sim=str(node), mps_root=str(socket_dir / "mps"), mps_replicas=4)
-    job = daemons.job(config, SimDiscovery(node), frozenset)
+    job = daemons.job(config, SimDiscovery(node).discover, frozenset)
     assert job is not None
     import threading
 
@@ -190,4 +190,4 @@ def test_the_job_shares_a_gpu_through_its_daemon_as_the_config_says(
         stop.set()
         thread.join(timeout=30)
     assert all(mps.ready(config.mps_root or "", g.uuid) is None for g in gpus)
-    assert daemons.job(Config(sim=str(node)), SimDiscovery(node), frozenset) is None
+    assert daemons.job(Config(sim=str(node)), SimDiscovery(node).discover, frozenset) is None

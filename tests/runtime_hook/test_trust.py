@@ -247,3 +247,46 @@ def test_checking_without_claiming_writes_nothing(node: tuple[Config, KeyRing]) 
     )
     assert evaluate(spec, config, claim=False).inject
     assert not Path(config.allocation_dir, f"{token}.claim").exists()
+
+
+def test_only_a_start_that_names_a_mig_device_reads_the_mig_map(
+    node: tuple[Config, KeyRing], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node with MIG devices the map names them by UUID; a start that asks for whole
+    GPUs needs no names, so it does not pay for reading the map (nor fail on it)."""
+    config, keys = node
+    machine = sim.with_mig(sim.load_machine(config.roots.proc), 0, ("3g.40gb", "3g.40gb"))
+    sim.write_node(config.roots.proc, machine)
+    from deviceplugin.simulated import SimDiscovery
+    from gpuwire import mig
+
+    found = SimDiscovery(config.roots.proc).discover().mig_devices
+    mig_map = tmp_path / "mig-map"
+    mig.write_map(str(mig_map), found)
+    config.mig_map = str(mig_map)
+    read: list[str] = []
+
+    def read_map(path: str) -> mig.Names:
+        read.append(path)
+        return real(path)
+
+    real = mig.read_map
+    monkeypatch.setattr(mig, "read_map", read_map)
+    whole = {"1,3": [1, 3], "all": [0, 1, 2, 3], uuids(config)[2]: [2], "0": [0]}
+    for entries, indices in whole.items():
+        env = {"NVIDIA_VISIBLE_DEVICES": entries, "GPUWIRE_GRANT": grant_for(keys, entries)}
+        assert granted_indices(container_spec(env), config) == indices
+    assert read == []
+    named = found[1].uuid
+    env = {"NVIDIA_VISIBLE_DEVICES": named, "GPUWIRE_GRANT": grant_for(keys, named)}
+    outcome = evaluate(container_spec(env), config, claim=True)
+    assert outcome.error is None, outcome.error
+    assert [m.uuid for m in outcome.mig] == [named]
+    assert read == [str(mig_map)]
+    config.mig_map = str(tmp_path)  # unreadable as a map: whole GPUs start all the same
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "GPUWIRE_GRANT": grant_for(keys, "0")}
+    assert granted_indices(container_spec(env), config) == [0]
+    env = {"NVIDIA_VISIBLE_DEVICES": named, "GPUWIRE_GRANT": grant_for(keys, named)}
+    outcome = evaluate(container_spec(env), config, claim=True)
+    assert outcome.error is not None
+    assert f"cannot read the MIG map {tmp_path}" in outcome.error

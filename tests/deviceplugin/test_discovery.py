@@ -1,0 +1,110 @@
+"""The node every long-running part of a process shares (`discovery.Latest`): one discovery
+for all of them after a MIG change; `follow` handing on a changed node once and an equal one
+never; and the MIG map put back by its own rule. On the simulated node, whose discoveries
+are counted (on a real node each is a walk through NVML)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from deviceplugin import discovery, labeler
+from deviceplugin.discovery import Latest, NodeGpus, follow
+from deviceplugin.simulated import SimDiscovery
+from gpuwire import mig, sim
+from testbed.waiting import until
+
+
+class Counted(SimDiscovery):
+    """The simulated node's discovery, counting its discoveries."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__(root)
+        self.discoveries = 0
+
+    def discover(self) -> NodeGpus:
+        self.discoveries += 1
+        return super().discover()
+
+
+@pytest.fixture
+def mig_node(sim_node: tuple[Path, sim.Machine]) -> tuple[Path, sim.Machine]:
+    """GPU 0 in MIG mode with one instance."""
+    root, machine = sim_node
+    machine = sim.with_mig(machine, 0, ("3g.40gb",))
+    sim.write_node(root, machine)
+    return root, machine
+
+
+@contextmanager
+def running(job: Callable[[threading.Event], None]) -> Iterator[None]:
+    stop = threading.Event()
+    thread = threading.Thread(target=job, args=(stop,))
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_one_mig_change_costs_one_discovery_for_every_part(
+    mig_node: tuple[Path, sim.Machine],
+) -> None:
+    root, machine = mig_node
+    counted = Counted(root)
+    latest = Latest(counted)
+    node = latest()
+    assert [latest() for _ in range(3)] == [node] * 3  # the labeler, the agent, the follower
+    assert counted.discoveries == 1
+    sim.write_node(root, sim.create_mig(machine, 0, "3g.40gb"))
+    moved = [latest() for _ in range(3)]
+    assert counted.discoveries == 2
+    assert moved == [moved[0]] * 3
+    assert len(moved[0].mig) == 2
+    assert latest(within=0) == moved[0]  # older than a caller accepts: discovered again
+    assert counted.discoveries == 3
+
+
+def test_follow_hands_on_a_changed_node_once_and_an_equal_one_never(
+    mig_node: tuple[Path, sim.Machine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(discovery, "LOOK", 0.01)
+    monkeypatch.setattr(discovery, "REDISCOVER", 0.05)
+    root, machine = mig_node
+    counted = Counted(root)
+    latest = Latest(counted)
+    changes: list[NodeGpus] = []
+    node = latest()
+    with running(lambda stop: follow(latest, node, changes.append, stop)):
+        until(lambda: counted.discoveries >= 5)  # discovered again and again: the same node
+        assert changes == []
+        sim.write_node(root, sim.create_mig(machine, 0, "3g.40gb"))
+        until(lambda: len(changes) == 1)
+        seen = counted.discoveries
+        until(lambda: counted.discoveries >= seen + 5)
+    assert len(changes) == 1
+    assert changes[0] == SimDiscovery(root).discover()
+    assert len(changes[0].mig) == 2
+
+
+def test_the_mig_map_is_put_back_when_it_is_gone(
+    mig_node: tuple[Path, sim.Machine], tmp_path: Path
+) -> None:
+    """A map that failed to be written or was removed (a cleaned /run) does not wait for a
+    MIG change: the device plugin writes it again on its own rule."""
+    root, _ = mig_node
+    path = tmp_path / "run" / "mig-devices"
+    latest = Latest(SimDiscovery(root))
+    with running(lambda stop: labeler.keep_mig_map(str(path), latest, stop, 0.01)):
+        until(path.exists)
+        path.unlink()
+        until(path.exists)
+    ((parent, names),) = mig.read_map(str(path)).items()
+    assert [uuid for uuid, *_ in names.values()] == [m.uuid for m in latest().mig_devices]
+    assert parent == latest().devices[0].uuid
