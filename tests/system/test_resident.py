@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import tempfile
@@ -269,3 +270,20 @@ def test_gpuwire_call_compiles_without_warnings() -> None:
         text=True,
     )
     assert out.returncode == 0, out.stderr
+
+
+def test_a_declined_call_gives_the_callers_stdio_back_before_it_answers() -> None:
+    """A runtime reads a hook's output until every copy of its pipes is closed: the child
+    that declines must not keep the caller's until its own exit."""
+    caller, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    read_end, write_end = os.pipe()
+    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)
+    request = b"\0".join([b"another-build", b"hook", b"22", b"1", b"argv0", b""])
+    socket.send_fds(caller, [request], [write_end, write_end, write_end, cwd])
+    os.close(write_end)
+    os.close(cwd)
+    assert resident.answer(child, resident.Served()) == 0
+    assert (caller.recv(1), caller.recv(1)) == (b"r", b"f")
+    os.set_blocking(read_end, False)
+    assert os.read(read_end, 1) == b""  # no copy of the caller's stdout is left open
+    os.close(read_end)
