@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwire import atomicfile
 
 VERSION = 1
 NAME = "checkpoint.json"
+T = TypeVar("T")
 
 
 class CheckpointError(RuntimeError):
@@ -71,26 +72,40 @@ def _claim(raw: Mapping[str, Any]) -> PreparedClaim:
 
 def load(directory: str | os.PathLike[str]) -> dict[str, PreparedClaim]:
     """The prepared claims by UID (none when there is no checkpoint yet)."""
-    path = Path(directory, NAME)
+    claims = read(
+        Path(directory, NAME), VERSION, "checkpoint",
+        "the claims it held would leak; move it away only once no pod on this node uses a "
+        "claim of this driver",
+        lambda raw: {uid: _claim(claim) for uid, claim in raw["claims"].items()},
+    )  # fmt: skip
+    return claims or {}
+
+
+def read(path: Path, version: int, what: str, lost: str, decode: Callable[[Any], T]) -> T | None:
+    """`decode` of the JSON file at `path` (written at `version`); None where there is none.
+    A file that cannot be read or decoded is a CheckpointError naming `what` it is, its path,
+    why, and what starting without it would lose (`lost`): the plugin's files alike."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return {}
+        return None
     except OSError as exc:
-        raise CheckpointError(f"checkpoint {path}: {exc.strerror}") from None
+        raise CheckpointError(f"{what} {path}: {exc.strerror}") from None
     try:
         raw = json.loads(text)
-        if raw.get("version") != VERSION:
-            raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
-        return {uid: _claim(claim) for uid, claim in raw["claims"].items()}
+        if raw.get("version") != version:
+            raise ValueError(f"version {raw.get('version')!r}, expected {version}")
+        return decode(raw)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(
-            f"checkpoint {path} is unreadable ({exc}): the claims it held would leak; "
-            "move it away only once no pod on this node uses a claim of this driver"
-        ) from None
+        raise CheckpointError(f"{what} {path} is unreadable ({exc}): {lost}") from None
+
+
+def write(directory: str | os.PathLike[str], name: str, body: Mapping[str, Any]) -> None:
+    """`body` as `<directory>/<name>`, whole, root's alone."""
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    atomicfile.replace(os.path.join(directory, name), json.dumps(body, indent=1).encode(), 0o600)
 
 
 def save(directory: str | os.PathLike[str], claims: Mapping[str, PreparedClaim]) -> None:
-    os.makedirs(directory, mode=0o750, exist_ok=True)
     body = {"version": VERSION, "claims": {uid: asdict(c) for uid, c in sorted(claims.items())}}
-    atomicfile.replace(os.path.join(directory, NAME), json.dumps(body, indent=1).encode(), 0o600)
+    write(directory, NAME, body)

@@ -12,14 +12,12 @@ GPU that faulted a second ago as fit for new claims.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from deviceplugin.discovery import HealthEvent
-from deviceplugin.dra.checkpoint import CheckpointError
+from deviceplugin.dra.checkpoint import read, write
 from deviceplugin.health import Entries
-from gpuwire import atomicfile
 
 VERSION = 1
 NAME = "health.json"
@@ -32,37 +30,24 @@ def save(directory: str | os.PathLike[str], entries: Entries, now: float, wall: 
         uuid: {"since": wall - (now - t), "causes": [[e.uuid, e.xid, e.detail] for e in causes]}
         for uuid, (t, causes) in entries.items()
     }
-    os.makedirs(directory, mode=0o750, exist_ok=True)
-    body = json.dumps({"version": VERSION, "devices": devices}, indent=1).encode()
-    atomicfile.replace(os.path.join(directory, NAME), body, 0o600)
+    write(directory, NAME, {"version": VERSION, "devices": devices})
 
 
 def load(directory: str | os.PathLike[str], now: float, wall: float) -> Entries:
     """What was saved, its times on the caller's clock (reading `now` while the wall clock
     reads `wall`); nothing where nothing was saved."""
-    path = Path(directory, NAME)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise CheckpointError(f"health state {path}: {exc.strerror}") from None
-    try:
-        raw = json.loads(text)
-        if raw.get("version") != VERSION:
-            raise ValueError(f"version {raw.get('version')!r}, expected {VERSION}")
-        return {
+    entries = read(
+        Path(directory, NAME), VERSION, "health state",
+        "the taints it held would be lost; remove it to start with every GPU healthy",
+        lambda raw: {
             str(uuid): (
                 now - max(0.0, wall - float(device["since"])),
                 tuple(_event(*cause) for cause in device["causes"]),
             )
             for uuid, device in raw["devices"].items()
-        }
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(
-            f"health state {path} is unreadable ({exc}): the taints it held would be lost; "
-            "remove it to start with every GPU healthy"
-        ) from None
+        },
+    )  # fmt: skip
+    return entries or {}
 
 
 def _event(uuid: object, xid: object, detail: object) -> HealthEvent:
