@@ -10,9 +10,13 @@ SONAME links and writes the container's ld cache. The specs are the DRA plugin's
 order each round:
 
 - baseline: the spec without its hook (the edits alone: the floor of any CDI start);
-- the hook served by the resident gpuwire (its launcher hands the call over with
-  gpuwire-call; the `createRuntime` hook runs in the runtime's namespaces, where the resident
-  serves it, and enters the container itself): what a node the installer set up runs;
+- gpuwire's hook as a node the installer set up runs it: gpuwire-call, which makes the
+  links and cache itself in C (`runtime_hook/setup/ldcache.c`; its resident gpuwire would
+  serve only a call the C declines, and its Python fallback does not exist);
+- the hook served by the resident gpuwire (through its shell launcher, whose gpuwire-call
+  hands the call over; the `createRuntime` hook runs in the runtime's namespaces, where the
+  resident serves it, and enters the container itself): what a start the C declines costs,
+  and what every CDI start cost before the C;
 - the hook as the Python launcher (what every CDI start paid before, ~25 ms on podman);
 - `/bin/true` as the hook: what the runtime's running of any hook costs.
 
@@ -58,6 +62,7 @@ from deviceplugin.dra.claims import ClaimRef, Result
 from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.simulated import SimDiscovery
 from gpuwire.nvidia import Roots
+from runtime_hook.injection import ldcache
 from runtime_hook.setup import launcher
 from testbed import containerds
 from testbed.containerd import CRI_NAMESPACE, Containerd
@@ -127,7 +132,9 @@ def paired(case: list[float], base: list[float]) -> tuple[float, float, float]:
 
 
 BASE = "CDI edits, no hook"
-RESIDENT = "gpuwire hook, resident"
+HOOK = "gpuwire hook (gpuwire-call, in C)"
+RESIDENT = "gpuwire hook, served by the resident"
+PYTHON = "gpuwire hook, Python launcher"
 SHIM_BASE = "gpuwire runtime, CDI edits, no hook"
 SHIM = "gpuwire runtime, its hook made by the shim"
 ANY = "any hook at all (/bin/true)"
@@ -136,16 +143,20 @@ HANDLER = "gpuwire"  # deploy/base/runtimeclass.yaml
 
 @contextlib.contextmanager
 def hooks(tmp: Path, python: str) -> Iterator[dict[str, str | None]]:
-    """case → the spec's hook: none, the served launcher (a resident running), Python's,
-    /bin/true."""
+    """case → the spec's hook: none, gpuwire-call, the served launcher (a resident
+    running), Python's, /bin/true."""
     launcher.install(f"{tmp}/libexec", python, socket=None)
     # whose Python fallback does not exist: a start the resident declined would fail
     launcher.install(f"{tmp}/served", "/nonexistent/python3", socket=f"{tmp}/resident.sock")
+    # the served launcher alone, without the gpuwire-call beside it that a spec would name
+    os.mkdir(f"{tmp}/scripted")
+    shutil.copy(f"{tmp}/served/{launcher.HOOK}", f"{tmp}/scripted/{launcher.HOOK}")
     with Resident(f"{tmp}/resident.sock", python):
         yield {
             BASE: None,
-            RESIDENT: f"{tmp}/served/{launcher.HOOK}",
-            "gpuwire hook, Python launcher": f"{tmp}/libexec/{launcher.HOOK}",
+            HOOK: f"{tmp}/served/{launcher.HOOK}",
+            RESIDENT: f"{tmp}/scripted/{launcher.HOOK}",
+            PYTHON: f"{tmp}/libexec/{launcher.HOOK}",
             ANY: "/bin/true",
         }
 
@@ -179,6 +190,13 @@ def runc_half(runs: int, python: str) -> None:
                 bundles[case] = bundle
             pristine = {c: _rootfs_state(b.path / "rootfs") for c, b in bundles.items()}
             samples = rounds(list(bundles), runs, lambda case: _runc(bundles[case], pristine[case]))
+            for case in (HOOK, RESIDENT, PYTHON):  # the last start's work, as each left it
+                if (
+                    not (bundles[case].path / "rootfs/etc/ld.so.cache")
+                    .read_bytes()
+                    .endswith(ldcache.GENERATOR)
+                ):
+                    raise SystemExit(f"{case}: the container's ld cache is not gpuwire's")
     print_report(f"runc run true, the claim's CDI edits in config.json, {runs} runs", list(ids),
                  samples)  # fmt: skip
 
@@ -263,7 +281,7 @@ def cri_half(generation: containerds.Generation, runs: int, python: str) -> None
             pods = [_pod(), _pod()]
             uids = tuple(p["metadata"]["uid"] for p in pods)
             ids, _ = write_specs(lab, containerd.home / "cdi", case_hooks, uids)
-            handled = {SHIM_BASE: ids[BASE], SHIM: ids[RESIDENT]}  # the same specs
+            handled = {SHIM_BASE: ids[BASE], SHIM: ids[HOOK]}  # the same specs
             containerd.start(env={"GPUWIRE_CONFIG": str(lab.config)})
             containerd.import_image(write_image(tmp / "image.tar"), CRI_NAMESPACE)
             with containerd.kuberuntime() as kubelet:

@@ -27,7 +27,9 @@ Python part to the resident gpuwire (runtime_hook.start.resident), which has it 
 already; the Python command line is what `gpuwire-call` runs where no resident answers.
 `gpuwire-call` is built with the hook launcher's settings compiled in, so that a CDI spec's
 hook names it directly (`gpuwire.cdi.hook_program`): called as `gpuwire-hook` it does what
-the launcher does, without starting /bin/sh first.
+the launcher does, without starting /bin/sh first, and the ld-cache hook's work itself in C
+where it can (`ldcache.c`, with the cache's generator string and size limit compiled in from
+`runtime_hook.injection.ldcache`, so that both write the same file).
 
 Python runs as `python -IS` with the directory that holds gpuwire written in: `-I` keeps
 `PYTHON*` variables and the user's site-packages out of a program that runs as root, `-S`
@@ -56,6 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuwire import atomicfile, cdi
+from runtime_hook.injection import ldcache
 from runtime_hook.start import resident
 
 RUNTIME, HOOK = "gpuwire-runtime", "gpuwire-hook"
@@ -70,6 +73,8 @@ PYTHON_CODE = (
 )
 CALL = cdi.CALL
 CALL_SOURCE = os.path.join(HERE, "call.c")
+# what gpuwire-call is built from: its own source, and the ld-cache hook in C
+CALL_SOURCES = (CALL_SOURCE, os.path.join(HERE, "ldcache.c"))
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,10 @@ def hook_defines(python: str, path: str, socket: str) -> list[str]:
         "HOOK_TOKEN": path,
         "HOOK_PYTHON": python,
         "HOOK_CODE": python_code(path, "runtime_hook.start.hook"),
+        "HOOK_GENERATOR": ldcache.GENERATOR.decode(),  # the cache ldcache.c writes is Python's
     }
-    return [f"-D{name}={c_string(value)}" for name, value in values.items()]
+    defines = [f"-D{name}={c_string(value)}" for name, value in values.items()]
+    return [*defines, f"-DHOOK_MAX_CACHE={ldcache.MAX_CACHE}"]
 
 
 def build_call(directory: str, defines: Sequence[str] = ()) -> str | None:
@@ -129,7 +136,7 @@ def build_call(directory: str, defines: Sequence[str] = ()) -> str | None:
     staging = f"{target}.{os.getpid()}.tmp"
     if compiler is not None:
         built = subprocess.run(
-            [compiler, "-O2", "-static", "-s", *defines, "-o", staging, CALL_SOURCE],
+            [compiler, "-O2", "-static", "-s", *defines, "-o", staging, *CALL_SOURCES],
             capture_output=True,
             text=True,
         )

@@ -11,7 +11,8 @@
   (a CDI spec's hook). As a `createRuntime` hook (gpuwire's CDI specs) it runs in the
   runtime's namespaces and enters the container's mount namespace, as the prestart hook
   does, so the resident can serve it; as a `createContainer` hook it already runs there,
-  before pivot_root.
+  before pivot_root. gpuwire-call does the same in C first (runtime_hook/setup/ldcache.c)
+  and hands on only what it declines: this is the one that names what is wrong.
 
 Both must start fast: they run on container start, so imports here are only what the path
 taken needs.

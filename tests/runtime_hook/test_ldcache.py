@@ -255,13 +255,15 @@ SONAMES = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    image=st.lists(
-        st.tuples(st.sampled_from(["/usr/local/lib", "/opt/v/lib", DEB]), SONAMES), max_size=12
-    ),
-    driver=st.lists(st.tuples(SONAMES, st.booleans()), min_size=1, max_size=6),
+# (folder, SONAME) of an image's libraries; (SONAME, with a `.so` link) of the driver's
+IMAGE_LIBRARIES = st.lists(
+    st.tuples(st.sampled_from(["/usr/local/lib", "/opt/v/lib", DEB]), SONAMES), max_size=12
 )
+DRIVER_LIBRARIES = st.lists(st.tuples(SONAMES, st.booleans()), min_size=1, max_size=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(image=IMAGE_LIBRARIES, driver=DRIVER_LIBRARIES)
 def test_random_images_and_libraries_match_ldconfig(
     image: list[tuple[str, str]], driver: list[tuple[str, bool]]
 ) -> None:

@@ -262,13 +262,13 @@ def waiting_child(pid: int) -> int:
     return int(children.read_text())
 
 
-def test_gpuwire_call_compiles_without_warnings() -> None:
-    """The C file's lint: what -Wall -Wextra would say, a failure."""
-    out = subprocess.run(
-        ["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", launcher.CALL_SOURCE],
-        capture_output=True,
-        text=True,
-    )
+@pytest.mark.parametrize("source", launcher.CALL_SOURCES)
+def test_gpuwire_call_compiles_without_warnings(source: str) -> None:
+    """The C files' lint: what -Wall -Wextra would say, with the hook's settings in (its
+    `gpuwire-hook` mode compiled too), a failure."""
+    defines = launcher.hook_defines("/usr/bin/python3", "/opt/gpuwire", "/run/gpuwire.sock")
+    lint = ["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", *defines]
+    out = subprocess.run([*lint, source], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 
 

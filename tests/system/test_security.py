@@ -17,7 +17,7 @@ from gpuwire.cdi import hook_program, to_cdi
 from gpuwire.driver import discover
 from gpuwire.edits import Layout, container_edits
 from gpuwire.nvidia import Roots
-from runtime_hook.injection import cgroup
+from runtime_hook.injection import cgroup, ldcache
 from runtime_hook.injection.cgroup import CgroupError
 from runtime_hook.setup import launcher
 from runtime_hook.start import spec as ocispec
@@ -164,13 +164,16 @@ def test_image_env_never_reaches_what_gpuwire_runs(lab: Lab, tmp_path: Path, del
     assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]  # the cache was made, unaffected
 
 
+@pytest.mark.parametrize("cache", ["gpuwire's", "ldconfig's"])
 @pytest.mark.parametrize("resident", ["down", "serving"])
 def test_the_cdi_hook_runs_gpuwire_call_itself_served_or_not(
-    lab: Lab, tmp_path: Path, resident: str
+    lab: Lab, tmp_path: Path, resident: str, cache: str
 ) -> None:
-    """The spec's hook is gpuwire-call, no shell launcher in front: with no resident on its
-    socket it runs the hook's Python itself; served, it needs no Python of its own (its
-    fallback does not exist), and the image's env reaches neither."""
+    """The spec's hook is gpuwire-call, no shell launcher in front. It writes the links and
+    cache itself (runtime_hook/setup/ldcache.c); where it declines (an image cache in a
+    format only ldconfig writes), the Python hook does it, with the OCI state handed on: run
+    by gpuwire-call where no resident is on its socket, or served, needing no Python of its
+    own (its fallback does not exist). The image's env reaches none of them."""
     if resident == "down":
         launcher.install(str(tmp_path / "libexec"), socket=str(tmp_path / "nobody.sock"))
         libexec = tmp_path / "libexec"
@@ -183,9 +186,14 @@ def test_the_cdi_hook_runs_gpuwire_call_itself_served_or_not(
     evil.mkdir()
     (evil / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
     env = granted_env(lab, "0") | {"PYTHONPATH": str(evil), "LD_PRELOAD": str(evil / "x.so")}
-    out = cdi_hook_bundle(lab, env, program).run()
+    bundle = cdi_hook_bundle(lab, env, program)
+    if cache == "ldconfig's":
+        (bundle.path / "rootfs/etc/ld.so.cache").write_bytes(OLD_FORMAT_CACHE)
+    out = bundle.run()
     assert out.returncode == 0, out.stderr
     assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]
+    written = (bundle.path / "rootfs/etc/ld.so.cache").read_bytes()
+    assert written.endswith(ldcache.GENERATOR) == (cache == "gpuwire's")
     assert not marker.exists()
 
 

@@ -1,0 +1,903 @@
+/*
+ * `gpuwire-hook ldcache ...` in C: the CDI hook's links and ld cache without Python.
+ *
+ * Every CDI GPU start runs this hook. Served by the resident it still costs ~4 ms of a
+ * forked Python's work on every start (its copy-on-write faults alone ~1.3 ms); this does the
+ * same in well under a millisecond. It does exactly what `runtime_hook.start.hook.ldcache` does
+ * in the common case, and nothing where that case does not hold: then it declines, having
+ * changed nothing, and gpuwire-call goes on to the resident and the Python hook as before
+ * (with the OCI state handed on in a memfd as stdin), which do the rest and name what is wrong:
+ *
+ * - the arguments as `gpuwire.edits.parse_ldcache_args` takes them (anything else: declined);
+ * - the OCI state's `pid` and `bundle`, the bundle's `config.json` `root.path`;
+ * - in a child that joins the container's mount namespace (unless it is there already: a
+ *   `createContainer` hook), the root opened, every path in it resolved by openat2 with
+ *   RESOLVE_IN_ROOT (a link in the image resolves as it would in the container, never to the
+ *   host), the links' directories and /etc only where they exist (making them is declined);
+ * - the image's cache read and the entries put in, byte for byte as `gpuwire.ldsocache`
+ *   writes them (the same sort, string table and extension directory; whatever it raises
+ *   CacheFormatError for is declined), before anything is changed;
+ * - each link made or an image's link replaced, undone if a later step fails; a real file of
+ *   the image's where a link goes, or no `--entry` for the folders, is left to ldconfig
+ *   (declined);
+ * - the cache replaced by a temporary file and a rename in the root's /etc, only if it differs.
+ *
+ * Nothing is executed and no environment is read. It needs no ldconfig; a declined call
+ * opens and checks the configured one as before.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/openat2.h>
+
+#include "ldcache.h"
+
+/* Only gpuwire-call's `gpuwire-hook` mode (HOOK_CODE) calls this, and the install compiles
+ * in what must be the Python's: the generator string the cache is signed with, the largest
+ * cache it reads (launcher.hook_defines). */
+#ifdef HOOK_CODE
+#define MAX_CONFIG (16 << 20) /* config.json */
+#define MAX_ITEMS 4096	     /* links, folders, entries */
+#define DONE 0
+#define DECLINED 3
+
+#define IN_ROOT (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+#define EXACT (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+
+typedef struct {
+	const unsigned char *p;
+	size_t n;
+} bytes;
+
+static int openat2_(int dir, const char *path, int flags, mode_t mode, unsigned long long how)
+{
+	struct open_how spec = {.flags = (unsigned long long)(flags | O_CLOEXEC),
+				.mode = mode,
+				.resolve = how};
+	return (int)syscall(SYS_openat2, dir, path, &spec, sizeof(spec));
+}
+
+/* `path` as the root sees it: hook.ldcache's `resolve.lookup` */
+static int lookup(int root, const char *path, int flags)
+{
+	while (*path == '/')
+		path++;
+	return openat2_(root, *path ? path : ".", flags, 0, IN_ROOT);
+}
+
+/* -- JSON: only what finds two members; anything unusual is declined ------------------ */
+
+typedef struct {
+	const char *at, *end;
+	int depth;
+} json;
+
+static void space(json *j)
+{
+	while (j->at < j->end && (*j->at == ' ' || *j->at == '\t' || *j->at == '\n' || *j->at == '\r'))
+		j->at++;
+}
+
+/* a string, decoded into `out` (malloc'd, NUL-ended) when `out` is given; -1 if malformed,
+ * or if it holds \u escapes or NUL (no path gpuwire writes does) */
+static int string(json *j, char **out)
+{
+	if (j->at >= j->end || *j->at != '"')
+		return -1;
+	const char *start = ++j->at;
+	while (j->at < j->end && *j->at != '"') {
+		if (*j->at == '\\')
+			j->at++;
+		j->at++;
+	}
+	if (j->at >= j->end)
+		return -1;
+	const char *stop = j->at++;
+	if (out == NULL)
+		return 0;
+	char *s = malloc((size_t)(stop - start) + 1), *w = s;
+	if (s == NULL)
+		return -1;
+	for (const char *r = start; r < stop; r++) {
+		char c = *r;
+		if (c == '\\') {
+			static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+			const char *k = strchr(from, *++r);
+			if (*r == '\0' || k == NULL) {
+				free(s);
+				return -1;
+			}
+			c = to[k - from];
+		} else if (c == '\0') {
+			free(s);
+			return -1;
+		}
+		*w++ = c;
+	}
+	*w = '\0';
+	*out = s;
+	return 0;
+}
+
+static int value(json *j);
+
+static int members(json *j, char open, char close)
+{
+	if (++j->depth > 64)
+		return -1;
+	j->at++;
+	space(j);
+	if (j->at < j->end && *j->at == close) {
+		j->at++;
+		j->depth--;
+		return 0;
+	}
+	for (;;) {
+		if (open == '{') {
+			if (string(j, NULL))
+				return -1;
+			space(j);
+			if (j->at >= j->end || *j->at++ != ':')
+				return -1;
+		}
+		if (value(j))
+			return -1;
+		space(j);
+		if (j->at < j->end && *j->at == ',') {
+			j->at++;
+			space(j);
+			continue;
+		}
+		if (j->at < j->end && *j->at == close) {
+			j->at++;
+			j->depth--;
+			return 0;
+		}
+		return -1;
+	}
+}
+
+/* skips one value */
+static int value(json *j)
+{
+	space(j);
+	if (j->at >= j->end)
+		return -1;
+	char c = *j->at;
+	if (c == '"')
+		return string(j, NULL);
+	if (c == '{')
+		return members(j, '{', '}');
+	if (c == '[')
+		return members(j, '[', ']');
+	const char *start = j->at;
+	while (j->at < j->end && strchr("+-.0123456789Eaeflnrstu", *j->at) && *j->at)
+		j->at++;
+	return j->at == start ? -1 : 0;
+}
+
+/* in the object at j->at, the value of member `key` (j->at set to it); 1: no such member */
+static int member(json *j, const char *key)
+{
+	space(j);
+	if (j->at >= j->end || *j->at != '{')
+		return -1;
+	j->at++;
+	space(j);
+	if (j->at < j->end && *j->at == '}')
+		return 1;
+	for (;;) {
+		space(j);
+		char *name = NULL;
+		if (string(j, &name))
+			return -1;
+		int found = strcmp(name, key) == 0;
+		free(name);
+		space(j);
+		if (j->at >= j->end || *j->at++ != ':')
+			return -1;
+		space(j);
+		if (found)
+			return 0;
+		if (value(j))
+			return -1;
+		space(j);
+		if (j->at < j->end && *j->at == '}')
+			return 1;
+		if (j->at >= j->end || *j->at++ != ',')
+			return -1;
+	}
+}
+
+/* the whole text must be one object: a member found in a malformed file would be a guess */
+static int object(const char *text, size_t size, json *j)
+{
+	*j = (json){.at = text, .end = text + size};
+	json check = *j;
+	if (value(&check))
+		return -1;
+	space(&check);
+	return check.at == check.end && *text == '{' ? 0 : -1;
+}
+
+static char *read_all(int fd, size_t limit, size_t *size)
+{
+	size_t used = 0, room = limit < 65536 ? limit : 65536;
+	char *data = malloc(room);
+	while (data != NULL) {
+		if (used == room) {
+			char *more = room < limit ? realloc(data, room * 2 < limit ? room * 2 : limit) : NULL;
+			if (more == NULL)
+				break;
+			data = more;
+			room = room * 2 < limit ? room * 2 : limit;
+		}
+		ssize_t got = read(fd, data + used, room - used);
+		if (got == 0) {
+			*size = used;
+			return data;
+		}
+		if (got < 0 && errno != EINTR)
+			break;
+		used += got > 0 ? (size_t)got : 0;
+	}
+	free(data);
+	return NULL;
+}
+
+/* the container's root directory: config.json's root.path (spec.rootfs), joined to the
+ * bundle; NULL where a `.` or `..` component would make that differ from normpath's */
+static char *rootfs_of(const char *bundle)
+{
+	char path[PATH_MAX];
+	if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
+		return NULL;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	size_t size;
+	char *text = read_all(fd, MAX_CONFIG, &size), *root = NULL, *joined = NULL;
+	close(fd);
+	json j;
+	if (text == NULL || object(text, size, &j)) {
+		free(text);
+		return NULL;
+	}
+	int found = member(&j, "root");
+	if (found == 0 && *j.at != 'n') { /* "root": null is no root */
+		found = member(&j, "path");
+		if (found == 0 && *j.at != 'n' && string(&j, &root))
+			found = -1;
+	}
+	free(text);
+	if (found < 0)
+		return NULL;
+	const char *relative = root && *root ? root : "rootfs";
+	if (asprintf(&joined, "%s%s%s", *relative == '/' ? "" : bundle, *relative == '/' ? "" : "/",
+		     relative) < 0)
+		joined = NULL;
+	free(root);
+	for (char *c = joined; c && *c; c++)
+		if (*c == '/' && c[1] == '.' && (c[2] == '/' || !c[2] || (c[2] == '.' && (c[3] == '/' || !c[3])))) {
+			free(joined);
+			return NULL;
+		}
+	return joined;
+}
+
+/* -- the cache: gpuwire.ldsocache, the same bytes ------------------------------------- */
+
+#define OLD_MAGIC "ld.so-1.7.0"
+#define MAGIC "glibc-ld.so.cache1.1"
+#define HEADER 48
+#define ENTRY 24
+#define EXTENSION_MAGIC 0xeaa42174u
+#define HWCAP_EXTENSION (1ull << 62)
+#define ISA_LEVEL_MASK (0x3ffull << 32)
+
+typedef struct {
+	bytes name, path, key, hwcaps; /* hwcaps.p NULL: a legacy entry */
+	int32_t flags;
+	uint32_t osversion;
+	uint64_t hwcap;
+	int added, scanned;
+	size_t order;
+} entry;
+
+static uint32_t word(const unsigned char *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int cstring(bytes data, uint64_t at, bytes *out)
+{
+	const unsigned char *end = at < data.n ? memchr(data.p + at, 0, data.n - at) : NULL;
+	if (end == NULL)
+		return -1;
+	*out = (bytes){data.p + at, (size_t)(end - data.p - at)};
+	return 0;
+}
+
+/* ldsocache._hwcaps_names */
+static int hwcaps_names(bytes data, size_t base, uint64_t at, bytes **names, size_t *count)
+{
+	if (at % 4 || at + 8 > data.n)
+		return -1;
+	uint64_t sections = word(data.p + at + 4), first = at + 8;
+	if (word(data.p + at) != EXTENSION_MAGIC || first + sections * 16 > data.n)
+		return -1;
+	for (uint64_t s = 0; s < sections; s++) {
+		const unsigned char *section = data.p + first + 16 * s;
+		uint64_t start = word(section + 8), size = word(section + 12);
+		if (start + size > data.n)
+			return -1;
+		if (word(section) == 1 && size && !(start % 4) && !(size % 4)) {
+			free(*names);
+			*count = size / 4;
+			*names = calloc(*count, sizeof(bytes));
+			if (*names == NULL)
+				return -1;
+			for (size_t i = 0; i < *count; i++)
+				if (cstring(data, base + word(data.p + start + 4 * i), &(*names)[i]))
+					return -1;
+		}
+	}
+	return 0;
+}
+
+/* ldsocache.parse: the entries, into `out` (room for them and `extra` more) */
+static int parse(bytes data, entry **out, size_t *count, size_t extra)
+{
+	size_t base = 0;
+	int compat = data.n >= strlen(OLD_MAGIC) && !memcmp(data.p, OLD_MAGIC, strlen(OLD_MAGIC));
+	if (compat) {
+		if (data.n < 16)
+			return -1;
+		base = (size_t)((16 + (uint64_t)word(data.p + 12) * 12 + 7) & ~7ull);
+	}
+	if (base > data.n || data.n - base < HEADER || memcmp(data.p + base, MAGIC, strlen(MAGIC)))
+		return -1;
+	const unsigned char *header = data.p + base;
+	uint64_t n = word(header + 20), extension = word(header + 32);
+	if ((header[28] & 3) != 0 && (header[28] & 3) != 2)
+		return -1;
+	size_t start = base + HEADER;
+	if (start + n * ENTRY > data.n)
+		return -1;
+	bytes *subdirs = NULL;
+	size_t nsubdirs = 0;
+	if (extension && hwcaps_names(data, base, extension, &subdirs, &nsubdirs))
+		return -1;
+	if (nsubdirs && compat)
+		return -1;
+	entry *entries = calloc(n + extra + 1, sizeof(entry));
+	if (entries == NULL)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		const unsigned char *row = data.p + start + i * ENTRY;
+		entry *e = &entries[i];
+		e->flags = (int32_t)word(row);
+		e->osversion = word(row + 12);
+		e->hwcap = word(row + 16) | (uint64_t)word(row + 20) << 32;
+		if (cstring(data, base + word(row + 4), &e->name) ||
+		    cstring(data, base + word(row + 8), &e->path))
+			return -1;
+		if (((e->hwcap >> 32) & ~0x3ffull) == HWCAP_EXTENSION >> 32) {
+			uint64_t index = e->hwcap & 0xffffffffu;
+			if (index >= nsubdirs)
+				return -1;
+			e->hwcaps = subdirs[index];
+			e->hwcap &= ISA_LEVEL_MASK;
+		}
+	}
+	*out = entries;
+	*count = n;
+	return 0;
+}
+
+/* ldsocache.libcmp_key: each run of digits as 0x80 and its value in four bytes */
+static int libcmp_key(entry *e)
+{
+	unsigned char *key = malloc(e->name.n * 5 + 1), *w = key;
+	if (key == NULL)
+		return -1;
+	for (size_t i = 0; i < e->name.n;) {
+		unsigned char c = e->name.p[i];
+		if (c >= 0x80)
+			return -1;
+		if (c < '0' || c > '9') {
+			*w++ = c;
+			i++;
+			continue;
+		}
+		uint64_t v = 0;
+		for (; i < e->name.n && e->name.p[i] >= '0' && e->name.p[i] <= '9'; i++)
+			if ((v = v * 10 + (e->name.p[i] - '0')) > INT_MAX)
+				return -1;
+		*w++ = 0x80;
+		for (int s = 24; s >= 0; s -= 8)
+			*w++ = (unsigned char)(v >> s);
+	}
+	e->key = (bytes){key, (size_t)(w - key)};
+	return 0;
+}
+
+static int bytes_cmp(bytes a, bytes b)
+{
+	int c = memcmp(a.p, b.p, a.n < b.n ? a.n : b.n);
+	return c ? c : (a.n > b.n) - (a.n < b.n);
+}
+
+static int by_key_descending(const void *x, const void *y)
+{
+	const entry *a = x, *b = y;
+	int c = bytes_cmp(b->key, a->key);
+	return c ? c : (a->order > b->order) - (a->order < b->order);
+}
+
+static uint64_t legacy_hwcap(const entry *e)
+{
+	return e->hwcaps.p ? 0 : e->hwcap;
+}
+
+#define CMP(a, b) (((a) > (b)) - ((a) < (b)))
+
+/* ldsocache._tie_break, without the original order */
+static int tie_break(const entry *a, const entry *b)
+{
+	uint64_t ha = legacy_hwcap(a), hb = legacy_hwcap(b);
+	int c;
+	if ((c = CMP(b->flags, a->flags)) || (c = CMP(!a->hwcaps.p, !b->hwcaps.p)))
+		return c;
+	bytes none = {(const unsigned char *)"", 0};
+	if ((c = bytes_cmp(a->hwcaps.p ? a->hwcaps : none, b->hwcaps.p ? b->hwcaps : none)))
+		return c;
+	if ((c = CMP(__builtin_popcountll(hb), __builtin_popcountll(ha))) || (c = CMP(hb, ha)) ||
+	    (c = CMP(b->osversion, a->osversion)))
+		return c;
+	return CMP(a->scanned, b->scanned);
+}
+
+static int by_tie_break(const void *x, const void *y)
+{
+	const entry *a = x, *b = y;
+	int c = tie_break(a, b);
+	return c ? c : CMP(a->order, b->order);
+}
+
+/* ldsocache._scanned_under: the position of the folder `e` was found in */
+static int scanned_under(const entry *e, char **folders, int nfolders)
+{
+	int depth = e->hwcaps.p ? 3 : 1 + __builtin_popcountll(legacy_hwcap(e));
+	size_t cut = e->path.n;
+	const unsigned char *slash = NULL;
+	for (size_t i = e->path.n; i-- > 0 && depth > 0;)
+		if (e->path.p[i] == '/') {
+			slash = e->path.p + i;
+			depth--;
+		}
+	if (slash != NULL)
+		cut = (size_t)(slash - e->path.p);
+	for (int f = 0; f < nfolders; f++) {
+		size_t n = strlen(folders[f]);
+		while (n && folders[f][n - 1] == '/')
+			n--;
+		if (cut == n && !memcmp(e->path.p, folders[f], n))
+			return f;
+	}
+	return nfolders;
+}
+
+static int reversed_descending(const void *x, const void *y)
+{
+	const bytes *a = x, *b = y;
+	for (size_t i = 1; i <= a->n && i <= b->n; i++)
+		if (a->p[a->n - i] != b->p[b->n - i])
+			return CMP(b->p[b->n - i], a->p[a->n - i]);
+	return CMP(b->n, a->n);
+}
+
+static int ascending(const void *x, const void *y)
+{
+	return bytes_cmp(*(const bytes *)x, *(const bytes *)y);
+}
+
+typedef struct {
+	bytes *strings; /* reversed_descending, distinct */
+	uint32_t *offsets;
+	size_t count, size;
+} table;
+
+static uint32_t offset_of(const table *t, bytes s)
+{
+	const bytes *found = bsearch(&s, t->strings, t->count, sizeof(bytes), reversed_descending);
+	return t->offsets[found - t->strings];
+}
+
+/* ldsocache._string_table */
+static int string_table(table *t, bytes *all, size_t n)
+{
+	qsort(all, n, sizeof(bytes), reversed_descending);
+	t->strings = all;
+	t->offsets = calloc(n + 1, sizeof(uint32_t));
+	if (t->offsets == NULL)
+		return -1;
+	size_t count = 0, size = 0;
+	bytes previous = {(const unsigned char *)"", 0};
+	uint32_t previous_at = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (count && !reversed_descending(&all[i], &all[count - 1]))
+			continue;
+		bytes s = all[count] = all[i];
+		if (previous.n >= s.n && !memcmp(previous.p + previous.n - s.n, s.p, s.n))
+			t->offsets[count] = previous_at + (uint32_t)(previous.n - s.n);
+		else {
+			t->offsets[count] = (uint32_t)size;
+			size += s.n + 1;
+		}
+		previous = s;
+		previous_at = t->offsets[count++];
+	}
+	t->count = count;
+	t->size = size;
+	return 0;
+}
+
+/* ldsocache.render */
+static unsigned char *render(entry *entries, size_t n, size_t *size)
+{
+	bytes *subdirs = calloc(n + 1, sizeof(bytes)), *all = calloc(3 * n + 1, sizeof(bytes));
+	if (subdirs == NULL || all == NULL)
+		return NULL;
+	size_t nsub = 0, nall = 0;
+	for (size_t i = 0; i < n; i++) {
+		all[nall++] = entries[i].name;
+		all[nall++] = entries[i].path;
+		if (entries[i].hwcaps.p)
+			subdirs[nsub++] = entries[i].hwcaps;
+	}
+	qsort(subdirs, nsub, sizeof(bytes), ascending);
+	size_t distinct = 0;
+	for (size_t i = 0; i < nsub; i++)
+		if (!distinct || ascending(&subdirs[i], &subdirs[distinct - 1]))
+			all[nall++] = subdirs[distinct++] = subdirs[i];
+	nsub = distinct;
+	table t;
+	if (string_table(&t, all, nall))
+		return NULL;
+	size_t strings_at = HEADER + n * ENTRY, extension = (strings_at + t.size + 3) & ~(size_t)3;
+	size_t gen = strlen(HOOK_GENERATOR), data_at = extension + 8 + 32;
+	*size = data_at + 4 * nsub + gen - (nsub ? 0 : 16);
+	unsigned char *out = calloc(*size, 1);
+	if (out == NULL)
+		return NULL;
+	memcpy(out, MAGIC, strlen(MAGIC));
+	put32(out + 20, (uint32_t)n);
+	put32(out + 24, (uint32_t)t.size);
+	out[28] = 2;
+	put32(out + 32, (uint32_t)extension);
+	for (size_t i = 0; i < n; i++) {
+		entry *e = &entries[i];
+		unsigned char *row = out + HEADER + i * ENTRY;
+		uint64_t hwcap = e->hwcap;
+		if (e->hwcaps.p) {
+			bytes *at = bsearch(&e->hwcaps, subdirs, nsub, sizeof(bytes), ascending);
+			hwcap |= HWCAP_EXTENSION | (uint64_t)(at - subdirs);
+		}
+		put32(row, (uint32_t)e->flags);
+		put32(row + 4, (uint32_t)strings_at + offset_of(&t, e->name));
+		put32(row + 8, (uint32_t)strings_at + offset_of(&t, e->path));
+		put32(row + 12, e->osversion);
+		put32(row + 16, (uint32_t)hwcap);
+		put32(row + 20, (uint32_t)(hwcap >> 32));
+	}
+	for (size_t i = 0, at = strings_at; i < t.count; i++)
+		if (at == strings_at + t.offsets[i]) {
+			memcpy(out + at, t.strings[i].p, t.strings[i].n);
+			at += t.strings[i].n + 1;
+		}
+	unsigned char *x = out + extension;
+	put32(x, EXTENSION_MAGIC);
+	put32(x + 4, nsub ? 2 : 1);
+	size_t hwcaps_size = 4 * nsub;
+	put32(x + 8 + 8, (uint32_t)(nsub ? data_at + hwcaps_size : data_at - 16));
+	put32(x + 8 + 12, (uint32_t)gen);
+	if (nsub) {
+		put32(x + 24, 1);
+		put32(x + 24 + 8, (uint32_t)data_at);
+		put32(x + 24 + 12, (uint32_t)hwcaps_size);
+		for (size_t i = 0; i < nsub; i++)
+			put32(out + data_at + 4 * i, (uint32_t)strings_at + offset_of(&t, subdirs[i]));
+	}
+	memcpy(out + *size - gen, HOOK_GENERATOR, gen);
+	return out;
+}
+
+/* ldsocache.update: the image's cache (`old`, NULL: none) with the added entries in */
+static unsigned char *updated(bytes old, char **paths, int32_t *flags, int nadded, char **folders,
+			      int nfolders, size_t *size)
+{
+	entry *entries = NULL;
+	size_t n = 0;
+	if (old.p && old.n) {
+		if (parse(old, &entries, &n, (size_t)nadded))
+			return NULL;
+	} else if ((entries = calloc((size_t)nadded + 1, sizeof(entry))) == NULL)
+		return NULL;
+	size_t kept = 0;
+	for (size_t i = 0; i < n; i++) {
+		int replaced = 0;
+		for (int a = 0; a < nadded && !replaced; a++)
+			replaced = entries[i].path.n == strlen(paths[a]) &&
+				   !memcmp(entries[i].path.p, paths[a], entries[i].path.n);
+		if (!replaced)
+			entries[kept++] = entries[i];
+	}
+	for (int a = 0; a < nadded; a++) {
+		const char *base = strrchr(paths[a], '/');
+		entries[kept++] = (entry){
+			.name = {(const unsigned char *)base + 1, strlen(base + 1)},
+			.path = {(const unsigned char *)paths[a], strlen(paths[a])},
+			.flags = flags[a],
+			.added = 1,
+		};
+	}
+	for (size_t i = 0; i < kept; i++) {
+		entries[i].order = i;
+		entries[i].scanned = scanned_under(&entries[i], folders, nfolders);
+		if (libcmp_key(&entries[i]))
+			return NULL;
+	}
+	qsort(entries, kept, sizeof(entry), by_key_descending);
+	for (size_t start = 0, end; start < kept; start = end) {
+		for (end = start + 1; end < kept && !bytes_cmp(entries[end].key, entries[start].key); end++)
+			;
+		if (end - start < 2)
+			continue;
+		qsort(entries + start, end - start, sizeof(entry), by_tie_break);
+		for (size_t i = start; i + 1 < end; i++)
+			if ((entries[i].added || entries[i + 1].added) && !tie_break(&entries[i], &entries[i + 1]))
+				return NULL; /* only ldconfig's directory scan orders them */
+	}
+	return render(entries, kept, size);
+}
+
+/* -- the root: links and the cache file ----------------------------------------------- */
+
+typedef struct {
+	int dir;
+	const char *name;
+	char *old; /* the image's link target it replaced; NULL: made here */
+} made;
+
+static void undo(made *links, int n)
+{
+	while (n-- > 0) {
+		if (links[n].dir < 0)
+			continue;
+		unlinkat(links[n].dir, links[n].name, 0);
+		if (links[n].old)
+			symlinkat(links[n].old, links[n].dir, links[n].name);
+	}
+}
+
+/* inroot.make_symlink: 1 made or in place, 0 the image's own file there, -1 failed; what
+ * it changed goes into `record` (dir -1: nothing) */
+static int make_symlink(int dir, const char *name, const char *target, made *record)
+{
+	*record = (made){.dir = dir, .name = name};
+	if (symlinkat(target, dir, name) == 0)
+		return 1;
+	record->dir = -1;
+	struct stat st;
+	char old[PATH_MAX];
+	ssize_t n;
+	if (errno != EEXIST)
+		return -1;
+	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISLNK(st.st_mode))
+		return 0;
+	if ((n = readlinkat(dir, name, old, sizeof(old) - 1)) < 0)
+		return -1;
+	old[n] = '\0';
+	if (strcmp(old, target) == 0)
+		return 1;
+	if ((record->old = strdup(old)) == NULL || unlinkat(dir, name, 0))
+		return -1;
+	record->dir = dir;
+	return symlinkat(target, dir, name) == 0 ? 1 : -1;
+}
+
+/* ldcache.replace */
+static int replace_cache(int etc, const unsigned char *data, size_t size)
+{
+	char temp[64];
+	snprintf(temp, sizeof(temp), ".ld.so.cache.gpuwire-%d", (int)getpid());
+	int fd = openat2_(etc, temp, O_WRONLY | O_CREAT | O_EXCL, 0644, EXACT);
+	if (fd < 0)
+		return -1;
+	int ok = fchmod(fd, 0644) == 0;
+	for (size_t done = 0; ok && done < size;) {
+		ssize_t n = write(fd, data + done, size - done);
+		ok = n > 0 || (n < 0 && errno == EINTR);
+		done += n > 0 ? (size_t)n : 0;
+	}
+	ok &= close(fd) == 0;
+	if (ok && renameat(etc, temp, etc, "ld.so.cache") == 0)
+		return 0;
+	unlinkat(etc, temp, 0);
+	return -1;
+}
+
+typedef struct {
+	char **folders, **paths, **targets, **links;
+	int32_t *flags;
+	int nfolders, nentries, nlinks;
+} request;
+
+/* the image's cache as the container sees it: old.p NULL where there is none */
+static int read_cache(int root, bytes *old)
+{
+	*old = (bytes){NULL, 0};
+	int fd = lookup(root, "/etc/ld.so.cache", O_RDONLY | O_NONBLOCK);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -1;
+	struct stat st;
+	size_t size = 0;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= HOOK_MAX_CACHE)
+		old->p = (unsigned char *)read_all(fd, (size_t)st.st_size + 1, &size);
+	old->n = size;
+	close(fd);
+	return old->p ? 0 : -1;
+}
+
+/* the work of one call, in the container's mount namespace: DONE or DECLINED */
+static int apply(const char *rootfs, const request *r)
+{
+	int root = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC), etc = -1;
+	if (root < 0)
+		return DECLINED;
+	unsigned char *cache = NULL;
+	size_t size = 0;
+	bytes old = {NULL, 0};
+	if (r->nfolders) {
+		if (r->nentries == 0 || (etc = lookup(root, "/etc", O_PATH | O_DIRECTORY)) < 0 ||
+		    read_cache(root, &old) ||
+		    !(cache = updated(old, r->paths, r->flags, r->nentries, r->folders, r->nfolders, &size)))
+			return DECLINED;
+	}
+	made *links = calloc((size_t)r->nlinks + 1, sizeof(made));
+	if (links == NULL)
+		return DECLINED;
+	int n = 0;
+	for (; n < r->nlinks; n++) {
+		const char *slash = strrchr(r->links[n], '/');
+		char *parent = strndup(r->links[n], (size_t)(slash - r->links[n]));
+		int dir = parent ? lookup(root, parent, O_PATH | O_DIRECTORY) : -1;
+		links[n].dir = -1;
+		if (dir < 0 || make_symlink(dir, slash + 1, r->targets[n], &links[n]) != 1) {
+			undo(links, n + 1);
+			return DECLINED;
+		}
+	}
+	int changed = cache && (old.n != size || memcmp(old.p, cache, size));
+	if (changed && replace_cache(etc, cache, size)) {
+		undo(links, n);
+		return DECLINED;
+	}
+	return DONE;
+}
+
+/* gpuwire.edits.parse_ldcache_args; -1 where it would raise */
+static int parse_args(int argc, char **argv, request *r)
+{
+	const char *ldconfig = "";
+	size_t room = (size_t)argc + 1;
+	r->folders = calloc(room, sizeof(char *));
+	r->paths = calloc(room, sizeof(char *));
+	r->targets = calloc(room, sizeof(char *));
+	r->links = calloc(room, sizeof(char *));
+	r->flags = calloc(room, sizeof(int32_t));
+	if (!r->folders || !r->paths || !r->targets || !r->links || !r->flags || argc > MAX_ITEMS)
+		return -1;
+	for (int i = 0; i < argc; i += 2) {
+		if (i + 1 >= argc)
+			return -1;
+		const char *flag = argv[i];
+		char *v = argv[i + 1], *sep = strstr(v, "::");
+		if (!strcmp(flag, "--ldconfig"))
+			ldconfig = v;
+		else if (!strcmp(flag, "--folder") && *v == '/')
+			r->folders[r->nfolders++] = v;
+		else if (!strcmp(flag, "--link") && sep && sep[2] == '/') {
+			if ((r->targets[r->nlinks] = strndup(v, (size_t)(sep - v))) == NULL)
+				return -1;
+			r->links[r->nlinks++] = sep + 2;
+		} else if (!strcmp(flag, "--entry") && sep && sep[2] == '/' && v[0] == '0' &&
+			   v[1] == 'x' && sep > v + 2 && strspn(v + 2, "0123456789abcdef") == (size_t)(sep - v - 2)) {
+			errno = 0;
+			unsigned long value = strtoul(v + 2, NULL, 16);
+			if (errno || value > INT32_MAX)
+				return -1;
+			r->flags[r->nentries] = (int32_t)value;
+			r->paths[r->nentries++] = sep + 2;
+		} else
+			return -1;
+	}
+	return *ldconfig == '/' ? 0 : -1;
+}
+
+/* the OCI state's bundle and pid (0: none given) */
+static int parse_state(const char *state, size_t size, char **bundle, long *pid)
+{
+	json j;
+	*pid = 0;
+	if (object(state, size, &j))
+		return -1;
+	json at = j;
+	if (member(&at, "bundle") || string(&at, bundle))
+		return -1;
+	at = j;
+	int found = member(&at, "pid");
+	if (found < 0)
+		return -1;
+	if (found == 0) {
+		char *end;
+		errno = 0;
+		*pid = strtol(at.at, &end, 10);
+		if (errno || *pid <= 0 || end == at.at || strchr(".eE", *end))
+			return -1;
+	}
+	return 0;
+}
+
+/* hook.py's _enter_mount_namespace_of */
+static int enter_mount_namespace_of(long pid)
+{
+	char path[64];
+	struct stat here, there;
+	snprintf(path, sizeof(path), "/proc/%ld/ns/mnt", pid);
+	if (stat("/proc/self/ns/mnt", &here) || stat(path, &there))
+		return -1;
+	if (here.st_dev == there.st_dev && here.st_ino == there.st_ino)
+		return 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	int joined = setns(fd, CLONE_NEWNS);
+	close(fd);
+	return joined;
+}
+
+int ldcache_hook(int argc, char **argv, const char *state, size_t size)
+{
+	request r = {0};
+	char *bundle = NULL, *rootfs;
+	long pid;
+	if (parse_args(argc, argv, &r) || parse_state(state, size, &bundle, &pid) ||
+	    (rootfs = rootfs_of(bundle)) == NULL)
+		return LDCACHE_DECLINED;
+	pid_t child = fork();
+	if (child == 0)
+		_exit(pid && enter_mount_namespace_of(pid) ? DECLINED : apply(rootfs, &r));
+	int status;
+	while (child > 0 && waitpid(child, &status, 0) < 0 && errno == EINTR)
+		;
+	return child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == DONE ? 0 : LDCACHE_DECLINED;
+}
+#endif

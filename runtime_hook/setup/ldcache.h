@@ -1,0 +1,8 @@
+/* runtime_hook/setup/ldcache.c: `gpuwire-hook ldcache ARG...` done in C, or declined */
+#include <stddef.h>
+
+#define LDCACHE_DECLINED 1
+
+/* 0: done; LDCACHE_DECLINED: nothing changed, the Python hook is to do it. `state`: the OCI
+ * state the runtime wrote on stdin. */
+int ldcache_hook(int argc, char **argv, const char *state, size_t size);
