@@ -72,6 +72,12 @@ LIBC6_INTERPRETERS = frozenset(
 )
 LIBC6_NEEDED = frozenset(("libc.so.6", "libm.so.6"))
 
+# Bounds on what a cache from the image may make gpuwire read (it is the image's file): a
+# name is a file name and a path a path (Linux's NAME_MAX and PATH_MAX, <linux/limits.h>);
+# a real cache has a few thousand entries.
+NAME_MAX, PATH_MAX = 255, 4096
+MAX_ENTRIES = 1 << 16
+
 _DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))  # other bytes → space
 _NOT_DIGITS = bytes(0 if 48 <= c <= 57 else c for c in range(256))  # digits → NUL
 _INT_MAX = 2**31 - 1
@@ -181,12 +187,14 @@ def parse(data: bytes) -> list[Entry]:
     end = start + count * _ENTRY.size
     if end > len(data):
         raise CacheFormatError(f"{count} entries do not fit in {len(data)} bytes")
+    if count > MAX_ENTRIES:
+        raise CacheFormatError(f"{count} entries are more than {MAX_ENTRIES}")
     subdirs = _hwcaps_names(data, base, extension) if extension else []
     if subdirs and compat:
         raise CacheFormatError("glibc-hwcaps names in a compat-format cache")
     entries = []
     for flags, key, value, osversion, hwcap in _ENTRY.iter_unpack(data[start:end]):
-        name, path = _string(data, base + key), _string(data, base + value)
+        name, path = _string(data, base + key, NAME_MAX), _string(data, base + value, PATH_MAX)
         if (hwcap >> 32) & ~0x3FF == HWCAP_EXTENSION >> 32:
             index = hwcap & 0xFFFFFFFF
             if index >= len(subdirs):
@@ -199,10 +207,13 @@ def parse(data: bytes) -> list[Entry]:
     return entries
 
 
-def _string(data: bytes, offset: int) -> bytes:
-    end = data.find(b"\0", offset)
+def _string(data: bytes, offset: int, limit: int) -> bytes:
+    """The NUL-ended string at `offset`, of at most `limit` bytes."""
+    end = data.find(b"\0", offset, offset + limit + 1)
     if end < 0:
-        raise CacheFormatError(f"string at {offset} runs past the end of the file")
+        raise CacheFormatError(
+            f"string at {offset} is longer than {limit} bytes or runs past the end of the file"
+        )
     return data[offset:end]
 
 
@@ -220,7 +231,8 @@ def _hwcaps_names(data: bytes, base: int, offset: int) -> list[bytes]:
             raise CacheFormatError(f"extension section {tag} runs past the end of the file")
         if tag == TAG_HWCAPS and size and not start % 4 and not size % 4:
             names = [
-                _string(data, base + i) for (i,) in _WORD.iter_unpack(data[start : start + size])
+                _string(data, base + i, NAME_MAX)
+                for (i,) in _WORD.iter_unpack(data[start : start + size])
             ]
     return names
 

@@ -120,20 +120,31 @@ static int ask(const char *socket_path, int sock, char **argv, int first, int ar
 
 #ifdef HOOK_CODE
 /* `gpuwire-hook ldcache ...` done here (ldcache.c) where it can be: 0 done, -1 declined, with
- * the OCI state read from stdin put back as stdin (a memfd) for whoever does it instead */
+ * the OCI state read from stdin put back as stdin (a memfd, all of it) for whoever does it */
 static int ldcache_here(int argc, char **argv)
 {
 	static char state[REQUEST_MAX];
 	size_t size = 0;
-	ssize_t got;
+	ssize_t got = 1;
 	while (size < sizeof(state) && ((got = read(0, state + size, sizeof(state) - size)) > 0 ||
 					(got < 0 && errno == EINTR)))
 		size += got > 0 ? (size_t)got : 0;
-	if (size < sizeof(state) && ldcache_hook(argc - 2, argv + 2, state, size) == 0)
+	if (got == 0 && ldcache_hook(argc - 2, argv + 2, state, size) == 0)
 		return 0;
-	int fd = memfd_create("gpuwire-oci-state", 0);
-	if (fd < 0 || write(fd, state, size) != (ssize_t)size || lseek(fd, 0, SEEK_SET) != 0 ||
-	    dup2(fd, 0) != 0) {
+	int fd = memfd_create("gpuwire-oci-state", 0), ok = fd >= 0;
+	for (size_t done = 0; ok && size > 0;) { /* what was read, then the rest of stdin */
+		ssize_t n = write(fd, state + done, size - done);
+		ok = n > 0 || (n < 0 && errno == EINTR);
+		done += n > 0 ? (size_t)n : 0;
+		if (ok && done == size) {
+			done = 0;
+			while ((got = read(0, state, sizeof(state))) < 0 && errno == EINTR)
+				;
+			size = got > 0 ? (size_t)got : 0;
+			ok = got >= 0;
+		}
+	}
+	if (!ok || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
 		fprintf(stderr, "gpuwire-hook: cannot hand the OCI state on: %s\n", strerror(errno));
 		exit(1);
 	}

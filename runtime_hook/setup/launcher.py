@@ -57,7 +57,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuwire import atomicfile, cdi
+from gpuwire import atomicfile, cdi, ldsocache
 from runtime_hook.injection import ldcache
 from runtime_hook.start import resident
 
@@ -125,7 +125,8 @@ def hook_defines(python: str, path: str, socket: str) -> list[str]:
         "HOOK_GENERATOR": ldcache.GENERATOR.decode(),  # the cache ldcache.c writes is Python's
     }
     defines = [f"-D{name}={c_string(value)}" for name, value in values.items()]
-    return [*defines, f"-DHOOK_MAX_CACHE={ldcache.MAX_CACHE}"]
+    limits = {"HOOK_MAX_CACHE": ldcache.MAX_CACHE, "HOOK_MAX_ENTRIES": ldsocache.MAX_ENTRIES}
+    return [*defines, *(f"-D{name}={value}" for name, value in limits.items())]
 
 
 def build_call(directory: str, defines: Sequence[str] = ()) -> str | None:

@@ -9,27 +9,29 @@
  * (with the OCI state handed on in a memfd as stdin), which do the rest and name what is wrong:
  *
  * - the arguments as `gpuwire.edits.parse_ldcache_args` takes them (anything else: declined);
- * - the OCI state's `pid` and `bundle`, the bundle's `config.json` `root.path`;
+ * - the OCI state's `pid` and `bundle`, the bundle's `config.json` `root.path`, read as
+ *   strictly as Python's json reads them (anything it would refuse: declined);
  * - in a child that joins the container's mount namespace (unless it is there already: a
  *   `createContainer` hook), the root opened, every path in it resolved by openat2 with
  *   RESOLVE_IN_ROOT (a link in the image resolves as it would in the container, never to the
  *   host), the links' directories and /etc only where they exist (making them is declined);
- * - the image's cache read and the entries put in, byte for byte as `gpuwire.ldsocache`
- *   writes them (the same sort, string table and extension directory; whatever it raises
- *   CacheFormatError for is declined), before anything is changed;
- * - each link made or an image's link replaced, undone if a later step fails; a real file of
- *   the image's where a link goes, or no `--entry` for the folders, is left to ldconfig
- *   (declined);
+ * - each link made or an image's link replaced, undone if a later step declines; a real file
+ *   of the image's where a link goes is left to ldconfig (declined);
+ * - then, as ldcache.make does (a link may be what the cache's path leads to), the image's
+ *   cache read and the entries put in, byte for byte as `gpuwire.ldsocache` writes them (the
+ *   same sort, string table and extension directory; whatever it raises CacheFormatError for,
+ *   or no `--entry` for the folders, is declined);
  * - the cache replaced by a temporary file and a rename in the root's /etc, only if it differs.
  *
- * Nothing is executed and no environment is read. It needs no ldconfig; a declined call
- * opens and checks the configured one as before.
+ * Nothing is executed and no environment is read. The configured ldconfig is only checked,
+ * as the Python hook checks it (a static ELF file; else declined, and the Python names it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,7 +46,8 @@
 
 /* Only gpuwire-call's `gpuwire-hook` mode (HOOK_CODE) calls this, and the install compiles
  * in what must be the Python's: the generator string the cache is signed with, the largest
- * cache it reads (launcher.hook_defines). */
+ * cache and the most entries it reads (launcher.hook_defines). Names and paths in a cache are
+ * at most Linux's NAME_MAX and PATH_MAX, as ldsocache reads them. */
 #ifdef HOOK_CODE
 #define MAX_CONFIG (16 << 20) /* config.json */
 #define MAX_ITEMS 4096	     /* links, folders, entries */
@@ -75,7 +78,9 @@ static int lookup(int root, const char *path, int flags)
 	return openat2_(root, *path ? path : ".", flags, 0, IN_ROOT);
 }
 
-/* -- JSON: only what finds two members; anything unusual is declined ------------------ */
+/* -- JSON: strict as Python's json (lightjson), read only for a few members -------------
+ * A document json would refuse is declined; of a member named twice the last counts, as in
+ * the dict json makes. */
 
 typedef struct {
 	const char *at, *end;
@@ -88,51 +93,84 @@ static void space(json *j)
 		j->at++;
 }
 
-/* a string, decoded into `out` (malloc'd, NUL-ended) when `out` is given; -1 if malformed,
- * or if it holds \u escapes or NUL (no path gpuwire writes does) */
+static int hex(char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* a string (json's strict scanner: no control characters, only its escapes); decoded into
+ * `out` (malloc'd, NUL-ended) when given, where a \u escape is declined (-1) */
 static int string(json *j, char **out)
 {
 	if (j->at >= j->end || *j->at != '"')
 		return -1;
 	const char *start = ++j->at;
-	while (j->at < j->end && *j->at != '"') {
-		if (*j->at == '\\')
-			j->at++;
-		j->at++;
+	int unicode = 0;
+	for (; j->at < j->end && *j->at != '"'; j->at++) {
+		if ((unsigned char)*j->at < 0x20)
+			return -1;
+		if (*j->at != '\\')
+			continue;
+		if (++j->at >= j->end || !strchr("\"\\/bfnrtu", *j->at) || !*j->at)
+			return -1;
+		if (*j->at == 'u') {
+			if (j->end - j->at < 5 || !hex(j->at[1]) || !hex(j->at[2]) || !hex(j->at[3]) ||
+			    !hex(j->at[4]))
+				return -1;
+			unicode = 1;
+			j->at += 4;
+		}
 	}
 	if (j->at >= j->end)
 		return -1;
 	const char *stop = j->at++;
 	if (out == NULL)
 		return 0;
-	char *s = malloc((size_t)(stop - start) + 1), *w = s;
-	if (s == NULL)
+	char *decoded = unicode ? NULL : malloc((size_t)(stop - start) + 1), *w = decoded;
+	if (decoded == NULL)
 		return -1;
 	for (const char *r = start; r < stop; r++) {
-		char c = *r;
-		if (c == '\\') {
-			static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-			const char *k = strchr(from, *++r);
-			if (*r == '\0' || k == NULL) {
-				free(s);
-				return -1;
-			}
-			c = to[k - from];
-		} else if (c == '\0') {
-			free(s);
-			return -1;
-		}
-		*w++ = c;
+		static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+		*w++ = *r == '\\' ? to[strchr(from, *++r) - from] : *r;
 	}
 	*w = '\0';
-	*out = s;
+	*out = decoded;
+	return 0;
+}
+
+static int digits(json *j)
+{
+	const char *start = j->at;
+	while (j->at < j->end && *j->at >= '0' && *j->at <= '9')
+		j->at++;
+	return j->at > start ? 0 : -1;
+}
+
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)? */
+static int number(json *j)
+{
+	if (j->at < j->end && *j->at == '-')
+		j->at++;
+	if (j->at < j->end && *j->at == '0')
+		j->at++;
+	else if (digits(j))
+		return -1;
+	if (j->at < j->end && *j->at == '.' && (j->at++, digits(j)))
+		return -1;
+	if (j->at < j->end && (*j->at == 'e' || *j->at == 'E')) {
+		j->at++;
+		if (j->at < j->end && (*j->at == '-' || *j->at == '+'))
+			j->at++;
+		return digits(j);
+	}
 	return 0;
 }
 
 static int value(json *j);
 
-static int members(json *j, char open, char close)
+static int members(json *j, char close)
 {
+	int object = close == '}';
 	if (++j->depth > 64)
 		return -1;
 	j->at++;
@@ -143,7 +181,8 @@ static int members(json *j, char open, char close)
 		return 0;
 	}
 	for (;;) {
-		if (open == '{') {
+		space(j);
+		if (object) {
 			if (string(j, NULL))
 				return -1;
 			space(j);
@@ -155,7 +194,6 @@ static int members(json *j, char open, char close)
 		space(j);
 		if (j->at < j->end && *j->at == ',') {
 			j->at++;
-			space(j);
 			continue;
 		}
 		if (j->at < j->end && *j->at == close) {
@@ -173,61 +211,90 @@ static int value(json *j)
 	space(j);
 	if (j->at >= j->end)
 		return -1;
-	char c = *j->at;
-	if (c == '"')
+	static const char *const literals[] = {"true", "false", "null"};
+	switch (*j->at) {
+	case '"':
 		return string(j, NULL);
-	if (c == '{')
-		return members(j, '{', '}');
-	if (c == '[')
-		return members(j, '[', ']');
-	const char *start = j->at;
-	while (j->at < j->end && strchr("+-.0123456789Eaeflnrstu", *j->at) && *j->at)
-		j->at++;
-	return j->at == start ? -1 : 0;
+	case '{':
+		return members(j, '}');
+	case '[':
+		return members(j, ']');
+	}
+	for (int i = 0; i < 3; i++) {
+		size_t n = strlen(literals[i]);
+		if ((size_t)(j->end - j->at) >= n && !memcmp(j->at, literals[i], n)) {
+			j->at += n;
+			return 0;
+		}
+	}
+	return number(j);
 }
 
-/* in the object at j->at, the value of member `key` (j->at set to it); 1: no such member */
+/* in the (checked) object at j->at, the value of the last member named `key` (j->at set
+ * to it); 1: none */
 static int member(json *j, const char *key)
 {
+	const char *found = NULL;
 	space(j);
-	if (j->at >= j->end || *j->at != '{')
-		return -1;
 	j->at++;
 	space(j);
-	if (j->at < j->end && *j->at == '}')
-		return 1;
-	for (;;) {
-		space(j);
+	while (j->at < j->end && *j->at != '}') {
 		char *name = NULL;
-		if (string(j, &name))
+		if (string(j, &name)) /* a name spelled with \u could be `key`: declined */
 			return -1;
-		int found = strcmp(name, key) == 0;
+		int same = strcmp(name, key) == 0;
 		free(name);
 		space(j);
-		if (j->at >= j->end || *j->at++ != ':')
-			return -1;
+		j->at++; /* ':' */
 		space(j);
-		if (found)
-			return 0;
+		if (same)
+			found = j->at;
 		if (value(j))
 			return -1;
 		space(j);
-		if (j->at < j->end && *j->at == '}')
-			return 1;
-		if (j->at >= j->end || *j->at++ != ',')
-			return -1;
+		if (j->at < j->end && *j->at == ',')
+			j->at++;
+		space(j);
 	}
+	if (found == NULL)
+		return 1;
+	j->at = found;
+	return 0;
 }
 
-/* the whole text must be one object: a member found in a malformed file would be a guess */
+/* one UTF-8 sequence at `p` (what Python's decode accepts): its length, 0 if invalid */
+static size_t utf8(const unsigned char *p, const unsigned char *end)
+{
+	if (*p < 0x80)
+		return 1;
+	size_t n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : 2;
+	unsigned min = n == 2 ? 0x80 : n == 3 ? 0x800 : 0x10000;
+	if (*p < 0xc2 || *p > 0xf4 || (size_t)(end - p) < n)
+		return 0;
+	unsigned code = *p & (0x7f >> n);
+	for (size_t i = 1; i < n; i++) {
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+		code = code << 6 | (p[i] & 0x3f);
+	}
+	return code < min || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff) ? 0 : n;
+}
+
+/* the whole text must be one JSON object, as json reads it: a member found in anything
+ * else would be a guess */
 static int object(const char *text, size_t size, json *j)
 {
+	const unsigned char *p = (const unsigned char *)text, *end = p + size;
+	for (size_t n; p < end; p += n)
+		if ((n = utf8(p, end)) == 0)
+			return -1;
 	*j = (json){.at = text, .end = text + size};
+	space(j);
 	json check = *j;
-	if (value(&check))
+	if (j->at >= j->end || *j->at != '{' || value(&check))
 		return -1;
 	space(&check);
-	return check.at == check.end && *text == '{' ? 0 : -1;
+	return check.at == check.end ? 0 : -1;
 }
 
 static char *read_all(int fd, size_t limit, size_t *size)
@@ -273,12 +340,14 @@ static char *rootfs_of(const char *bundle)
 		free(text);
 		return NULL;
 	}
-	int found = member(&j, "root");
-	if (found == 0 && *j.at != 'n') { /* "root": null is no root */
+	int found = member(&j, "root"); /* null or missing: "rootfs"; what else Python would
+					  * read as "rootfs" or str() is declined */
+	if (found == 0 && *j.at == '{') {
 		found = member(&j, "path");
-		if (found == 0 && *j.at != 'n' && string(&j, &root))
+		if (found == 0 && *j.at != 'n' && (*j.at != '"' || string(&j, &root)))
 			found = -1;
-	}
+	} else if (found == 0 && *j.at != 'n')
+		found = -1;
 	free(text);
 	if (found < 0)
 		return NULL;
@@ -325,9 +394,11 @@ static void put32(unsigned char *p, uint32_t v)
 		p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static int cstring(bytes data, uint64_t at, bytes *out)
+/* ldsocache._string: at most `limit` bytes and a NUL */
+static int cstring(bytes data, uint64_t at, size_t limit, bytes *out)
 {
-	const unsigned char *end = at < data.n ? memchr(data.p + at, 0, data.n - at) : NULL;
+	size_t room = at < data.n ? data.n - at : 0;
+	const unsigned char *end = room ? memchr(data.p + at, 0, room < limit + 1 ? room : limit + 1) : NULL;
 	if (end == NULL)
 		return -1;
 	*out = (bytes){data.p + at, (size_t)(end - data.p - at)};
@@ -354,7 +425,7 @@ static int hwcaps_names(bytes data, size_t base, uint64_t at, bytes **names, siz
 			if (*names == NULL)
 				return -1;
 			for (size_t i = 0; i < *count; i++)
-				if (cstring(data, base + word(data.p + start + 4 * i), &(*names)[i]))
+				if (cstring(data, base + word(data.p + start + 4 * i), NAME_MAX, &(*names)[i]))
 					return -1;
 		}
 	}
@@ -378,7 +449,7 @@ static int parse(bytes data, entry **out, size_t *count, size_t extra)
 	if ((header[28] & 3) != 0 && (header[28] & 3) != 2)
 		return -1;
 	size_t start = base + HEADER;
-	if (start + n * ENTRY > data.n)
+	if (start + n * ENTRY > data.n || n > HOOK_MAX_ENTRIES)
 		return -1;
 	bytes *subdirs = NULL;
 	size_t nsubdirs = 0;
@@ -395,8 +466,8 @@ static int parse(bytes data, entry **out, size_t *count, size_t extra)
 		e->flags = (int32_t)word(row);
 		e->osversion = word(row + 12);
 		e->hwcap = word(row + 16) | (uint64_t)word(row + 20) << 32;
-		if (cstring(data, base + word(row + 4), &e->name) ||
-		    cstring(data, base + word(row + 8), &e->path))
+		if (cstring(data, base + word(row + 4), NAME_MAX, &e->name) ||
+		    cstring(data, base + word(row + 8), PATH_MAX, &e->path))
 			return -1;
 		if (((e->hwcap >> 32) & ~0x3ffull) == HWCAP_EXTENSION >> 32) {
 			uint64_t index = e->hwcap & 0xffffffffu;
@@ -683,7 +754,9 @@ static unsigned char *updated(bytes old, char **paths, int32_t *flags, int nadde
 typedef struct {
 	int dir;
 	const char *name;
-	char *old; /* the image's link target it replaced; NULL: made here */
+	char *old; /* the image's link target it replaced (and its owner); NULL: made here */
+	uid_t uid;
+	gid_t gid;
 } made;
 
 static void undo(made *links, int n)
@@ -692,8 +765,9 @@ static void undo(made *links, int n)
 		if (links[n].dir < 0)
 			continue;
 		unlinkat(links[n].dir, links[n].name, 0);
-		if (links[n].old)
-			symlinkat(links[n].old, links[n].dir, links[n].name);
+		if (links[n].old && symlinkat(links[n].old, links[n].dir, links[n].name) == 0)
+			fchownat(links[n].dir, links[n].name, links[n].uid, links[n].gid,
+				 AT_SYMLINK_NOFOLLOW);
 	}
 }
 
@@ -717,6 +791,8 @@ static int make_symlink(int dir, const char *name, const char *target, made *rec
 	old[n] = '\0';
 	if (strcmp(old, target) == 0)
 		return 1;
+	record->uid = st.st_uid;
+	record->gid = st.st_gid;
 	if ((record->old = strdup(old)) == NULL || unlinkat(dir, name, 0))
 		return -1;
 	record->dir = dir;
@@ -766,25 +842,14 @@ static int read_cache(int root, bytes *old)
 	return old->p ? 0 : -1;
 }
 
-/* the work of one call, in the container's mount namespace: DONE or DECLINED */
+/* the work of one call, in the container's mount namespace: DONE or DECLINED. The links
+ * first, then the cache, as ldcache.make does (a link may be what the cache's path leads to) */
 static int apply(const char *rootfs, const request *r)
 {
-	int root = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC), etc = -1;
-	if (root < 0)
-		return DECLINED;
-	unsigned char *cache = NULL;
-	size_t size = 0;
-	bytes old = {NULL, 0};
-	if (r->nfolders) {
-		if (r->nentries == 0 || (etc = lookup(root, "/etc", O_PATH | O_DIRECTORY)) < 0 ||
-		    read_cache(root, &old) ||
-		    !(cache = updated(old, r->paths, r->flags, r->nentries, r->folders, r->nfolders, &size)))
-			return DECLINED;
-	}
+	int root = open(rootfs, O_PATH | O_DIRECTORY | O_CLOEXEC), etc = -1, n = 0;
 	made *links = calloc((size_t)r->nlinks + 1, sizeof(made));
-	if (links == NULL)
+	if (root < 0 || links == NULL)
 		return DECLINED;
-	int n = 0;
 	for (; n < r->nlinks; n++) {
 		const char *slash = strrchr(r->links[n], '/');
 		char *parent = strndup(r->links[n], (size_t)(slash - r->links[n]));
@@ -795,15 +860,52 @@ static int apply(const char *rootfs, const request *r)
 			return DECLINED;
 		}
 	}
-	int changed = cache && (old.n != size || memcmp(old.p, cache, size));
-	if (changed && replace_cache(etc, cache, size)) {
+	if (r->nfolders == 0)
+		return DONE;
+	unsigned char *cache = NULL;
+	size_t size = 0;
+	bytes old = {NULL, 0};
+	if (r->nentries == 0 || (etc = lookup(root, "/etc", O_PATH | O_DIRECTORY)) < 0 ||
+	    read_cache(root, &old) ||
+	    !(cache = updated(old, r->paths, r->flags, r->nentries, r->folders, r->nfolders, &size)) ||
+	    ((old.n != size || memcmp(old.p, cache, size)) && replace_cache(etc, cache, size))) {
 		undo(links, n);
 		return DECLINED;
 	}
 	return DONE;
 }
 
-/* gpuwire.edits.parse_ldcache_args; -1 where it would raise */
+/* ldcache.open_ldconfig's check, that the host's ldconfig has no interpreter: a 64-bit
+ * little-endian ELF file without PT_INTERP (anything else declined) */
+static int is_static(const char *path)
+{
+	unsigned char header[64], entry[56];
+	int fd = open(path, O_RDONLY | O_CLOEXEC), ok = 0;
+	if (fd >= 0 && pread(fd, header, sizeof(header), 0) == sizeof(header) &&
+	    !memcmp(header, "\177ELF\2\1", 6) && (header[54] | header[55] << 8) == sizeof(entry)) {
+		uint64_t at = word(header + 32) | (uint64_t)word(header + 36) << 32;
+		unsigned count = header[56] | header[57] << 8;
+		ok = 1;
+		for (unsigned i = 0; ok && i < count; i++)
+			ok = pread(fd, entry, sizeof(entry), (off_t)(at + i * sizeof(entry))) ==
+				     sizeof(entry) &&
+			     word(entry) != 3; /* PT_INTERP */
+	}
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* what Python's str.encode() takes as it is: the cache's folders and paths (ldsocache) */
+static int ascii(const char *s)
+{
+	while (*s && (unsigned char)*s < 0x80)
+		s++;
+	return *s == '\0';
+}
+
+/* gpuwire.edits.parse_ldcache_args; -1 where it would raise, or declined (anything but
+ * ASCII in a path the cache holds, an ldconfig that is not a static ELF file) */
 static int parse_args(int argc, char **argv, request *r)
 {
 	const char *ldconfig = "";
@@ -822,13 +924,13 @@ static int parse_args(int argc, char **argv, request *r)
 		char *v = argv[i + 1], *sep = strstr(v, "::");
 		if (!strcmp(flag, "--ldconfig"))
 			ldconfig = v;
-		else if (!strcmp(flag, "--folder") && *v == '/')
+		else if (!strcmp(flag, "--folder") && *v == '/' && ascii(v))
 			r->folders[r->nfolders++] = v;
 		else if (!strcmp(flag, "--link") && sep && sep[2] == '/') {
 			if ((r->targets[r->nlinks] = strndup(v, (size_t)(sep - v))) == NULL)
 				return -1;
 			r->links[r->nlinks++] = sep + 2;
-		} else if (!strcmp(flag, "--entry") && sep && sep[2] == '/' && v[0] == '0' &&
+		} else if (!strcmp(flag, "--entry") && sep && sep[2] == '/' && ascii(sep) && v[0] == '0' &&
 			   v[1] == 'x' && sep > v + 2 && strspn(v + 2, "0123456789abcdef") == (size_t)(sep - v - 2)) {
 			errno = 0;
 			unsigned long value = strtoul(v + 2, NULL, 16);
@@ -839,7 +941,7 @@ static int parse_args(int argc, char **argv, request *r)
 		} else
 			return -1;
 	}
-	return *ldconfig == '/' ? 0 : -1;
+	return *ldconfig == '/' && is_static(ldconfig) ? 0 : -1;
 }
 
 /* the OCI state's bundle and pid (0: none given) */
@@ -889,15 +991,18 @@ int ldcache_hook(int argc, char **argv, const char *state, size_t size)
 	request r = {0};
 	char *bundle = NULL, *rootfs;
 	long pid;
-	if (parse_args(argc, argv, &r) || parse_state(state, size, &bundle, &pid) ||
+	if (parse_args(argc, argv, &r) || parse_state(state, size, &bundle, &pid) || !*bundle ||
 	    (rootfs = rootfs_of(bundle)) == NULL)
 		return LDCACHE_DECLINED;
-	pid_t child = fork();
+	signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD (inherited) would reap the child unseen */
+	pid_t child = fork(), waited;
 	if (child == 0)
 		_exit(pid && enter_mount_namespace_of(pid) ? DECLINED : apply(rootfs, &r));
-	int status;
-	while (child > 0 && waitpid(child, &status, 0) < 0 && errno == EINTR)
+	int status = 0;
+	while (child > 0 && (waited = waitpid(child, &status, 0)) < 0 && errno == EINTR)
 		;
-	return child > 0 && WIFEXITED(status) && WEXITSTATUS(status) == DONE ? 0 : LDCACHE_DECLINED;
+	return child > 0 && waited == child && WIFEXITED(status) && WEXITSTATUS(status) == DONE
+		       ? 0
+		       : LDCACHE_DECLINED;
 }
 #endif

@@ -443,6 +443,26 @@ def test_a_string_past_the_end_is_refused(tmp_path: Path) -> None:
         ldsocache.parse(bytes(cache))
 
 
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [(b"lib" + b"x" * 253, b"/lib/x"), (b"libx.so.1", b"/" + b"d" * 4096 + b"/libx.so.1")],
+)
+def test_a_name_or_path_longer_than_linux_allows_is_refused(name: bytes, path: bytes) -> None:
+    """The image's cache may point every entry at one long string: each is read at most as
+    far as a file name (255) or a path (4096) goes, and one longer is not a cache's."""
+    cache = ldsocache.render([ldsocache.Entry(name, path, 0x303)], b"x")
+    assert ldsocache.parse(ldsocache.render([ldsocache.Entry(name[:255], b"/l", 0x303)], b"x"))
+    with pytest.raises(ldsocache.CacheFormatError, match="longer than"):
+        ldsocache.parse(cache)
+
+
+def test_more_entries_than_a_cache_has_are_refused() -> None:
+    entry = ldsocache.Entry(b"libx.so.1", b"/l/libx.so.1", 0x303)
+    cache = ldsocache.render([entry] * (ldsocache.MAX_ENTRIES + 1), b"x")
+    with pytest.raises(ldsocache.CacheFormatError, match="more than"):
+        ldsocache.parse(cache)
+
+
 # -- writing it into a root --------------------------------------------------------------
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -58,25 +59,31 @@ def hook() -> Iterator[str]:
 
 
 def run_hook(
-    hook: str, root: Path, args: list[str], config: str | None = None
+    hook: str,
+    root: Path,
+    args: list[str],
+    config: str | None = None,
+    state: str | None = None,
+    sigchld: signal.Handlers = signal.SIG_DFL,
 ) -> subprocess.CompletedProcess[str]:
-    """The hook on the container whose root is `root` (`config`: the bundle's config.json
-    instead), as runc runs a createContainer hook (the same mount namespace): its exit and
-    stderr."""
+    """The hook on the container whose root is `root` (`config`, `state`: the bundle's
+    config.json and the OCI state instead), as runc runs a createContainer hook (the same
+    mount namespace), with SIGCHLD as `sigchld`: its exit and stderr."""
     bundle = root.parent / f"{root.name}.bundle"
     bundle.mkdir(exist_ok=True)
     default = json.dumps({"ociVersion": "1.2.0", "root": {"path": str(root)}})
     (bundle / "config.json").write_text(default if config is None else config)
-    state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": os.getpid(),
-             "bundle": str(bundle)}  # fmt: skip
+    ours = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": os.getpid(),
+            "bundle": str(bundle)}  # fmt: skip
     return subprocess.run(
         ["gpuwire-hook", *args],
         executable=hook,
-        input=json.dumps(state),
+        input=json.dumps(ours) if state is None else state,
         capture_output=True,
         text=True,
         env={},
         timeout=30,
+        preexec_fn=lambda: signal.signal(signal.SIGCHLD, sigchld),
     )
 
 
@@ -283,3 +290,85 @@ def test_config_json_is_read_as_json_not_searched(hook: str, tmp_path: Path, nod
     out = run_hook(hook, root, ldcache_args(edits, "/sbin/ldconfig"), truncated)
     assert out.stderr.startswith(DECLINED)
     assert snapshot(root) == before
+
+
+def test_a_link_the_cache_leads_through_is_made_before_the_cache_is_read(
+    hook: str, tmp_path: Path, node: Path
+) -> None:
+    """As the Python hook: the image's cache is a dangling link to where a link goes, so the
+    cache path leads to a library once the links are made: not a cache gpuwire writes."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    (root / "etc/ld.so.cache").symlink_to(edits.links[0][1])
+    declined_unchanged(hook, root, edits)
+
+
+def test_of_a_member_named_twice_the_last_counts_and_json_is_strict(
+    hook: str, tmp_path: Path, node: Path
+) -> None:
+    decoy = tmp_path / "decoy"
+    busybox(decoy)
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    untouched = snapshot(decoy)
+    twice = f'{{"root": {{"path": "{decoy}"}}, "root": {{"path": "{root}"}}}}'
+    out = run_hook(hook, root, ldcache_args(edits, "/sbin/ldconfig"), twice)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert snapshot(decoy) == untouched
+    before = snapshot(root)
+    for config in (f'{{"root": {{"path": "{root}"}}, "x": tru}}', '{"root": nul}',
+                   f'{{"pid": 05, "root": {{"path": "{root}"}}}}',
+                   f'{{"root": {{"path": "{root}"}}, "x": "\\q"}}'):  # fmt: skip
+        out = run_hook(hook, root, ldcache_args(edits, "/sbin/ldconfig"), config)
+        assert out.stderr.startswith(DECLINED), config
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("ldconfig", ["/nonexistent/ldconfig", "/bin/ls"])
+def test_an_ldconfig_the_python_hook_refuses_is_left_to_it(
+    hook: str, tmp_path: Path, node: Path, ldconfig: str
+) -> None:
+    """Not there, or dynamic: the Python hook fails the start and names it."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    before = snapshot(root)
+    out = run_hook(hook, root, ldcache_args(edits, ldconfig))
+    assert out.stderr.startswith(DECLINED)
+    assert snapshot(root) == before
+
+
+def test_an_ignored_sigchld_does_not_hide_the_work_done(
+    hook: str, tmp_path: Path, node: Path
+) -> None:
+    """SIGCHLD ignored is inherited across exec; the C's own child must still be waited for."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    out = run_hook(hook, root, ldcache_args(edits, "/sbin/ldconfig"), sigchld=signal.SIG_IGN)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert (root / "etc/ld.so.cache").read_bytes().endswith(ldcache.GENERATOR)
+
+
+@pytest.mark.parametrize("padding", [0, 3 << 20])
+def test_a_declined_call_hands_the_whole_oci_state_on(tmp_path: Path, padding: int) -> None:
+    """What the Python hook reads as stdin is the OCI state as the runtime wrote it, however
+    large (the C reads at most 1 MiB of it and tries nothing then)."""
+    received = tmp_path / "received"
+    python = tmp_path / "python"  # stands in for the fallback: keeps what it is given
+    python.write_text(f"#!/bin/sh\nexec cat > {received}\n")
+    python.chmod(0o755)
+    home = tmp_path / "libexec"
+    home.mkdir()
+    built = launcher.build_call(
+        str(home), launcher.hook_defines(str(python), str(home), f"{home}/nobody.sock")
+    )
+    assert built is not None
+    root = tmp_path / "rootfs"
+    busybox(root)
+    state = json.dumps({"bundle": "/nonexistent", "pid": 1, "annotations": {"a": "x" * padding}})
+    out = run_hook(built, root, ["ldcache", "--ldconfig", "/sbin/ldconfig"], state=state)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert received.read_text() == state
