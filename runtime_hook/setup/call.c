@@ -148,7 +148,8 @@ static int ldcache_here(int argc, char **argv)
 		fprintf(stderr, "gpuwire-hook: cannot hand the OCI state on: %s\n", strerror(errno));
 		exit(1);
 	}
-	close(fd);
+	if (fd != 0)
+		close(fd);
 	return -1;
 }
 

@@ -146,16 +146,20 @@ static int digits(json *j)
 	return j->at > start ? 0 : -1;
 }
 
-/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)? */
+/* -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?; an integer of more digits than Python
+ * converts (sys.get_int_max_str_digits(), 4300 unless set: -I keeps PYTHONINTMAXSTRDIGITS
+ * out) is refused as json refuses it */
 static int number(json *j)
 {
 	if (j->at < j->end && *j->at == '-')
 		j->at++;
+	const char *start = j->at;
 	if (j->at < j->end && *j->at == '0')
 		j->at++;
 	else if (digits(j))
 		return -1;
-	if (j->at < j->end && *j->at == '.' && (j->at++, digits(j)))
+	int integer = j->at - start;
+	if (j->at < j->end && *j->at == '.' && (j->at++, integer = 0, digits(j)))
 		return -1;
 	if (j->at < j->end && (*j->at == 'e' || *j->at == 'E')) {
 		j->at++;
@@ -163,7 +167,7 @@ static int number(json *j)
 			j->at++;
 		return digits(j);
 	}
-	return 0;
+	return integer > 4300 ? -1 : 0;
 }
 
 static int value(json *j);
@@ -850,6 +854,12 @@ static int apply(const char *rootfs, const request *r)
 	made *links = calloc((size_t)r->nlinks + 1, sizeof(made));
 	if (root < 0 || links == NULL)
 		return DECLINED;
+	for (int a = 0; a < r->nlinks; a++) /* a link in a directory another link replaces */
+		for (int b = 0; b < r->nlinks; b++) {
+			size_t len = strlen(r->links[a]);
+			if (!strncmp(r->links[b], r->links[a], len) && r->links[b][len] == '/')
+				return DECLINED;
+		}
 	for (; n < r->nlinks; n++) {
 		const char *slash = strrchr(r->links[n], '/');
 		char *parent = strndup(r->links[n], (size_t)(slash - r->links[n]));
@@ -880,16 +890,22 @@ static int apply(const char *rootfs, const request *r)
 static int is_static(const char *path)
 {
 	unsigned char header[64], entry[56];
+	struct stat st;
 	int fd = open(path, O_RDONLY | O_CLOEXEC), ok = 0;
-	if (fd >= 0 && pread(fd, header, sizeof(header), 0) == sizeof(header) &&
+	if (fd >= 0 && fstat(fd, &st) == 0 && pread(fd, header, sizeof(header), 0) == sizeof(header) &&
 	    !memcmp(header, "\177ELF\2\1", 6) && (header[54] | header[55] << 8) == sizeof(entry)) {
 		uint64_t at = word(header + 32) | (uint64_t)word(header + 36) << 32;
 		unsigned count = header[56] | header[57] << 8;
 		ok = 1;
-		for (unsigned i = 0; ok && i < count; i++)
+		for (unsigned i = 0; ok && i < count; i++) {
 			ok = pread(fd, entry, sizeof(entry), (off_t)(at + i * sizeof(entry))) ==
 				     sizeof(entry) &&
 			     word(entry) != 3; /* PT_INTERP */
+			uint64_t offset = word(entry + 8) | (uint64_t)word(entry + 12) << 32;
+			uint64_t size = word(entry + 32) | (uint64_t)word(entry + 36) << 32;
+			if (word(entry) == 2) /* PT_DYNAMIC, which elf.read reads */
+				ok &= offset <= (uint64_t)st.st_size && size <= (uint64_t)st.st_size - offset;
+		}
 	}
 	if (fd >= 0)
 		close(fd);
@@ -994,13 +1010,16 @@ int ldcache_hook(int argc, char **argv, const char *state, size_t size)
 	if (parse_args(argc, argv, &r) || parse_state(state, size, &bundle, &pid) || !*bundle ||
 	    (rootfs = rootfs_of(bundle)) == NULL)
 		return LDCACHE_DECLINED;
-	signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD (inherited) would reap the child unseen */
+	/* an ignored SIGCHLD (inherited) would reap the child unseen; put back for a decline */
+	struct sigaction plain = {.sa_handler = SIG_DFL}, inherited;
+	sigaction(SIGCHLD, &plain, &inherited);
 	pid_t child = fork(), waited;
 	if (child == 0)
 		_exit(pid && enter_mount_namespace_of(pid) ? DECLINED : apply(rootfs, &r));
 	int status = 0;
 	while (child > 0 && (waited = waitpid(child, &status, 0)) < 0 && errno == EINTR)
 		;
+	sigaction(SIGCHLD, &inherited, NULL);
 	return child > 0 && waited == child && WIFEXITED(status) && WEXITSTATUS(status) == DONE
 		       ? 0
 		       : LDCACHE_DECLINED;

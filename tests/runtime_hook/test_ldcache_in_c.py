@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -326,11 +327,29 @@ def test_of_a_member_named_twice_the_last_counts_and_json_is_strict(
     assert snapshot(root) == before
 
 
-@pytest.mark.parametrize("ldconfig", ["/nonexistent/ldconfig", "/bin/ls"])
+def with_dynamic_beyond_the_end(tmp_path: Path) -> str:
+    """The host's ldconfig with its PT_DYNAMIC segment made 1 TiB long, past its end."""
+    data = bytearray(Path("/sbin/ldconfig").read_bytes())
+    at, size, count = (
+        int.from_bytes(data[i : i + n], "little") for i, n in ((32, 8), (54, 2), (56, 2))
+    )
+    for entry in range(at, at + size * count, size):
+        if int.from_bytes(data[entry : entry + 4], "little") == 2:  # PT_DYNAMIC
+            data[entry + 32 : entry + 40] = (1 << 40).to_bytes(8, "little")
+    copy = tmp_path / "ldconfig"
+    copy.write_bytes(bytes(data))
+    copy.chmod(0o755)
+    return str(copy)
+
+
+@pytest.mark.parametrize("ldconfig", ["/nonexistent/ldconfig", "/bin/ls", "dynamic-beyond"])
 def test_an_ldconfig_the_python_hook_refuses_is_left_to_it(
     hook: str, tmp_path: Path, node: Path, ldconfig: str
 ) -> None:
-    """Not there, or dynamic: the Python hook fails the start and names it."""
+    """Not there, dynamic, or an ELF file the Python hook's reader cannot read: it fails the
+    start and names it."""
+    if ldconfig == "dynamic-beyond":
+        ldconfig = with_dynamic_beyond_the_end(tmp_path)
     root = tmp_path / "rootfs"
     edits = driver_edits(node, busybox(root))
     mounted(root, edits)
@@ -352,23 +371,72 @@ def test_an_ignored_sigchld_does_not_hide_the_work_done(
     assert (root / "etc/ld.so.cache").read_bytes().endswith(ldcache.GENERATOR)
 
 
+def recording_hook(tmp_path: Path) -> tuple[str, Path]:
+    """The hook built with a fallback that stands in for the Python hook: it keeps its stdin
+    in the file returned, and its SIGCHLD disposition beside it (`.sigchld`)."""
+    received = tmp_path / "received"
+    code = (
+        "import signal, sys; "
+        f"open({str(received)!r} + '.sigchld', 'w').write(str(signal.getsignal(signal.SIGCHLD))); "
+        f"open({str(received)!r}, 'wb').write(sys.stdin.buffer.read())"
+    )
+    home = tmp_path / "libexec"
+    home.mkdir()
+    defines = launcher.hook_defines(sys.executable, str(home), f"{home}/nobody.sock")
+    defines = [d for d in defines if not d.startswith("-DHOOK_CODE=")]
+    built = launcher.build_call(str(home), [*defines, f"-DHOOK_CODE={launcher.c_string(code)}"])
+    assert built is not None
+    return built, received
+
+
 @pytest.mark.parametrize("padding", [0, 3 << 20])
 def test_a_declined_call_hands_the_whole_oci_state_on(tmp_path: Path, padding: int) -> None:
     """What the Python hook reads as stdin is the OCI state as the runtime wrote it, however
     large (the C reads at most 1 MiB of it and tries nothing then)."""
-    received = tmp_path / "received"
-    python = tmp_path / "python"  # stands in for the fallback: keeps what it is given
-    python.write_text(f"#!/bin/sh\nexec cat > {received}\n")
-    python.chmod(0o755)
-    home = tmp_path / "libexec"
-    home.mkdir()
-    built = launcher.build_call(
-        str(home), launcher.hook_defines(str(python), str(home), f"{home}/nobody.sock")
-    )
-    assert built is not None
+    built, received = recording_hook(tmp_path)
     root = tmp_path / "rootfs"
     busybox(root)
     state = json.dumps({"bundle": "/nonexistent", "pid": 1, "annotations": {"a": "x" * padding}})
     out = run_hook(built, root, ["ldcache", "--ldconfig", "/sbin/ldconfig"], state=state)
     assert (out.returncode, out.stderr) == (0, "")
     assert received.read_text() == state
+
+
+@pytest.mark.parametrize("sigchld", [signal.SIG_IGN, signal.SIG_DFL])
+def test_a_declined_call_leaves_sigchld_as_it_was_given(
+    tmp_path: Path, node: Path, sigchld: signal.Handlers
+) -> None:
+    built, received = recording_hook(tmp_path)
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    put(root, "/etc/ld.so.cache", b"ld.so-1.7.0\0" + bytes(4))  # declined after the links
+    out = run_hook(built, root, ldcache_args(edits, "/sbin/ldconfig"), sigchld=sigchld)
+    assert (out.returncode, out.stderr) == (0, "")
+    assert Path(f"{received}.sigchld").read_text() == str(sigchld)
+
+
+def test_a_link_in_a_directory_another_link_makes_is_declined(hook: str, tmp_path: Path) -> None:
+    """The Python hook keeps each directory it opened, so a link made through a directory
+    link another one replaces lands elsewhere: left to it."""
+    root = tmp_path / "rootfs"
+    busybox(root)
+    (root / "opt/a").mkdir(parents=True)
+    (root / "opt/b").mkdir()
+    (root / "opt/d").symlink_to("a")
+    args = ["ldcache", "--ldconfig", "/sbin/ldconfig", "--link", "x::/opt/d/x",
+            "--link", "b::/opt/d", "--link", "y::/opt/d/y"]  # fmt: skip
+    before = snapshot(root)
+    assert run_hook(hook, root, args).stderr.startswith(DECLINED)
+    assert snapshot(root) == before
+
+
+def test_an_integer_python_does_not_read_is_declined(hook: str, tmp_path: Path) -> None:
+    """Python refuses to read an integer of more than 4300 digits: so does the C."""
+    root = tmp_path / "rootfs"
+    busybox(root)
+    args = ["ldcache", "--ldconfig", "/sbin/ldconfig", "--link", "x::/etc/x"]
+    for digits, declined in ((4300, False), (4301, True)):
+        config = f'{{"x": {"1" * digits}, "root": {json.dumps({"path": str(root)})}}}'
+        out = run_hook(hook, root, args, config)
+        assert out.stderr.startswith(DECLINED) == declined, digits
