@@ -440,3 +440,19 @@ def test_an_integer_python_does_not_read_is_declined(hook: str, tmp_path: Path) 
         config = f'{{"x": {"1" * digits}, "root": {json.dumps({"path": str(root)})}}}'
         out = run_hook(hook, root, args, config)
         assert out.stderr.startswith(DECLINED) == declined, digits
+
+
+def test_an_image_link_replaced_and_taken_back_keeps_its_owner(
+    hook: str, tmp_path: Path, node: Path
+) -> None:
+    """Declined after the links (a cache only ldconfig writes): the image's own link where a
+    driver link goes is put back as it was, target and owner."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    put(root, "/etc/ld.so.cache", b"ld.so-1.7.0\0" + bytes(4))
+    place = root / edits.links[0][1].lstrip("/")
+    link(root, edits.links[0][1], "libcuda.so.418")
+    os.lchown(place, 1234, 5678)
+    declined_unchanged(hook, root, edits)
+    assert (place.lstat().st_uid, place.lstat().st_gid) == (1234, 5678)
