@@ -131,18 +131,12 @@ static int ldcache_here(int argc, char **argv)
 		size += got > 0 ? (size_t)got : 0;
 	if (got == 0 && ldcache_hook(argc - 2, argv + 2, state, size) == 0)
 		return 0;
-	int fd = memfd_create("gpuwire-oci-state", 0), ok = fd >= 0;
-	for (size_t done = 0; ok && size > 0;) { /* what was read, then the rest of stdin */
-		ssize_t n = write(fd, state + done, size - done);
-		ok = n > 0 || (n < 0 && errno == EINTR);
-		done += n > 0 ? (size_t)n : 0;
-		if (ok && done == size) {
-			done = 0;
-			while ((got = read(0, state, sizeof(state))) < 0 && errno == EINTR)
-				;
-			size = got > 0 ? (size_t)got : 0;
-			ok = got >= 0;
-		}
+	int fd = memfd_create("gpuwire-oci-state", 0);
+	int ok = fd >= 0 && got >= 0 && !write_all(fd, state, size);
+	while (ok && got > 0) { /* stdin not at its end: the rest of it */
+		while ((got = read(0, state, sizeof(state))) < 0 && errno == EINTR)
+			;
+		ok = got >= 0 && !write_all(fd, state, (size_t)(got > 0 ? got : 0));
 	}
 	if (!ok || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
 		fprintf(stderr, "gpuwire-hook: cannot hand the OCI state on: %s\n", strerror(errno));

@@ -307,11 +307,12 @@ static char *read_all(int fd, size_t limit, size_t *size)
 	char *data = malloc(room);
 	while (data != NULL) {
 		if (used == room) {
-			char *more = room < limit ? realloc(data, room * 2 < limit ? room * 2 : limit) : NULL;
+			size_t grown = room * 2 < limit ? room * 2 : limit;
+			char *more = room < limit ? realloc(data, grown) : NULL;
 			if (more == NULL)
 				break;
 			data = more;
-			room = room * 2 < limit ? room * 2 : limit;
+			room = grown;
 		}
 		ssize_t got = read(fd, data + used, room - used);
 		if (got == 0) {
@@ -324,6 +325,15 @@ static char *read_all(int fd, size_t limit, size_t *size)
 	}
 	free(data);
 	return NULL;
+}
+
+/* whether `path` has a `.` or `..` component, where the kernel's walk and normpath differ */
+static int has_dots(const char *path)
+{
+	for (const char *c = strstr(path, "/."); c; c = strstr(c + 1, "/."))
+		if (c[2] == '/' || !c[2] || (c[2] == '.' && (c[3] == '/' || !c[3])))
+			return 1;
+	return 0;
 }
 
 /* the container's root directory: config.json's root.path (spec.rootfs), joined to the
@@ -360,11 +370,10 @@ static char *rootfs_of(const char *bundle)
 		     relative) < 0)
 		joined = NULL;
 	free(root);
-	for (char *c = joined; c && *c; c++)
-		if (*c == '/' && c[1] == '.' && (c[2] == '/' || !c[2] || (c[2] == '.' && (c[3] == '/' || !c[3])))) {
-			free(joined);
-			return NULL;
-		}
+	if (joined && has_dots(joined)) {
+		free(joined);
+		return NULL;
+	}
 	return joined;
 }
 
@@ -390,6 +399,11 @@ typedef struct {
 static uint32_t word(const unsigned char *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t word64(const unsigned char *p)
+{
+	return word(p) | (uint64_t)word(p + 4) << 32;
 }
 
 static void put32(unsigned char *p, uint32_t v)
@@ -469,7 +483,7 @@ static int parse(bytes data, entry **out, size_t *count, size_t extra)
 		entry *e = &entries[i];
 		e->flags = (int32_t)word(row);
 		e->osversion = word(row + 12);
-		e->hwcap = word(row + 16) | (uint64_t)word(row + 20) << 32;
+		e->hwcap = word64(row + 16);
 		if (cstring(data, base + word(row + 4), NAME_MAX, &e->name) ||
 		    cstring(data, base + word(row + 8), PATH_MAX, &e->path))
 			return -1;
@@ -803,6 +817,17 @@ static int make_symlink(int dir, const char *name, const char *target, made *rec
 	return symlinkat(target, dir, name) == 0 ? 1 : -1;
 }
 
+int write_all(int fd, const void *data, size_t size)
+{
+	for (size_t done = 0; done < size;) {
+		ssize_t n = write(fd, (const char *)data + done, size - done);
+		if (n <= 0 && !(n < 0 && errno == EINTR))
+			return -1;
+		done += n > 0 ? (size_t)n : 0;
+	}
+	return 0;
+}
+
 /* ldcache.replace */
 static int replace_cache(int etc, const unsigned char *data, size_t size)
 {
@@ -811,12 +836,7 @@ static int replace_cache(int etc, const unsigned char *data, size_t size)
 	int fd = openat2_(etc, temp, O_WRONLY | O_CREAT | O_EXCL, 0644, EXACT);
 	if (fd < 0)
 		return -1;
-	int ok = fchmod(fd, 0644) == 0;
-	for (size_t done = 0; ok && done < size;) {
-		ssize_t n = write(fd, data + done, size - done);
-		ok = n > 0 || (n < 0 && errno == EINTR);
-		done += n > 0 ? (size_t)n : 0;
-	}
+	int ok = fchmod(fd, 0644) == 0 && write_all(fd, data, size) == 0;
 	ok &= close(fd) == 0;
 	if (ok && renameat(etc, temp, etc, "ld.so.cache") == 0)
 		return 0;
@@ -854,12 +874,6 @@ static int apply(const char *rootfs, const request *r)
 	made *links = calloc((size_t)r->nlinks + 1, sizeof(made));
 	if (root < 0 || links == NULL)
 		return DECLINED;
-	for (int a = 0; a < r->nlinks; a++) /* a link in a directory another link replaces */
-		for (int b = 0; b < r->nlinks; b++) {
-			size_t len = strlen(r->links[a]);
-			if (!strncmp(r->links[b], r->links[a], len) && r->links[b][len] == '/')
-				return DECLINED;
-		}
 	for (; n < r->nlinks; n++) {
 		const char *slash = strrchr(r->links[n], '/');
 		char *parent = strndup(r->links[n], (size_t)(slash - r->links[n]));
@@ -894,15 +908,14 @@ static int is_static(const char *path)
 	int fd = open(path, O_RDONLY | O_CLOEXEC), ok = 0;
 	if (fd >= 0 && fstat(fd, &st) == 0 && pread(fd, header, sizeof(header), 0) == sizeof(header) &&
 	    !memcmp(header, "\177ELF\2\1", 6) && (header[54] | header[55] << 8) == sizeof(entry)) {
-		uint64_t at = word(header + 32) | (uint64_t)word(header + 36) << 32;
+		uint64_t at = word64(header + 32);
 		unsigned count = header[56] | header[57] << 8;
 		ok = 1;
 		for (unsigned i = 0; ok && i < count; i++) {
 			ok = pread(fd, entry, sizeof(entry), (off_t)(at + i * sizeof(entry))) ==
 				     sizeof(entry) &&
 			     word(entry) != 3; /* PT_INTERP */
-			uint64_t offset = word(entry + 8) | (uint64_t)word(entry + 12) << 32;
-			uint64_t size = word(entry + 32) | (uint64_t)word(entry + 36) << 32;
+			uint64_t offset = word64(entry + 8), size = word64(entry + 32);
 			if (word(entry) == 2) /* PT_DYNAMIC, which elf.read reads */
 				ok &= offset <= (uint64_t)st.st_size && size <= (uint64_t)st.st_size - offset;
 		}
@@ -920,8 +933,21 @@ static int ascii(const char *s)
 	return *s == '\0';
 }
 
+/* whether a link goes into a directory another link replaces: the Python hook keeps each
+ * directory it opened, so it would land elsewhere than a fresh lookup finds */
+static int nested_links(const request *r)
+{
+	for (int a = 0; a < r->nlinks; a++) {
+		size_t len = strlen(r->links[a]);
+		for (int b = 0; b < r->nlinks; b++)
+			if (!strncmp(r->links[b], r->links[a], len) && r->links[b][len] == '/')
+				return 1;
+	}
+	return 0;
+}
+
 /* gpuwire.edits.parse_ldcache_args; -1 where it would raise, or declined (anything but
- * ASCII in a path the cache holds, an ldconfig that is not a static ELF file) */
+ * ASCII in a path the cache holds, nested links, an ldconfig that is not a static ELF file) */
 static int parse_args(int argc, char **argv, request *r)
 {
 	const char *ldconfig = "";
@@ -957,7 +983,7 @@ static int parse_args(int argc, char **argv, request *r)
 		} else
 			return -1;
 	}
-	return *ldconfig == '/' && is_static(ldconfig) ? 0 : -1;
+	return *ldconfig == '/' && !nested_links(r) && is_static(ldconfig) ? 0 : -1;
 }
 
 /* the OCI state's bundle and pid (0: none given) */
