@@ -36,7 +36,7 @@ from deviceplugin.dra.shares import Holders
 from deviceplugin.health import Entries, HealthBook, HealthPolicy
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 log = logging.getLogger(__name__)
 

@@ -290,7 +290,7 @@ def render(spec: cdi.Spec, fmt: str) -> str:
 def cdi_generate(argv: list[str]) -> int:
     from gpuwire import mig, nvidia
     from gpuwire.driver import DiscoveryError, discover
-    from gpuwire.nvidia import Roots
+    from gpuwire.roots import Roots
 
     parser = argparse.ArgumentParser(
         prog="gpuwire cdi generate",

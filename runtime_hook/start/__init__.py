@@ -25,6 +25,7 @@ MODULES = (
     "gpuwire.records",
     "gpuwire.requirements",
     "gpuwire.resolve",
+    "gpuwire.roots",
     "gpuwire.value",
     "runtime_hook.injection.cgroup",
     "runtime_hook.injection.child",

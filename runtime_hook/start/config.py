@@ -18,7 +18,7 @@ import os
 import sys
 
 from gpuwire import allocation, atomicfile, grant, hamicore, mig, records, requirements
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 ENV = "GPUWIRE_CONFIG"
 CACHE_DIR = "/run/gpuwire"

@@ -19,7 +19,7 @@ from deviceplugin.nvml import NvmlDiscovery
 from deviceplugin.simulated import SimDiscovery
 from gpuwire import cli, mig, sim
 from gpuwire.driver import discover
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from testbed.kubelet import Kubelet
 from testbed.nvml import StandIn
 from tests.deviceplugin.test_kubelet import serving

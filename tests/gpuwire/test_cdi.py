@@ -17,7 +17,7 @@ import yaml
 from gpuwire import cdi, sim
 from gpuwire.driver import Driver, discover
 from gpuwire.edits import HOOK_ENV
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.setup import cli
 
 HOOK, LDCONFIG = "/usr/local/bin/gpuwire-hook", "/sbin/ldconfig"
