@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from deviceplugin.discovery import HealthEvent
+from deviceplugin.gpus.discovery import HealthEvent
 from gpuwire.dra import DRIVER
 
 XID_KEY = f"{DRIVER}/xid"
