@@ -21,7 +21,7 @@ On the start path: no `re`, no `typing`, no dataclasses (see gpuwire.value).
 
 from __future__ import annotations
 
-from gpuwire.devices import Kind, Request
+from gpuwire.devices import Device, Kind, Request, Selection, UnknownDevice, normalise_bus_id
 
 VENDOR = "amd"
 PCI_VENDOR = 0x1002
@@ -170,3 +170,34 @@ def label_value(text: str) -> str:
     """A product name as the labeller writes it: spaces to `_`, parentheses dropped
     (`AMD Instinct MI300X` → `AMD_Instinct_MI300X`)."""
     return text.replace("(", "").replace(")", "").replace(" ", "_")
+
+
+# -- selection ------------------------------------------------------------------------------
+
+
+def select(request: Request, devices: tuple[Device, ...]) -> Selection:
+    """The devices (GPUs and partitions) an AMD_VISIBLE_DEVICES request selects, in request
+    order, each once: by index, by unique id (`uuid_of`'s spellings), or by PCI bus id (every
+    device of that GPU: all its partitions). UnknownDevice names an entry this node does not
+    have, and what it has: a start fails rather than run with fewer GPUs."""
+    if request.kind is Kind.ALL:
+        return Selection(devices)
+    if request.kind is not Kind.LIST:
+        return Selection()
+    by_uuid = {d.uuid: d for d in devices}
+    chosen: dict[str, Device] = {}
+    for entry in request.entries:
+        uuid = uuid_of(entry)
+        bus = normalise_bus_id(entry) if uuid is None and not entry.isdigit() else None
+        if entry.isdigit():
+            found = [d for d in devices if d.index == int(entry)]
+        elif uuid is not None:
+            found = [by_uuid[uuid]] if uuid in by_uuid else []
+        else:
+            found = [d for d in devices if bus is not None and d.pci_bus_id == bus]
+        if not found:
+            have = ", ".join(f"{d.index} ({d.uuid})" for d in devices) or "no GPUs"
+            raise UnknownDevice(f"unknown device {entry!r}: this node has {have}")
+        for d in found:
+            chosen.setdefault(d.uuid, d)
+    return Selection(tuple(chosen.values()))
