@@ -496,13 +496,22 @@ def print_node(machine: AmdMachine) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`gpuwire sim node --vendor amd`'s own options."""
     group = parser.add_argument_group("AMD (--vendor amd)")
-    group.add_argument("--amd-product", choices=PRODUCTS, default=DEFAULT_PRODUCT)
+    group.add_argument(
+        "--amd-product", choices=PRODUCTS, default=DEFAULT_PRODUCT,
+        help="which AMD GPU (default %(default)s)",
+    )  # fmt: skip
     group.add_argument(
         "--xgmi-hive", type=int, default=None, metavar="N",
         help="GPUs per XGMI hive (0: PCIe only; default: the product's largest)",
     )  # fmt: skip
-    group.add_argument("--compute-partition", choices=tuple(VALID_MODES), default="SPX")
-    group.add_argument("--memory-partition", choices=tuple(amd.MEMORY_PARTITIONS), default="NPS1")
+    group.add_argument(
+        "--compute-partition", choices=tuple(VALID_MODES), default="SPX",
+        help="compute partition mode of a GPU that has them (default %(default)s)",
+    )  # fmt: skip
+    group.add_argument(
+        "--memory-partition", choices=tuple(amd.MEMORY_PARTITIONS), default="NPS1",
+        help="memory partition mode of a GPU that has them (default %(default)s)",
+    )  # fmt: skip
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

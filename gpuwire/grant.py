@@ -234,7 +234,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--container", required=True)
     parser.add_argument(
-        "--vendor", choices=[v.name for v in VENDORS], default=NVIDIA.name, help="whose GPUs"
+        "--vendor",
+        choices=[v.name for v in VENDORS],
+        default=NVIDIA.name,
+        help="whose GPUs (default %(default)s)",
     )
     parser.add_argument(
         "--devices",

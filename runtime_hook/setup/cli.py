@@ -299,7 +299,9 @@ def cdi_generate(argv: list[str]) -> int:
         "Vendor, roots, hook, ldconfig and the MIG map default to the gpuwire config "
         f"(${config.ENV}, else {config.DEFAULT_PATH}).",
     )
-    parser.add_argument("--vendor", choices=[v.name for v in VENDORS], help="whose GPUs")
+    parser.add_argument(
+        "--vendor", choices=[v.name for v in VENDORS], help="whose GPUs (default: the config's)"
+    )
     parser.add_argument("--root", help="host root (sets the driver, dev, proc and sys roots)")
     parser.add_argument("--driver-root", help="where the driver's libraries and binaries are")
     parser.add_argument("--dev-root", help="where dev/nvidia* (dev/kfd, dev/dri) are")
