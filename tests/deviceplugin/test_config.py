@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin import cli
 from deviceplugin.config import Config, ConfigError, load, parse
-from deviceplugin.resources import Rule
+from deviceplugin.plugin.resources import Rule
 from gpuwire import cli as gpuwire_cli
 from gpuwire import exits
 

@@ -62,7 +62,7 @@ def test_a_second_setup_replaces_the_first(stream: io.StringIO) -> None:
     assert " WARNING b: once" in stream.getvalue()
 
 
-SERVERS = {
+SERVERS: dict[tuple[str, ...], tuple[list[str], str]] = {
     ("webhook", "serve"): (["--tls-cert", "c", "--tls-key", "k"], "webhook"),
     ("device-plugin", "serve"): ([], "device-plugin"),
     ("dra", "serve"): ([], "dra-plugin"),

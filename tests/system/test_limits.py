@@ -1,6 +1,6 @@
 """Limits that hold, with real runc on the simulated node: a container asking for MPS limits is
 joined to its GPU's control daemon (the node agent's, here the stand-in of testbed/
-mps_control.py run by deviceplugin/mps.py), one asking for HAMi-core limits preloads the
+mps_control.py run by deviceplugin/agent/mps.py), one asking for HAMi-core limits preloads the
 node's HAMi-core (the simulated library), and one asking for none gets nothing of either. A
 limit the node cannot hold (no daemon up, no library, an MPS client with two GPUs) fails the
 start with the reason: no silent unlimited GPU. Through the shim and the prestart hook, each
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import mps as daemons
-from deviceplugin.allocate import Strategies, response
+from deviceplugin.agent import mps as daemons
+from deviceplugin.plugin.allocate import Strategies, response
 from gpuwire import allocation, mps
 from testbed.lab import Lab
 from testbed.view import view
@@ -148,7 +148,7 @@ def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: 
 
 
 # A shared replica is held to the share its allocation token names: the device plugin's
-# Allocate answer (deviceplugin/allocate.py), mounted and in the env as the kubelet hands it.
+# Allocate answer (deviceplugin/plugin/allocate.py), mounted and in the env as the kubelet hands it.
 
 
 def replica(

@@ -6,6 +6,7 @@ import copy
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -147,16 +148,16 @@ def test_the_console_script_reads_stdin() -> None:
     assert "value: none" in result.stdout
 
 
-TEMPLATE = {
+TEMPLATE: dict[str, Any] = {
     "metadata": {"labels": {"app": "train"}, "annotations": {"gpuwire.io/gpu-model": "A100"}},
     "spec": {"containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.05-py3"}]},
 }
 
 
-def workload(kind: str, name: str) -> dict[str, object]:
+def workload(kind: str, name: str) -> dict[str, Any]:
     """A `kind` of apps/v1 or batch/v1 whose pods ask for an A100 by annotation alone."""
     if kind == "CronJob":
-        spec: dict[str, object] = {
+        spec: dict[str, Any] = {
             "schedule": "@daily",
             "jobTemplate": {"spec": {"template": {**TEMPLATE, "spec": {
                 **TEMPLATE["spec"], "restartPolicy": "Never"}}}},
@@ -209,7 +210,7 @@ def test_of_several_objects_each_denial_names_its_own_and_the_rest_are_printed(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     wishful = workload("Deployment", "wishful")
-    wishful["spec"]["template"]["metadata"]["annotations"] = {"gpuwire.io/gpu-model": "B200"}  # type: ignore[index]
+    wishful["spec"]["template"]["metadata"]["annotations"] = {"gpuwire.io/gpu-model": "B200"}
     path = tmp_path / "app.yaml"
     path.write_text(yaml.safe_dump_all([workload("Job", "fine"), wishful]))
     assert cli.main(["mutate", str(path), "--nodes", NODES, "--policy", POLICY]) == exits.NO
