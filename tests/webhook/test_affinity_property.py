@@ -148,7 +148,9 @@ def has_what_was_asked(request: a.GpuRequest, p: dict[str, Any], node: Node) -> 
     here = {g.uuid.lower() for g in gpus}
     if any(u.lower() not in here for u in request.uuids):
         return False
-    if any(u.lower() in here for u in request.excluded_uuids):
+    # an excluded GPU rules its node out, unless GPUs are named: the container gets exactly
+    # those, which leave the excluded ones out (the grammar refuses one both named and not)
+    if not request.uuids and any(u.lower() in here for u in request.excluded_uuids):
         return False
     if request.wants_limits:
         for profile in request.profiles or OPEN.limit_profiles:
