@@ -124,6 +124,33 @@ def test_a_hami_core_container_preloads_the_library_and_sees_its_limit(
     assert lab.log_lines()[-1].endswith("limits held by hami: grant")
 
 
+@pytest.mark.parametrize(
+    ("link", "target", "limits"),
+    [
+        ("etc/ld.so.preload", "ld.so.preload.image", HAMI_LIMITS),
+        ("tmp", "var/tmp", MPS_LIMITS),
+    ],
+)
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_image_whose_link_leads_a_limits_mount_elsewhere_does_not_start(
+    lab: Lab, delivery: str, link: str, target: str, limits: dict[str, str]
+) -> None:
+    """runc (the shim) and the hook would mount HAMi-core's preload list, or MPS's pipes,
+    where the image's link leads; the container could then remove the link, and with it the
+    limit (ld.so reads /etc/ld.so.preload, an MPS client its pipe directory, by path)."""
+    bundle = make_bundle(lab, granted_env(lab, "0") | limits, delivery=delivery)
+    rootfs = bundle.path / "rootfs"
+    (rootfs / target).parent.mkdir(parents=True, exist_ok=True)
+    if (rootfs / link).is_dir():
+        (rootfs / link).rename(rootfs / target)
+    (rootfs / link).symlink_to(f"/{target}")
+    out = run(bundle, delivery)
+    assert out.returncode != 0
+    assert "the image has a link on the way there, which the container could take away" in (
+        out.stderr
+    )
+
+
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])
 def test_a_container_without_limits_gets_nothing_of_either(lab: Lab, delivery: str) -> None:
     out = run(make_bundle(lab, granted_env(lab, "1"), delivery=delivery), delivery)
