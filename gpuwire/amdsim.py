@@ -32,7 +32,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwire import amd
+from gpuwire import amd, exits
 
 KFD_MAJOR = 234  # dynamic on a real node: readers take it from /proc/devices
 DRIVER_VERSION = "6.12.12"  # amdgpu's out-of-tree version (sys/module/amdgpu/version)
@@ -526,7 +526,10 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except AmdSimError as exc:
         parser.error(str(exc))
-    write_node(args.dir, machine)
+    try:
+        write_node(args.dir, machine)
+    except OSError as exc:
+        raise exits.CommandError(f"{args.dir}: cannot write the simulated node: {exc}") from None
     print_node(machine)
     if os.geteuid() != 0:
         print("not root: /dev/kfd and /dev/dri/* are placeholder files, not character devices")
