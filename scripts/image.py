@@ -115,13 +115,19 @@ class Store:
         labels: dict[str, str] = json.loads(found) or {}
         return labels
 
-    def read(self, image: str, path: str) -> str:
-        """A file of `image`, read from its mounted root filesystem."""
-        root = self.podman("image", "mount", image).strip()
+    @contextlib.contextmanager
+    def mounted(self, image: str) -> Iterator[Path]:
+        """`image`'s root filesystem, mounted (read it only)."""
+        root = Path(self.podman("image", "mount", image).strip())
         try:
-            return (Path(root) / path.lstrip("/")).read_text()
+            yield root
         finally:
             self.podman("image", "unmount", image)
+
+    def read(self, image: str, path: str) -> str:
+        """A file of `image`."""
+        with self.mounted(image) as root:
+            return (root / path.lstrip("/")).read_text()
 
 
 def base_loaded(store: Store, cache: Path) -> str:
@@ -211,17 +217,23 @@ def build(repo: Path = REPO, cache: Path = CACHE, version: str | None = None) ->
 
 def rebuilt_build_id(epoch: int, repo: Path = REPO, cache: Path = CACHE) -> str:
     """The BUILD_ID of the tree built again with SOURCE_DATE_EPOCH=`epoch`: its dependencies
-    fetched and every step after them run anew (the reproducibility test); the images that
-    build made are removed again, the build cache of `build` kept."""
+    fetched and every step after them run anew (the reproducibility test)."""
+    with beside(cache) as (store, tag):
+        args = ("--target", "build", f"--build-arg=SOURCE_DATE_EPOCH={epoch}", "--tag", tag)
+        store.build(repo, *args, log=cache / "beside.log")
+        return store.read(tag, BUILD_ID).strip()
+
+
+@contextlib.contextmanager
+def beside(cache: Path = CACHE) -> Iterator[tuple[Store, str]]:
+    """`build`'s store (its base loaded) and a name to build something else under in it:
+    every image made meanwhile is removed again, `build`'s cache kept."""
     with locked(cache):
         store = Store(cache / "store")
         base_loaded(store, cache)
         before = set(store.podman("images", "--all", "--quiet", "--no-trunc").split())
-        tag = f"localhost/gpuwire-rebuilt:{epoch}"
-        args = ("--target", "build", f"--build-arg=SOURCE_DATE_EPOCH={epoch}", "--tag", tag)
         try:
-            store.build(repo, *args, log=cache / "rebuild.log")
-            return store.read(tag, BUILD_ID).strip()
+            yield store, f"localhost/gpuwire-beside:{os.getpid()}"
         finally:
             made = set(store.podman("images", "--all", "--quiet", "--no-trunc").split()) - before
             if made:
