@@ -60,7 +60,7 @@ from bench.hook import add_image_libraries, write_image
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimRef, Result
 from deviceplugin.dra.devices import Sharing, devices
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire.nvidia import Roots
 from runtime_hook.injection import ldcache
 from runtime_hook.setup import launcher

@@ -38,7 +38,7 @@ import grpc
 
 from bench.common import Summary, report, summarise, timed
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
-from deviceplugin.discovery import LOOK
+from deviceplugin.gpus.discovery import LOOK
 from gpuwire import claimtoken, sim
 from gpuwire.dra import DRIVER
 from testbed.apiserver import ApiServer

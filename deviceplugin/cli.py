@@ -1,5 +1,5 @@
-"""`gpuwire device-plugin serve`, `gpuwire node label`, `gpuwire node advertise`: argparse
-shells around `plugin`, `labeler` and `config`."""
+"""`gpuwire device-plugin serve`, `dra serve`, `node label`, `node advertise`: argparse
+shells around `plugin.serve`, `dra.plugin`, `agent.labeler` and `config`."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import kubeclient
 from deviceplugin import config as settings
-from deviceplugin.resources import resource_name_error
+from deviceplugin.plugin.resources import resource_name_error
 from gpuwire import mig, records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from deviceplugin import agent
+    from deviceplugin.agent import holding
 
 
 def _typed(
@@ -174,14 +174,14 @@ def _port(value: int) -> int:
     return value
 
 
-def _holder_settings(args: argparse.Namespace) -> agent.Settings | None:
+def _holder_settings(args: argparse.Namespace) -> holding.Settings | None:
     """The holders job's settings, or None when neither the annotation nor metrics is asked."""
     if not args.holders and args.metrics_port is None:
         return None
-    from deviceplugin import agent
+    from deviceplugin.agent import holding
 
     socket = {"pod_resources": args.pod_resources_socket} if args.pod_resources_socket else {}
-    return agent.Settings(
+    return holding.Settings(
         records_dir=args.records_dir,
         **socket,
         host_root=args.host_root,
@@ -308,10 +308,10 @@ def serve(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     config = _load(parser, args, SERVE_FIELDS)
     _logging(args.log_level)
-    from deviceplugin import plugin
+    from deviceplugin.plugin import serve
 
     return _serve(
-        "device plugin", lambda stop: plugin.run(config, stop, holders=_holder_settings(args))
+        "device plugin", lambda stop: serve.run(config, stop, holders=_holder_settings(args))
     )
 
 
@@ -424,9 +424,9 @@ def label(argv: list[str]) -> int:
         ),
     )
     _logging("INFO" if args.watch else "WARNING")
-    from deviceplugin import agent, labeler, mps
-    from deviceplugin.backend import open_discovery
-    from deviceplugin.discovery import Latest
+    from deviceplugin.agent import holding, labeler, mps
+    from deviceplugin.gpus.backend import open_discovery
+    from deviceplugin.gpus.discovery import Latest
     from gpuwire.holders import ANNOTATION
 
     discovery = open_discovery(config.sim)
@@ -438,7 +438,7 @@ def label(argv: list[str]) -> int:
     try:
         node = discovery.discover()
         if config.driver_facts is not None and not args.dry_run:
-            from deviceplugin.labels import driver_facts
+            from deviceplugin.agent.labels import driver_facts
             from gpuwire import requirements
 
             requirements.write_facts(config.driver_facts, driver_facts(node))
@@ -452,7 +452,7 @@ def label(argv: list[str]) -> int:
             latest = Latest(discovery, node)
             jobs = []
             if holder_settings is not None:
-                job = agent.job(
+                job = holding.job(
                     holder_settings, config.node_name, config.kubeconfig, latest, unreachable
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
@@ -473,7 +473,7 @@ def label(argv: list[str]) -> int:
         patch = labeler.label_once(api, name, config, node, unreachable())
         print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
         if holder_settings is not None:
-            node_agent = agent.of_node(holder_settings, name, lambda: node, unreachable, api)
+            node_agent = holding.of_node(holder_settings, name, lambda: node, unreachable, api)
             held = node_agent.step(time.time()).holders.holders
             print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0
@@ -496,7 +496,7 @@ def advertise(argv: list[str]) -> int:
         parser.exit(2, f"{parser.prog}: --resource {error}\n")
     if args.count < 0:
         parser.exit(2, f"{parser.prog}: --count {args.count}: expected 0 or more\n")
-    from deviceplugin import labeler
+    from deviceplugin.agent import labeler
 
     name = labeler.node_name(args.node_name)
     ops = labeler.advertise(labeler.core_api(args.kubeconfig), name, args.resource, args.count)

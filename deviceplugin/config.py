@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.allocate import CDI_NAMES
-from deviceplugin.discovery import NodeGpus
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
-from deviceplugin.migstrategy import STRATEGIES, Advertised
-from deviceplugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
+from deviceplugin.gpus.discovery import NodeGpus
+from deviceplugin.gpus.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
+from deviceplugin.plugin.allocate import CDI_NAMES
+from deviceplugin.plugin.migstrategy import STRATEGIES, Advertised
+from deviceplugin.plugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
 from gpuwire import allocation, grant, mig, nvidia, quantity
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"

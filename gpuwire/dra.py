@@ -31,6 +31,17 @@ CORES = "cores"
 # A shared GPU's memory is handed out in whole GiB: its request policy's step and minimum.
 MEMORY_STEP_MIB = 1024
 
+# Health as device taints (the DRA plugin's, docs/dra.md): an XID, or a GPU that stopped
+# answering; `gpu-count: all` tolerates both (docs/dra.md, "Unhealthy GPUs").
+TAINT_XID = f"{DRIVER}/xid"
+TAINT_LOST = f"{DRIVER}/gpu-lost"
+
+# The most devices one claim holds: `status.allocation.devices.results` has at most 32
+# entries (`AllocationResultsMaxSize`, k8s.io/api `resource/v1/types.go`), and the scheduler's
+# allocator refuses a claim asking for more (k8s.io/dynamic-resource-allocation
+# `structured/internal/incubating/allocator_incubating.go`: "exceeds the claim limit").
+CLAIM_DEVICES_MAX = 32
+
 # The opaque configuration of a claim or class (`devices.config[].opaque.parameters`).
 CONFIG_API_VERSION = "gpu.gpuwire.io/v1alpha1"
 CONFIG_KIND = "GpuConfig"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import _ctypes
 import os
+import stat
 from _ctypes import CFuncPtr, Structure, _SimpleCData, byref, get_errno, sizeof
 
 TYPE_CHECKING = False
@@ -121,3 +122,36 @@ def open_root(path: str) -> int:
 def lookup(root_fd: int, path: str, flags: int = os.O_PATH) -> int:
     """Open `path` as the root would see it (absolute links stay in the root)."""
     return openat2(root_fd, path.lstrip("/") or ".", flags, IN_ROOT)
+
+
+KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotAFile(OSError):
+    """A path that is something other than a regular file; the message says what."""
+
+
+def open_file(root_fd: int, path: str) -> int:
+    """`path` in the root, open read-only, where it is a regular file (following the root's
+    links as the root would); FileNotFoundError where nothing is there, NotAFile where it is
+    anything else. The lookup is `O_PATH`, which runs no open of the file's own (no driver's,
+    no FIFO's); its type is read from that descriptor, and only a regular file is then opened
+    through it (`/proc/self/fd`): the same inode, whatever the root holds by then."""
+    fd = lookup(root_fd, path)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in KINDS if test(mode)), "something else")
+            raise NotAFile(f"{path} in the container is {kind}, not a regular file")
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:  # not "nothing there"
+            raise OSError(f"{path} in the container: reopening it: {exc.strerror}") from None
+    finally:
+        os.close(fd)

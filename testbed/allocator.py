@@ -21,7 +21,7 @@ prioritized list, device taints and consumable capacity on). Each rule, and wher
    device allocated whole, or an ordinary one holding shares, is unavailable.
 4. ExactCount picks `count` devices, trying combinations in list order; All takes every
    candidate (capacity-checked against the cluster, not this pass), at least one, and fails
-   if one of them is in use.
+   if one of them is in use or tainted (rule 8).
 5. Constraints (`constraint.go`), checked as each device is added: `matchAttribute` — every
    device of the requests it names (none: all; `<req>` covers its subrequests) has the
    attribute, of equal type and value; `distinctAttribute` — all values differ. A missing
@@ -35,9 +35,13 @@ prioritized list, device taints and consumable capacity on). Each rule, and wher
    request, over all ineligible; a request equal to `default` always valid), else the
    policy's `default`, else the whole value; what the cluster and this pass consumed plus
    it must fit every capacity. The result carries a fresh `shareID` and `consumedCapacity`.
-8. Taints (`allocator.go` tolerates): a NoSchedule or NoExecute taint must be tolerated (effect
-   empty or equal, key empty or equal, Equal compares the value, Exists does not); None and
-   unknown effects are ignored. A result carries the request's tolerations.
+8. Taints (`allocator_incubating.go` allocateDevice, `taintPreventsAllocation`): a NoSchedule
+   or NoExecute taint must be tolerated (effect empty or equal, key empty or equal, Equal
+   compares the value, Exists does not); None and unknown effects are ignored. It is checked
+   as a device is allocated, after the selectors: ExactCount passes a tainted device over,
+   while All has gathered its devices by the selectors alone (`validateDeviceRequest`), so
+   one tainted device among them means no allocation on this node. A result carries the
+   request's tolerations.
 9. At most 32 results per claim (`AllocationResultsMaxSize`).
 10. Result: `config` is each class's config (FromClass, for the requests using it) then the
     claim's configs whose `requests` name a chosen request (FromClaim); `nodeSelector`
@@ -362,16 +366,18 @@ class _Allocator:
                 found = all(dracel.matches(e, device.variable) for e in alt.selectors)
             except CelError as exc:
                 raise AllocationError(f"request {alt.name}: {exc}") from None
-            if found and self.features.device_taints:
-                found = all(
-                    _tolerated(t, alt.tolerations)
-                    for t in device.entry.get("taints") or ()
-                    if t.get("effect") in NO_SCHEDULE
-                )
             if found and alt.capacity:
                 found = self.share(alt, device) is not None
             self._selected[key] = found
         return found
+
+    def tolerates(self, alt: _Alternative, device: _Device) -> bool:
+        """Whether no taint of the device keeps `alt` off it."""
+        return not self.features.device_taints or all(
+            _tolerated(t, alt.tolerations)
+            for t in device.entry.get("taints") or ()
+            if t.get("effect") in NO_SCHEDULE
+        )
 
     def share(self, alt: _Alternative, device: _Device) -> dict[str, Fraction] | None:
         """What `alt` consumes of a shared device (every capacity of it), or for an ordinary
@@ -433,16 +439,21 @@ class _Allocator:
 
     # --- the search (rules 4, 6, 9, 11)
 
-    def add(self, claim: _Claim, alt: _Alternative, device: _Device) -> bool:
+    def usable(self, claim: _Claim, alt: _Alternative, device: _Device) -> bool:
+        """What allocating a device checks before the constraints: room in the claim, not in
+        use, its share fits, no taint against it (allocateDevice's order)."""
         if len(claim.results) >= MAX_RESULTS or not self.available(device):
             return False
-        share = self.share(alt, device) if device.multi else None
         if device.multi:
-            assert share is not None
-            if not self.fits(device, share):
+            share = self.share(alt, device)
+            if share is None or not self.fits(device, share):
                 return False
-        if not self.satisfies(claim, alt, device):
+        return self.tolerates(alt, device)
+
+    def add(self, claim: _Claim, alt: _Alternative, device: _Device) -> bool:
+        if not self.usable(claim, alt, device) or not self.satisfies(claim, alt, device):
             return False
+        share = self.share(alt, device) if device.multi else None
         claim.results.append((alt, device, share))
         if share is None:
             self.used.add(device.id)
@@ -510,7 +521,7 @@ class _Allocator:
                 )
         added = 0
         for d in wanted:
-            if not self.available(d) or (d.multi and not self.fits(d, self.share(alt, d) or {})):
+            if not self.usable(claim, alt, d):
                 break
             if not self.satisfies(claim, alt, d):
                 raise AllocationError(

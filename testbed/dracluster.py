@@ -24,11 +24,11 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.agent.labels import GPUS_ANNOTATION, gpus_annotation
 from deviceplugin.dra import devices, slices
 from deviceplugin.dra.devices import Sharing
-from deviceplugin.labels import GPUS_ANNOTATION, gpus_annotation
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.discovery import Gpu, NodeGpus
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import dra, nvidia, sim
 from testbed.apiserver import ApiServer
 

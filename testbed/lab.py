@@ -109,7 +109,7 @@ class Lab:
 
     def write_mig_map(self) -> tuple[MigDevice, ...]:
         """The MIG map as the node agent writes it: its discovery of the node's MIG devices."""
-        from deviceplugin.simulated import SimDiscovery
+        from deviceplugin.gpus.simulated import SimDiscovery
         from gpuwire import mig
 
         found = SimDiscovery(self.node).discover().mig_devices

@@ -22,8 +22,13 @@ def command(python: str, socket: str) -> list[str]:
 
 class Resident(Closing):
     def __init__(
-        self, socket: str, python: str = sys.executable, env: Mapping[str, str] | None = None
+        self,
+        socket: str,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+        process_group: bool = False,
     ) -> None:
+        """`process_group`: in a process group of its own, which a test may signal whole."""
         self.socket = socket
         self.process = subprocess.Popen(
             command(python, socket),
@@ -31,6 +36,7 @@ class Resident(Closing):
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            process_group=0 if process_group else None,
         )
         assert self.process.stdout is not None
         ready = self.process.stdout.readline()  # printed once it listens

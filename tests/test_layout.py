@@ -45,8 +45,8 @@ def test_the_repository_keeps_its_layers(repo: layers.Repository) -> None:
     [
         (
             "webhook/mutation.py",
-            "\nfrom deviceplugin import labels\n",
-            "imports deviceplugin.labels: a component never imports another (webhook and "
+            "\nfrom deviceplugin.agent import labels\n",
+            "imports deviceplugin.agent.labels: a component never imports another (webhook and "
             "deviceplugin)",
         ),
         (  # a function's import, under TYPE_CHECKING: still a dependency
@@ -95,7 +95,7 @@ def test_the_start_path_imports_exactly_what_it_declares(repo: layers.Repository
         # as webhook/fleet.py ↔ placement.py did: a typing-only import is still a cycle
         ("webhook/fleet.py", "\nif TYPE_CHECKING:\n    from webhook.placement import Placement\n"),
         # as deviceplugin/discovery.py ↔ its backends did: through a function's import
-        ("deviceplugin/discovery.py", "\ndef f():\n    from deviceplugin import nvml\n"),
+        ("deviceplugin/gpus/discovery.py", "\ndef f():\n    from deviceplugin.gpus import nvml\n"),
     ],
 )
 def test_an_import_cycle_fails(repo: layers.Repository, path: str, text: str) -> None:

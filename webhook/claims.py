@@ -11,7 +11,11 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
   the same case-insensitive substring the device-plugin path matches labels with;
 * `gpu-min-memory` → `capacity memory >= <MiB>`; named GPUs (`gpu-uuid`, `use-gpuuuid`) and
   excluded ones → selectors on `uuid` (exactly those GPUs, not their whole node);
-* a count → `ExactCount`, `all` → `All`; several GPUs → a `matchAttribute` constraint on
+* a count → `ExactCount` (at most `dra.CLAIM_DEVICES_MAX`, what a claim can hold), `all` →
+  `All`, tolerating gpuwire's health taints: every GPU of the node, the unhealthy included,
+  as on the plugin-less path (an untolerated taint on one of them would keep the claim off
+  the node whole: the allocator gathers All's devices by the selectors, then fails on a
+  taint); several GPUs → a `matchAttribute` constraint on
   `gpu.gpuwire.io/nvlinkIsland`: required, or preferred as a `firstAvailable` list (the
   subrequest `linked` under the constraint first, `any` second; KEP-4816);
 * memory and cores limits → the shared class, whose GPUs hand out `memory` and `cores` as
@@ -183,6 +187,12 @@ class _Translation:
                     sources, f"names GPUs on different nodes ({where}); a pod runs on one node"
                 )
             named = [d for d in found.values() if d]
+            self.warnings += [
+                f"{d.uuid} is tainted, {d.taint}: the pod stays Pending until the GPU is "
+                "healthy again (the DRA plugin lifts a taint after its quiet period)"
+                for d in named
+                if d.taint
+            ]
             ruled_out = [d.uuid for d in named if d not in devices]
             if ruled_out:
                 raise self.fail(
@@ -286,10 +296,16 @@ class _Translation:
             by_node.setdefault(d.node, []).append(d)
         if not by_node:
             raise Unplaceable(self.nothing_left())
+        limit = dra.CLAIM_DEVICES_MAX
         most = max(len(found) for found in by_node.values())
         want = self.ask.count
         if want == "all":
             return most
+        if want > limit:
+            raise Unplaceable(
+                f"{self.count_source()} asks for {want} {self.what()}s in one claim; a claim "
+                f"holds at most {limit} (the Kubernetes limit on a claim's devices)"
+            )
         if most < want:
             raise Unplaceable(
                 f"{self.count_source()} asks for {want} GPUs of one node; the most any node "
@@ -308,6 +324,9 @@ class _Translation:
                 )
         return want
 
+    def what(self) -> str:
+        return "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
+
     def count_source(self) -> str:
         given = self.request.given.get(keys.COUNT)
         return (
@@ -319,10 +338,9 @@ class _Translation:
     def nothing_left(self) -> str:
         asked = ", ".join(f"{k}={v}" for k, v in sorted(self.request.given.items()))
         products = listing(sorted(self.pools.products)) if self.pools.products else "none"
-        what = "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
         return (
-            f"no {what} in the cluster's ResourceSlices fits the request ({asked or 'a GPU'}); "
-            f"models present: {products}"
+            f"no {self.what()} in the cluster's ResourceSlices fits the request "
+            f"({asked or 'a GPU'}); models present: {products}"
         )
 
     # --- the template
@@ -331,6 +349,9 @@ class _Translation:
         entry: Obj = {"deviceClassName": class_name}
         if count == "all":
             entry["allocationMode"] = "All"
+            entry["tolerations"] = [
+                {"key": key, "operator": "Exists"} for key in (dra.TAINT_XID, dra.TAINT_LOST)
+            ]
         else:
             entry |= {"allocationMode": "ExactCount", "count": count}
         if self.selectors:
@@ -363,10 +384,10 @@ class _Translation:
     def claim(self) -> Claimed:
         gpus = [d for d in self.devices if d.kind == self.kind]
         if not gpus:
-            what = "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
             raise Unplaceable(
-                f"no {what} is published for DRA in this cluster (no ResourceSlice of driver "
-                f"{dra.DRIVER} has one): the policy sends this namespace's GPU pods the DRA way"
+                f"no {self.what()} is published for DRA in this cluster (no ResourceSlice of "
+                f"driver {dra.DRIVER} has one): the policy sends this namespace's GPU pods the "
+                "DRA way"
             )
         devices = self.uuids(self.memory(self.models(gpus)))
         if not devices:

@@ -8,8 +8,9 @@ scheduler's allocator reads pools the same way (k8s.io/dynamic-resource-allocati
 `structured/pools.go`), so a pool being rewritten is neither half-seen nor seen twice. Of a
 device the webhook keeps what a request can ask about (product, UUID, memory, NVLink island,
 whether it is shared and its capacity consumable, which limit profiles hold a share of it,
-a MIG device's profile). A cluster has one per GPU and few kinds of them, so each device is
-its node, name and UUID and a `Make` shared by every device alike (one object per distinct
+a MIG device's profile, a taint that keeps claims off it). A cluster has one per GPU and few
+kinds of them, so each device is its node, name, UUID and taint and a `Make` shared by every
+device alike (one object per distinct
 make-up, as `fleet.node_from_object` shares a node's groups): 80,000 GPUs take about 13 MB.
 Where the slices come from (a watch, a file) is `watch.py`'s and the CLI's business.
 """
@@ -56,6 +57,7 @@ class PoolDevice:
     name: str  # the device's name in its pool, `gpu-<minor>`
     uuid: str
     make: Make
+    taint: str = ""  # a NoSchedule or NoExecute taint it has (`key=value (effect)`), or ""
 
     @property
     def product(self) -> str:
@@ -137,7 +139,17 @@ def _device(node: str, entry: Obj) -> PoolDevice | None:
     name, uuid = entry.get("name"), _value(attributes, dra.UUID)
     if not isinstance(name, str) or not isinstance(uuid, str):
         return None
-    return PoolDevice(node, sys.intern(name), uuid, _make(attributes, entry))
+    return PoolDevice(node, sys.intern(name), uuid, _make(attributes, entry), _taint(entry))
+
+
+def _taint(entry: Obj) -> str:
+    """The first taint that keeps a claim without a toleration off the device (the
+    scheduler's: NoSchedule, NoExecute; None and unknown effects are ignored), as text."""
+    for t in entry.get("taints") or ():
+        if isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute"):
+            value = f"={t['value']}" if t.get("value") else ""
+            return f"{t.get('key')}{value} ({t['effect']})"
+    return ""
 
 
 @dataclass(frozen=True, slots=True)

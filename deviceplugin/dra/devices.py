@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.discovery import Gpu, Mig, NodeGpus
-from deviceplugin.labels import model_token
+from deviceplugin.agent.labels import model_token
+from deviceplugin.gpus.discovery import Gpu, Mig, NodeGpus
 from gpuwire import limits, nvidia
 from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import CORES as CORES_CAPACITY

@@ -24,7 +24,7 @@ import grpc
 
 from deviceplugin.api import pluginregistration_pb2_grpc
 from deviceplugin.dra.service import RegistrationService
-from deviceplugin.endpoint import identity, listen
+from deviceplugin.sockets import identity, listen
 
 log = logging.getLogger(__name__)
 

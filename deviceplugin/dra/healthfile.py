@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from deviceplugin.discovery import HealthEvent
 from deviceplugin.dra.checkpoint import read, write
-from deviceplugin.health import Entries
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.health import Entries
 
 VERSION = 1
 NAME = "health.json"

@@ -19,10 +19,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kubeclient
-from deviceplugin import labeler, state
-from deviceplugin.backend import open_discovery
+from deviceplugin.agent import labeler
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, Latest, NodeGpus, follow
 from deviceplugin.dra import devices, healthfile, taints
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimError
@@ -33,7 +31,10 @@ from deviceplugin.dra.publisher import Publisher
 from deviceplugin.dra.reservations import Reservations
 from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
-from deviceplugin.health import Entries, HealthBook, HealthPolicy
+from deviceplugin.gpus import state
+from deviceplugin.gpus.backend import open_discovery
+from deviceplugin.gpus.discovery import Discovery, Latest, NodeGpus, follow
+from deviceplugin.gpus.health import Entries, HealthBook, HealthPolicy
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots

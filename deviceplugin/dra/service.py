@@ -24,12 +24,12 @@ from deviceplugin.api import (
     dra_v1beta1_pb2_grpc,
     pluginregistration_pb2,
 )
-from deviceplugin.discovery import HealthEvent
 from deviceplugin.dra.checkpoint import PreparedClaim
 from deviceplugin.dra.claims import ClaimRef
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.prepared import Preparer
-from deviceplugin.state import HealthState
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.state import HealthState
 
 log = logging.getLogger(__name__)
 

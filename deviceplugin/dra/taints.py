@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from deviceplugin.discovery import HealthEvent
-from gpuwire.dra import DRIVER
+from deviceplugin.gpus.discovery import HealthEvent
+from gpuwire.dra import TAINT_LOST, TAINT_XID
 
-XID_KEY = f"{DRIVER}/xid"
-LOST_KEY = f"{DRIVER}/gpu-lost"
 NO_SCHEDULE, NO_EXECUTE = "NoSchedule", "NoExecute"
 NO_EXECUTE_XIDS = frozenset({48, 62, 79, 95, 119, 120, 140})
 
@@ -38,8 +36,8 @@ def taint(events: Sequence[HealthEvent]) -> Taint:
     """The taint for a GPU with these critical events (oldest first; at least one)."""
     worst = max(reversed(events), key=lambda e: effect(e) == NO_EXECUTE)
     if worst.xid is None:
-        return {"key": LOST_KEY, "value": "", "effect": effect(worst)}
-    return {"key": XID_KEY, "value": str(worst.xid), "effect": effect(worst)}
+        return {"key": TAINT_LOST, "value": "", "effect": effect(worst)}
+    return {"key": TAINT_XID, "value": str(worst.xid), "effect": effect(worst)}
 
 
 def taints(causes: Mapping[str, Sequence[HealthEvent]]) -> dict[str, list[Taint]]:

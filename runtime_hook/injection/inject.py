@@ -69,8 +69,9 @@ def detached_mount(host_path: str, options: Sequence[str] = MOUNT_OPTIONS) -> in
     return tree
 
 
-def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
-    """Apply `edits` to the created container whose init process is `pid`."""
+def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str] = ()) -> None:
+    """Apply `edits` to the created container whose init process is `pid`; the mounts at
+    `held` (those that hold its limits) only where no link of the image leads them."""
 
     from runtime_hook.injection import cgroup, syscalls  # the prestart hook's alone
 
@@ -84,17 +85,23 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
         def enter() -> None:
             syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
 
-        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update))
+        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update, held))
 
     _all_or_nothing(steps)
 
 
-def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
-    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
+def prepare(rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str] = ()) -> None:
+    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it; refuse
+    a root where a link leads a mount at `held` (those that hold the limits) elsewhere."""
 
     def steps(journal: inroot.Journal) -> None:
+        root_fd = journal.keep(resolve.open_root(rootfs))
+        for path in held:
+            inroot.refuse_links_to(root_fd, path)
+        if not (edits.links or edits.ldcache_folders):
+            return
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
-        dirs = inroot.Dirs(journal.keep(resolve.open_root(rootfs)), journal)
+        dirs = inroot.Dirs(root_fd, journal)
         folders = edits.ldcache_folders
         if ldcache.make(dirs, edits.links, folders, edits.ldcache_entries):
             return
@@ -104,7 +111,7 @@ def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
         # The child isolates itself at once (as ldconfig needs), so it runs ldconfig directly.
         child.run(lambda: _inside(ldcache.isolate, rootfs, cache, trees, ldconfig_fd, ldcache.run))
 
-    if edits.links or edits.ldcache_folders:
+    if held or edits.links or edits.ldcache_folders:
         _all_or_nothing(steps)
 
 
@@ -134,10 +141,12 @@ def _inside(
     trees: list[int],
     ldconfig_fd: int,
     make_cache: Callable[[str, list[str], int], None],
+    held: Sequence[str] = (),
 ) -> None:
-    """In the namespaces `enter` enters: nodes, mounts, links and the cache, which is left
-    to `make_cache` (`ldcache.update`, or `ldcache.run` where `enter` already isolated) where
-    gpuwire cannot write it; all or nothing."""
+    """In the namespaces `enter` enters: nodes, mounts (those at `held` only where no link
+    leads them), links and the cache, which is left to `make_cache` (`ldcache.update`, or
+    `ldcache.run` where `enter` already isolated) where gpuwire cannot write it; all or
+    nothing."""
     from runtime_hook.injection import syscalls
 
     enter()
@@ -145,6 +154,8 @@ def _inside(
     journal = inroot.Journal()
     try:
         root_fd = journal.keep(resolve.open_root(rootfs))
+        for path in held:
+            inroot.refuse_links_to(root_fd, path)
         dirs = inroot.Dirs(root_fd, journal)
         for node in edits.device_nodes:
             parent, _, name = node["path"].rpartition("/")

@@ -142,6 +142,27 @@ def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
     return fd
 
 
+def refuse_links_to(root_fd: int, path: str) -> None:
+    """Refuse `path` in the root where the image has a link on its way there (any component):
+    a mount that holds a limit (HAMi-core's preload list and library, MPS's pipes) would go
+    onto the link's target, and the container could then take the link away, and the limit
+    with it. What is not there yet is fine: it is made where the path says."""
+    probe = path.rstrip("/")
+    while probe:
+        try:
+            os.close(resolve.openat2(root_fd, probe.lstrip("/") or ".", os.O_PATH, EXACT))
+            return
+        except FileNotFoundError:
+            probe = probe.rpartition("/")[0]
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise OSError(
+                f"cannot mount over {path!r}: the image has a link on the way there, which the "
+                "container could take away, and what is mounted with it"
+            ) from None
+
+
 def make_char_device(dir_fd: int, name: str, major: int, minor: int, journal: Journal) -> None:
     """mknod `name` (mode 0666); an existing node with the same numbers is kept as it is."""
     rdev = os.makedev(major, minor)

@@ -51,6 +51,7 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
+MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 0x2
@@ -76,14 +77,15 @@ def open_tree_clone(fd: int) -> int:
     return check(result, "open_tree")
 
 
-def mount_setattr(fd: int, attr_set: int) -> None:
-    """Set mount attributes (read-only, nosuid, ...) on the mount `fd` refers to."""
+def mount_setattr(fd: int, attr_set: int, *, recursive: bool = False) -> None:
+    """Set mount attributes (read-only, nosuid, ...) on the mount `fd` refers to, and with
+    `recursive` on every mount beneath it."""
     attr = _MountAttr(attr_set, 0, 0, 0)
     result = syscall(
         SYS_MOUNT_SETATTR,
         c_int(fd),
         c_char_p(b""),
-        c_uint(AT_EMPTY_PATH),
+        c_uint(AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)),
         byref(attr),
         c_size_t(sizeof(attr)),
     )
@@ -115,6 +117,13 @@ def make_private(path: str) -> None:
     """Stop mount events from propagating out of (or into) this mount namespace."""
     result = _mount(None, os.fsencode(path), None, c_ulong(MS_REC | MS_PRIVATE), None)
     check(result, "mount(MS_PRIVATE)", path)
+
+
+def bind_onto_itself(path: str) -> None:
+    """Make `path` (and what is mounted beneath it) a mount tree of its own: what mount
+    attributes set on it then change, and nothing around it."""
+    result = _mount(os.fsencode(path), os.fsencode(path), None, c_ulong(MS_BIND | MS_REC), None)
+    check(result, "mount(MS_BIND)", path)
 
 
 def umount(path: str, flags: int = MNT_DETACH) -> None:

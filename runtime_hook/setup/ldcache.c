@@ -850,16 +850,36 @@ typedef struct {
 	int nfolders, nentries, nlinks;
 } request;
 
+/* resolve.open_file: `path` in the root open read-only where it is a regular file, -1
+ * otherwise (errno ENOENT where nothing is there). Looked up O_PATH, which opens nothing of
+ * the file's own (no device's open, no wait for a FIFO's writer), its type read from that
+ * descriptor, and only a regular file opened, through it: the same inode */
+static int open_file(int root, const char *path, struct stat *st)
+{
+	int at = lookup(root, path, O_PATH), fd = -1, regular = 0;
+	char proc[32];
+	if (at < 0)
+		return -1;
+	if (fstat(at, st) == 0 && (regular = S_ISREG(st->st_mode))) {
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", at);
+		fd = open(proc, O_RDONLY | O_CLOEXEC);
+	}
+	close(at);
+	if (fd < 0)
+		errno = regular ? EIO : EINVAL; /* not "no cache": declined */
+	return fd;
+}
+
 /* the image's cache as the container sees it: old.p NULL where there is none */
 static int read_cache(int root, bytes *old)
 {
 	*old = (bytes){NULL, 0};
-	int fd = lookup(root, "/etc/ld.so.cache", O_RDONLY | O_NONBLOCK);
+	struct stat st;
+	int fd = open_file(root, "/etc/ld.so.cache", &st);
 	if (fd < 0)
 		return errno == ENOENT ? 0 : -1;
-	struct stat st;
 	size_t size = 0;
-	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= HOOK_MAX_CACHE)
+	if (st.st_size <= HOOK_MAX_CACHE)
 		old->p = (unsigned char *)read_all(fd, (size_t)st.st_size + 1, &size);
 	old->n = size;
 	close(fd);

@@ -84,7 +84,7 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
             if not isinstance(pid, int):
                 raise ValueError("the OCI state on stdin has no container pid")
             if not decided.by_engine:  # prepared claims: the engine applied their specs
-                inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig)
+                inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig, decided.held)
             recording.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
     except (OSError, ValueError, RuntimeError) as exc:
         log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")

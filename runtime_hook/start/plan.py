@@ -43,6 +43,11 @@ class Plan:
         self.joined = joined  # the mechanisms that hold its limits, if it asked for any
         self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
 
+    @property
+    def held(self) -> list[str]:
+        """Where the mounts that hold its limits go in the container."""
+        return [m["containerPath"] for m in self.joined.mounts] if self.joined else []
+
 
 def is_debian(rootfs: str) -> bool:
     """Whether the image is Debian-family (`/etc/debian_version`, resolved inside it)."""

@@ -31,6 +31,7 @@ import contextlib
 import gc
 import importlib
 import os
+import select
 import signal
 import socket
 import struct
@@ -208,39 +209,64 @@ def listen(path: str) -> socket.socket:
     return listener
 
 
+# What stops a resident (systemd's KillMode=control-group sends SIGTERM to every process of
+# the unit, a shell's ^C SIGINT to its process group): the children get it too, and a child
+# that has taken a call finishes it (its caller would fail the start otherwise), so they
+# ignore these from their fork on; only the parent stops, and the child waiting for a call
+# learns it from `stopping` (end of file), never by a signal that could land just after
+# accept.
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def serve(listener: socket.socket) -> None:
-    """Keep one child forked ahead, waiting in accept: a call never waits for the fork."""
+    """Keep one child forked ahead, waiting for a call: a call never waits for the fork."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     served = Served()
     os.environ.clear()  # a call's environment is the caller's alone: none of it is ours
     sys.stdout.flush()  # nothing of ours may be left in a buffer a child writes to
     sys.stderr.flush()
+    stopping, serving = os.pipe()  # end of file on `stopping`: this resident has stopped
     gc.collect()
     gc.freeze()  # what is loaded now stays shared with every child
     while True:
         accepted, tell = os.pipe()
-        waiting = os.fork()
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)  # none lands before the child's
+        waiting = os.fork()  # handlers are set: pending ones are dropped by SIG_IGN
         if waiting == 0:
-            os.close(accepted)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its own
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            gc.disable()
             status = 1
             try:
-                conn, _ = listener.accept()
+                for sig in STOPPING:
+                    signal.signal(sig, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the call waits for its own
+                os.close(accepted)
+                os.close(serving)
+                gc.disable()
+                conn = next_call(listener, stopping)
                 listener.close()
                 os.close(tell)  # the parent forks the next one now
-                status = answer(conn, served)
+                status = 0 if conn is None else answer(conn, served)
             finally:
                 os._exit(status)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING)
         os.close(tell)
         try:
             os.read(accepted, 1)  # end of file: the child has a call (or has died)
-        except BaseException:  # stopping: the child waiting in accept goes too
-            os.kill(waiting, signal.SIGKILL)
+        except BaseException:  # stopping: the child forked ahead takes no call and goes too
+            os.close(serving)
+            with contextlib.suppress(ChildProcessError):  # reaped already (SIGCHLD ignored)
+                os.waitpid(waiting, 0)
             raise
         finally:
             os.close(accepted)
+
+
+def next_call(listener: socket.socket, stopping: int) -> socket.socket | None:
+    """The next caller's connection; None once the resident has stopped (a connection still
+    queued is then reset as the listener closes, and its caller runs the fallback: it is
+    greeted by nobody, so it has sent nothing)."""
+    ready, _, _ = select.select([listener.fileno(), stopping], [], [])
+    return None if stopping in ready else listener.accept()[0]
 
 
 def main(argv: list[str] | None = None) -> int:

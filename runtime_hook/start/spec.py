@@ -138,6 +138,16 @@ def mounts(spec: Spec) -> list[dict[str, Any]]:
     return list(spec.get("mounts") or ())
 
 
+def mounted_over(spec: Spec, path: str) -> bool:
+    """Whether a mount of the spec's own (runc's `/dev` tmpfs, a volume) covers `path`, so
+    the image's files there are not what the container sees."""
+    for mount in mounts(spec):
+        over = str(mount.get("destination", "")).rstrip("/")
+        if over and (path == over or path.startswith(over + "/")):
+            return True
+    return False
+
+
 def rootfs(spec: Spec, bundle: str) -> str:
     """The container's root directory (`root.path`, relative to the bundle or absolute)."""
     path = str((spec.get("root") or {}).get("path") or "rootfs")

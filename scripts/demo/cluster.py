@@ -41,7 +41,7 @@ import yaml
 
 from certs import pki
 from certs.grantkey import key_id
-from deviceplugin.labels import GPUS_ANNOTATION
+from deviceplugin.agent.labels import GPUS_ANNOTATION
 from gpuwire import mps, nvidia, sim
 from gpuwire.devices import Device
 from scripts.demo.base import GPUWIRE, ROOT, Handler, Step, handlers_of, import_images, run, until

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.labels import GPUS_ANNOTATION
+from deviceplugin.agent.labels import GPUS_ANNOTATION
 from gpuwire import grant
 from gpuwire.devices import Device
 from gpuwire.dra import DRIVER

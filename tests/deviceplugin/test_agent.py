@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import agent, cli, labeler, plugin, podresources
+from deviceplugin import cli
+from deviceplugin.agent import holding, labeler, podresources
 from deviceplugin.config import Config
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
+from deviceplugin.plugin import serve
 from gpuwire import holders, records, sim
 from gpuwire.dra import DRIVER
 from gpuwire.records import DRA, PLUGIN, PLUGIN_LESS
@@ -80,11 +82,11 @@ def config(
 
 
 @contextmanager
-def serving(config: Config, settings: agent.Settings) -> Iterator[Kubelet]:
+def serving(config: Config, settings: holding.Settings) -> Iterator[Kubelet]:
     """The plugin with its holders job, registered with a kubelet stand-in; stopped after."""
     stop = threading.Event()
     with Kubelet(Path(config.kubelet_dir)) as kubelet:
-        thread = threading.Thread(target=plugin.run, args=(config, stop, None, settings))
+        thread = threading.Thread(target=serve.run, args=(config, stop, None, settings))
         thread.start()
         try:
             kubelet.plugin(RESOURCE)
@@ -122,7 +124,7 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
     root, machine = sim_node
     record_dir = tmp_path / "containers"
     port = free_port()
-    settings = agent.Settings(
+    settings = holding.Settings(
         records_dir=str(record_dir),
         pod_resources=str(socket_dir / "pr" / "kubelet.sock"),
         interval=0.05,
@@ -188,7 +190,7 @@ def test_the_plugin_publishes_who_holds_which_gpu_and_serves_metrics(
 def test_the_plugin_knows_it_allocates_without_pod_resources(
     api: ApiServer, config: Config, tmp_path: Path, socket_dir: Path
 ) -> None:
-    settings = agent.Settings(
+    settings = holding.Settings(
         records_dir=str(tmp_path / "records"),
         pod_resources=str(socket_dir / "absent.sock"),
         interval=0.05,
@@ -203,10 +205,12 @@ def test_the_annotation_is_written_only_when_it_changes(
     api: ApiServer, kubeconfig: str, tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     gpus = sim.make_machine(gpus=2).devices
-    settings = agent.Settings(
+    settings = holding.Settings(
         records_dir=str(tmp_path), pod_resources=str(tmp_path / "none.sock"), publish=True
     )
-    node_agent = agent.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
+    node_agent = holding.Agent(
+        settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig)
+    )
     node_agent.step(1000.0)
     assert (patches(api), held(api)) == (1, [])  # an empty list is news too: nobody holds any
     node_agent.step(1001.0)
@@ -223,7 +227,7 @@ def test_the_annotation_is_written_only_when_it_changes(
     records.write(str(tmp_path), grant)
     node_agent.step(1002.0)
     assert (patches(api), held(api)) == (2, [("monitoring/agent-x7k2p", PLUGIN_LESS, 1, False)])
-    restarted = agent.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
+    restarted = holding.Agent(settings, NODE, lambda: gpus, frozenset, labeler.core_api(kubeconfig))
     restarted.step(1003.0)  # a new agent reads what the node carries before writing
     assert patches(api) == 2
     node = api.get("nodes", NODE)
@@ -232,7 +236,7 @@ def test_the_annotation_is_written_only_when_it_changes(
     api.put(node)  # someone removed it
     node_agent.step(1004.0)
     assert patches(api) == 2  # not looked at again before the resync period
-    node_agent.step(1004.0 + agent.RESYNC)
+    node_agent.step(1004.0 + holding.RESYNC)
     assert patches(api) == 3
     assert len(held(api)) == 1
 
@@ -241,8 +245,8 @@ def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
     tmp_path: Path, sleeper: subprocess.Popen[bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
     gpus = sim.make_machine(gpus=2).devices
-    settings = agent.Settings(records_dir=str(tmp_path), pod_resources="/nonexistent")
-    node_agent = agent.Agent(settings, NODE, lambda: gpus, frozenset)
+    settings = holding.Settings(records_dir=str(tmp_path), pod_resources="/nonexistent")
+    node_agent = holding.Agent(settings, NODE, lambda: gpus, frozenset)
     for name in ("c1", "c2"):
         annotations = {**DAEMON, "io.kubernetes.cri.sandbox-name": name}
         two = records.started(
@@ -250,7 +254,7 @@ def test_a_conflict_is_logged_when_it_starts_and_when_it_ends(
             capabilities=["compute"], pid=sleeper.pid,
         )  # fmt: skip
         records.write(str(tmp_path), two)
-    caplog.set_level("INFO", logger="deviceplugin.agent")
+    caplog.set_level("INFO", logger="deviceplugin.agent.holding")
     node_agent.step(1.0)
     node_agent.step(2.0)
     records.remove(str(tmp_path), "c2")
@@ -268,15 +272,15 @@ def test_a_gpu_held_whole_beside_a_container_on_its_mig_device_is_a_conflict(
     sim.write_node(tmp_path / "node", sim.with_mig(sim.make_machine(gpus=1), 0, ("balanced",)))
     found = SimDiscovery(tmp_path / "node").discover()
     (gpu,), mig = found.devices, found.mig_devices
-    settings = agent.Settings(records_dir=str(tmp_path / "records"), pod_resources="/nonexistent")
+    settings = holding.Settings(records_dir=str(tmp_path / "records"), pod_resources="/nonexistent")
     for name, held in (("whole", gpu.uuid), ("slice", mig[0].uuid)):
         annotations = {**DAEMON, "io.kubernetes.cri.sandbox-name": name}
         records.write(str(tmp_path / "records"), records.started(
             name, annotations, [held], path=PLUGIN_LESS, whole_node=False,
             capabilities=["compute"], pid=sleeper.pid,
         ))  # fmt: skip
-    caplog.set_level("WARNING", logger="deviceplugin.agent")
-    snapshot = agent.Agent(settings, NODE, lambda: (gpu,), frozenset, mig=lambda: mig).step(1.0)
+    caplog.set_level("WARNING", logger="deviceplugin.agent.holding")
+    snapshot = holding.Agent(settings, NODE, lambda: (gpu,), frozenset, mig=lambda: mig).step(1.0)
     assert [(c.kind, c.gpus) for c in snapshot.conflicts] == [
         (holders.GPU_AND_MIG, (gpu.uuid, mig[0].uuid))
     ]
@@ -303,8 +307,8 @@ def test_an_old_kubelet_without_allocatable_resources_still_shows_the_plugin(
             capabilities=["compute"], pid=sleeper.pid,
         )  # fmt: skip
         records.write(str(tmp_path), everything)
-        settings = agent.Settings(records_dir=str(tmp_path), pod_resources=str(path))
-        node = agent.observe(settings, gpus, time.time())
+        settings = holding.Settings(records_dir=str(tmp_path), pod_resources=str(path))
+        node = holding.observe(settings, gpus, time.time())
     assert node.plugin is True
     assert sorted(c.kind for c in holders.conflicts(node)) == ["all-beside-plugin", "shared-gpu"]
     assert pod_resources.calls == ["List", "GetAllocatableResources"] * 2

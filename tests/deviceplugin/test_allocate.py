@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.allocate import AllocateError, Strategies, granted, response
-from deviceplugin.resources import Resource
+from deviceplugin.plugin.allocate import AllocateError, Strategies, granted, response
+from deviceplugin.plugin.resources import Resource
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
 

@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin import cli
 from deviceplugin.config import Config, ConfigError, load, parse
-from deviceplugin.resources import Rule
+from deviceplugin.plugin.resources import Rule
 
 FULL = """
 version: v1

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import discovery, labeler
-from deviceplugin.discovery import Latest, NodeGpus, follow
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.agent import labeler
+from deviceplugin.gpus import discovery
+from deviceplugin.gpus.discovery import Latest, NodeGpus, follow
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import mig, sim
 from testbed.waiting import until
 

@@ -1,5 +1,5 @@
 """The DRA plugin's health state on disk (`deviceplugin/dra/healthfile.py`) and the health
-book handing it every change (`deviceplugin/state.py`)."""
+book handing it every change (`deviceplugin/gpus/state.py`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.discovery import HealthEvent
 from deviceplugin.dra import healthfile
 from deviceplugin.dra.checkpoint import CheckpointError
-from deviceplugin.health import Entries, HealthBook, HealthPolicy
-from deviceplugin.state import HealthState
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.health import Entries, HealthBook, HealthPolicy
+from deviceplugin.gpus.state import HealthState
 
 XID = HealthEvent("GPU-a", 79, "XID 79")
 LOST = HealthEvent(None, None, "NVML failed")

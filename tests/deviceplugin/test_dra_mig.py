@@ -17,11 +17,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from deviceplugin.discovery import HealthEvent, NodeGpus
 from deviceplugin.dra import cdi, devices, slices, taints
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice, Sharing
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.discovery import HealthEvent, NodeGpus
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import cli, driver, migprofiles, sim
 from gpuwire.claimtoken import ClaimToken
 from gpuwire.dra import DRIVER

@@ -13,10 +13,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deviceplugin.discovery import Gpu, HealthEvent, NodeGpus
 from deviceplugin.dra import devices, slices, taints
 from deviceplugin.dra.devices import DraDevice, Sharing
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.discovery import Gpu, HealthEvent, NodeGpus
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import nvidia, quantity, sim
 from gpuwire.dra import DRIVER
 

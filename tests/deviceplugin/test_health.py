@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from deviceplugin.discovery import HealthEvent
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, HealthBook, HealthPolicy
-from deviceplugin.state import HealthState
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.health import DEFAULT_IGNORED_XIDS, HealthBook, HealthPolicy
+from deviceplugin.gpus.state import HealthState
 from testbed.waiting import until
 
 A, B = "GPU-a", "GPU-b"

@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deviceplugin import plugin, sweep
 from deviceplugin.api import api_pb2
 from deviceplugin.config import Config
-from deviceplugin.resources import Rule
+from deviceplugin.plugin import serve, sweep
+from deviceplugin.plugin.resources import Rule
 from gpuwire import allocation, cli, sim
 from gpuwire.grant import KeyRing
 from testbed.kubelet import Kubelet
@@ -46,7 +46,7 @@ def config(tmp_path: Path, socket_dir: Path, sim_node: tuple[Path, sim.Machine])
 @contextmanager
 def serving(config: Config) -> Iterator[None]:
     stop = threading.Event()
-    thread = threading.Thread(target=plugin.run, args=(config, stop))
+    thread = threading.Thread(target=serve.run, args=(config, stop))
     thread.start()
     try:
         yield

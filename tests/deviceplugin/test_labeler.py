@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import cli, labeler, plugin
-from deviceplugin.backend import open_discovery
+from deviceplugin import cli
+from deviceplugin.agent import labeler
 from deviceplugin.config import Config
-from deviceplugin.discovery import Latest
+from deviceplugin.gpus.backend import open_discovery
+from deviceplugin.gpus.discovery import Latest
+from deviceplugin.plugin import serve
 from gpuwire import limits, sim
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
@@ -125,7 +127,7 @@ def test_serve_with_labels_reports_health_in_the_annotation(
 
     stop = threading.Event()
     with Kubelet(Path(config.kubelet_dir)) as kubelet:
-        thread = threading.Thread(target=plugin.run, args=(config, stop))
+        thread = threading.Thread(target=serve.run, args=(config, stop))
         thread.start()
         try:
             kubelet.plugin("nvidia.com/gpu")

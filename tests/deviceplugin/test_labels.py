@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from deviceplugin.discovery import Gpu, NodeGpus
-from deviceplugin.labels import changes, gpus_annotation, labels, model_token
-from deviceplugin.resources import Resource, Rule, assign
+from deviceplugin.agent.labels import changes, gpus_annotation, labels, model_token
+from deviceplugin.gpus.discovery import Gpu, NodeGpus
+from deviceplugin.plugin.resources import Resource, Rule, assign
 from gpuwire import sim
 
 

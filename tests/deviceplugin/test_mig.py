@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import migstrategy
 from deviceplugin.api import api_pb2
 from deviceplugin.config import Config
-from deviceplugin.discovery import HealthEvent, NodeGpus
-from deviceplugin.health import HealthBook, HealthPolicy
-from deviceplugin.nvml import NvmlDiscovery
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.discovery import HealthEvent, NodeGpus
+from deviceplugin.gpus.health import HealthBook, HealthPolicy
+from deviceplugin.gpus.nvml import NvmlDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
+from deviceplugin.plugin import migstrategy
 from gpuwire import cli, mig, sim
 from gpuwire.driver import discover
 from gpuwire.nvidia import Roots
@@ -256,7 +256,7 @@ def test_an_xid_on_the_parent_gpu_marks_its_mig_devices_unhealthy(
 
 
 def mig_labels(root: Path, strategy: str) -> dict[str, str]:
-    from deviceplugin.labeler import wanted
+    from deviceplugin.agent.labeler import wanted
 
     return wanted(Config(mig_strategy=strategy), found(root))
 
@@ -291,7 +291,7 @@ def test_single_strategy_labels_describe_the_mig_devices(tmp_path: Path) -> None
 
 
 def test_mixed_strategy_labels_per_profile_and_stale_ones_go(tmp_path: Path) -> None:
-    from deviceplugin.labels import GFD_KEYS, MIG_PREFIX, OWN_PREFIX, changes
+    from deviceplugin.agent.labels import GFD_KEYS, MIG_PREFIX, OWN_PREFIX, changes
 
     out = mig_labels(node_with(tmp_path, {0: ("balanced",)}), "mixed")
     assert out["nvidia.com/mig.strategy"] == "mixed"

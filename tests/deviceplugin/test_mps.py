@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import mps as daemons
+from deviceplugin.agent import mps as daemons
 from deviceplugin.config import Config
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import mps, sim
 from testbed import mps_control
 from testbed.waiting import until

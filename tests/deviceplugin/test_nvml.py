@@ -9,8 +9,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from deviceplugin.discovery import HealthEvent
-from deviceplugin.nvml import NvmlDiscovery
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.nvml import NvmlDiscovery
 from gpuwire.devices import Device
 from testbed.nvml import FUNCTIONS, SWITCH, FakeGpu, StandIn
 

@@ -1,5 +1,5 @@
 """GetPreferredAllocation on 8-GPU topologies, with answers worked out by hand from the rules
-in deviceplugin/preferred.py: NVLinks within the set, then free replicas, then links lost to
+in deviceplugin/plugin/preferred.py: NVLinks within the set, then free replicas, then links lost to
 the GPUs left available, then NUMA, then PCIe bus distance, then lowest indices.
 
 Every node: DGX A100 bus numbers 07 0f 47 4e 87 90 b7 bd, GPUs 0-3 on NUMA node 0, 4-7 on 1.
@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from deviceplugin.preferred import PreferenceError, preferred
-from deviceplugin.resources import Resource
+from deviceplugin.plugin.preferred import PreferenceError, preferred
+from deviceplugin.plugin.resources import Resource
 from gpuwire.devices import Device
 
 BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.resources import Resource, Rule, assign, resource_name_error
+from deviceplugin.plugin.resources import Resource, Rule, assign, resource_name_error
 from gpuwire import sim
 
 MIXED = sim.make_machine(

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
-from deviceplugin.backend import open_discovery
-from deviceplugin.discovery import HealthEvent
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.backend import open_discovery
+from deviceplugin.gpus.discovery import HealthEvent
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import cli, sim
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.allocate import Strategies, response
-from deviceplugin.sweep import CheckpointError, sweep, tokens_in_use
+from deviceplugin.plugin.allocate import Strategies, response
+from deviceplugin.plugin.sweep import CheckpointError, sweep, tokens_in_use
 from gpuwire import allocation, sim
 from gpuwire.grant import KeyRing
 

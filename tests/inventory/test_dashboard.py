@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.metrics import NAMES, Metrics, Snapshot
+from deviceplugin.agent.metrics import NAMES, Metrics, Snapshot
 from gpuwire import sim
 from gpuwire.holders import SHARED_GPU, Conflict, Holder, NodeHolders
 from tests.deploy.test_deploy import KUSTOMIZATIONS, containers, find, render

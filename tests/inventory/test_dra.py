@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import agent
+from deviceplugin.agent import holding
 from deviceplugin.dra.devices import Sharing, devices
 from gpuwire import holders, records
 from gpuwire.records import PLUGIN_LESS
@@ -111,9 +111,11 @@ def test_the_node_agent_lists_dra_holders_from_pod_resources(
             assert pod is not None
             kubelet.add_pod(NAMESPACE, placed.pod, pod["metadata"]["uid"], ["trainer"])
             kubelet.claim(pod["metadata"]["uid"], "trainer", placed.claim(), {})
-        settings = agent.Settings(records_dir=str(tmp_path / "records"), pod_resources=str(socket))
+        settings = holding.Settings(
+            records_dir=str(tmp_path / "records"), pod_resources=str(socket)
+        )
         names = {d.name: d.uuid for d in devices(gpus, Sharing())}
-        held = agent.observe(settings, gpus.devices, 1.0, dra_names=names)
+        held = holding.observe(settings, gpus.devices, 1.0, dra_names=names)
     t4 = share.gpus()[0][2]["attributes"]["uuid"]["string"]
     assert held.shared == (t4,)
     assert [(h.pod, h.path, len(h.gpus)) for h in held.holders] == sorted(

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from deviceplugin import agent, labeler
-from deviceplugin.backend import open_discovery
+from deviceplugin.agent import holding, labeler
 from deviceplugin.config import Config
+from deviceplugin.gpus.backend import open_discovery
 from gpuwire import cli, holders, records, sim
 from gpuwire.devices import Device
 from gpuwire.holders import NodeHolders
@@ -55,9 +55,9 @@ def pod(namespace: str, name: str, *, gpus: int = 0, **status: Any) -> Obj:
     }
 
 
-def publish(settings: agent.Settings, node: str, gpus: Sequence[Device], api: Any) -> None:
+def publish(settings: holding.Settings, node: str, gpus: Sequence[Device], api: Any) -> None:
     """What the node's agent does on each pass: its holders into the node annotation."""
-    agent.Agent(settings, node, lambda: gpus, frozenset, api).step(1.0)
+    holding.Agent(settings, node, lambda: gpus, frozenset, api).step(1.0)
 
 
 @pytest.fixture
@@ -101,7 +101,7 @@ def cluster(
                         pid=sleeper.pid,
                     )  # fmt: skip
                     records.write(str(record_dir), daemon)
-                settings = agent.Settings(
+                settings = holding.Settings(
                     records_dir=str(record_dir), pod_resources=str(socket), publish=True
                 )
                 publish(settings, name, node_gpus.devices, core_api)

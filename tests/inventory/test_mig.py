@@ -14,10 +14,10 @@ import pytest
 from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry, generate_latest
 
-from deviceplugin import agent, labeler
+from deviceplugin.agent import holding, labeler
+from deviceplugin.agent.metrics import Metrics
 from deviceplugin.config import Config
-from deviceplugin.metrics import Metrics
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import records, sim
 from gpuwire.devices import MigDevice
 from gpuwire.records import PLUGIN_LESS
@@ -56,12 +56,12 @@ def mig_cluster(
             kubelet.add_pod("team-a", "trainer", "u1", ["main"])
             kubelet.assign("u1", "main", "nvidia.com/mig-3g.40gb", [big.uuid])
             kubelet.advertise("nvidia.com/mig-3g.40gb", [big.uuid])
-            settings = agent.Settings(
+            settings = holding.Settings(
                 records_dir=str(record_dir),
                 pod_resources=str(socket_dir / "kubelet.sock"),
                 publish=True,
             )
-            agent.Agent(
+            holding.Agent(
                 settings,
                 NODE,
                 lambda: found.devices,

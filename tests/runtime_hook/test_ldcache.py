@@ -12,11 +12,15 @@ the cache itself, and what it still runs where it cannot write it exactly.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -540,8 +544,58 @@ def test_a_cache_that_is_not_a_file_fails_clearly(tmp_path: Path, node: Path) ->
     root = tmp_path / "rootfs"
     edits = driver_edits(node, busybox(root))
     (root / "etc/ld.so.cache").mkdir()
-    with pytest.raises(ldcache.LdcacheError, match=r"/etc/ld\.so\.cache in the container is not"):
+    with pytest.raises(ldcache.LdcacheError, match=r"ld\.so\.cache in the container is a dir"):
         make(root, edits)
+
+
+def _socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as bound:
+        bound.bind(str(path))  # the file stays
+
+
+# What an image may hold where gpuwire reads a file: each is refused by its type, unopened.
+NODES: dict[str, Callable[[Path], None]] = {
+    "a character device": lambda p: os.mknod(p, stat.S_IFCHR | 0o644, os.makedev(1, 3)),
+    "a FIFO": os.mkfifo,
+    "a socket": _socket,
+}
+
+
+@contextmanager
+def watched_opens(path: Path) -> Iterator[Callable[[], bool]]:
+    """Whether anything opened `path` while in the block, as inotify's IN_OPEN reports it: a
+    device's open, a FIFO's; a lookup with O_PATH is none (it opens nothing of the file's)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0
+    assert libc.inotify_add_watch(fd, os.fsencode(path), 0x20) >= 0  # IN_OPEN, alone
+    events: list[bytes] = []
+    try:
+        yield lambda: bool(events[0])
+    finally:
+        try:
+            events.append(os.read(fd, 4096))
+        except BlockingIOError:
+            events.append(b"")
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", sorted(NODES))
+def test_a_cache_that_is_a_device_fifo_or_socket_is_refused_unopened(
+    tmp_path: Path, node: Path, kind: str
+) -> None:
+    """An image's /etc/ld.so.cache may be a device node whose open has side effects (a
+    watchdog's starts its countdown), or a FIFO whose open waits: gpuwire reads it as host
+    root, outside the container's device cgroup, so it must not open it at all."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    cache = root / "etc/ld.so.cache"  # busybox has none
+    NODES[kind](cache)
+    message = f"/etc/ld.so.cache in the container is {kind}, not a regular file: refused, unopened"
+    with watched_opens(cache) as opened, pytest.raises(ldcache.LdcacheError) as refused:
+        make(root, edits)
+    assert not opened()
+    assert str(refused.value) == message
 
 
 def test_a_failed_write_leaves_no_file_behind(

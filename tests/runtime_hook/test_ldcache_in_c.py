@@ -34,6 +34,7 @@ from tests.runtime_hook.test_ldcache import (
     DRIVER_LIBRARIES,
     IMAGE_LIBRARIES,
     IMAGES,
+    NODES,
     busybox,
     debian,
     driver_edits,
@@ -42,6 +43,7 @@ from tests.runtime_hook.test_ldcache import (
     link,
     make,
     put,
+    watched_opens,
 )
 
 pytestmark = requires_binary("cc", "ldconfig")
@@ -217,6 +219,21 @@ def test_a_cache_that_is_not_a_file_is_declined(hook: str, tmp_path: Path, node:
     mounted(root, edits)
     (root / "etc/ld.so.cache").mkdir()
     declined_unchanged(hook, root, edits)
+
+
+@pytest.mark.parametrize("kind", sorted(NODES))
+def test_a_cache_that_is_a_device_fifo_or_socket_is_declined_unopened(
+    hook: str, tmp_path: Path, node: Path, kind: str
+) -> None:
+    """As the Python hook refuses it, unopened (test_ldcache.py's test of the same name)."""
+    root = tmp_path / "rootfs"
+    edits = driver_edits(node, busybox(root))
+    mounted(root, edits)
+    cache = root / "etc/ld.so.cache"
+    NODES[kind](cache)
+    with watched_opens(cache) as opened:
+        declined_unchanged(hook, root, edits)
+    assert not opened()
 
 
 def test_a_directory_the_image_links_to_the_host_is_looked_up_in_the_root(

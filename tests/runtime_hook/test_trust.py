@@ -257,7 +257,7 @@ def test_only_a_start_that_names_a_mig_device_reads_the_mig_map(
     config, keys = node
     machine = sim.with_mig(sim.load_machine(config.roots.proc), 0, ("3g.40gb", "3g.40gb"))
     sim.write_node(config.roots.proc, machine)
-    from deviceplugin.simulated import SimDiscovery
+    from deviceplugin.gpus.simulated import SimDiscovery
     from gpuwire import mig
 
     found = SimDiscovery(config.roots.proc).discover().mig_devices

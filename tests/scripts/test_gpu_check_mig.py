@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from deviceplugin.nvml import NvmlDiscovery
+from deviceplugin.gpus.nvml import NvmlDiscovery
 from gpuwire import sim
 from testbed.nvml import StandIn
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import plugin
 from deviceplugin.api import api_pb2
 from deviceplugin.config import Config
+from deviceplugin.plugin import serve
 from testbed.kubelet import Kubelet
 from testbed.lab import OTHER_POD, POD_UID, Lab, cri_annotations
 from testbed.rootfs import Bundle
@@ -46,7 +46,7 @@ def kubelet(lab: Lab, socket_dir: Path) -> Iterator[Kubelet]:
     )
     stop = threading.Event()
     with Kubelet(socket_dir) as k:
-        thread = threading.Thread(target=plugin.run, args=(config, stop))
+        thread = threading.Thread(target=serve.run, args=(config, stop))
         thread.start()
         try:
             yield k

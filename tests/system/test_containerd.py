@@ -34,9 +34,9 @@ from typing import Any
 import pytest
 import tomlkit
 
-from deviceplugin import mps as daemons
-from deviceplugin.allocate import Strategies, response
+from deviceplugin.agent import mps as daemons
 from deviceplugin.api import api_pb2
+from deviceplugin.plugin.allocate import Strategies, response
 from gpuwire import allocation, mps
 from runtime_hook.setup import launcher
 from testbed import containerds
@@ -343,7 +343,7 @@ def test_the_pods_env_comes_after_the_plugins_and_wins(kubelet: KubeRuntime) -> 
 
 
 def allocated(lab: Lab, index: int, strategies: Strategies) -> api_pb2.ContainerAllocateResponse:
-    """The device plugin's Allocate answer for GPU `index` (deviceplugin/allocate.py), its
+    """The device plugin's Allocate answer for GPU `index` (deviceplugin/plugin/allocate.py), its
     token file written as the plugin writes it."""
     token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(index)], lab.keys).token
     return response([lab.machine.devices[index]], token, str(lab.allocations), strategies)

@@ -19,7 +19,7 @@ from deviceplugin.dra.claims import ClaimError, ClaimRef
 from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.dra.prepared import Preparer
 from deviceplugin.dra.shares import NOTHING, Holders
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import hamicore, sim
 from gpuwire.dra import DRIVER
 from gpuwire.nvidia import Roots

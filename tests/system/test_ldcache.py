@@ -19,6 +19,7 @@ from tests.conftest import requires_binary, requires_root
 from tests.runtime_hook.test_ldcache import (
     CAPABILITIES,
     DEB,
+    NODES,
     debian,
     driver_edits,
     generator,
@@ -29,6 +30,7 @@ from tests.runtime_hook.test_ldcache import (
     make,
     put,
     reference,
+    watched_opens,
     with_32bit_libraries,
 )
 from tests.system.test_runc import DELIVERIES, granted_env, make_bundle, run
@@ -107,10 +109,16 @@ def test_a_started_container_has_ldconfigs_entries(lab: Lab, delivery: str) -> N
 def test_a_cache_in_a_format_gpuwire_does_not_write_is_rebuilt_by_ldconfig(
     lab: Lab, delivery: str
 ) -> None:
+    """The host's ldconfig, confined: among what it cannot do is open a device node the
+    image put where it reads (its root is nodev)."""
     bundle = make_bundle(lab, granted_env(lab, "0"), delivery=delivery)
     cache = bundle.path / "rootfs/etc/ld.so.cache"
     cache.write_bytes(OLD_FORMAT_CACHE)
-    out = run(bundle, delivery)
+    conf = bundle.path / "rootfs/etc/ld.so.conf"
+    NODES["a character device"](conf)
+    with watched_opens(conf) as opened:
+        out = run(bundle, delivery)
     assert out.returncode == 0, out.stderr
     assert view(out.stdout)["ldcache"] == ["libcuda.so.1"]
     assert generator(cache.read_bytes()).startswith(b"ldconfig (")  # the host's ran
+    assert not opened()

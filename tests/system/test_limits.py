@@ -1,6 +1,6 @@
 """Limits that hold, with real runc on the simulated node: a container asking for MPS limits is
 joined to its GPU's control daemon (the node agent's, here the stand-in of testbed/
-mps_control.py run by deviceplugin/mps.py), one asking for HAMi-core limits preloads the
+mps_control.py run by deviceplugin/agent/mps.py), one asking for HAMi-core limits preloads the
 node's HAMi-core (the simulated library), and one asking for none gets nothing of either. A
 limit the node cannot hold (no daemon up, no library, an MPS client with two GPUs) fails the
 start with the reason: no silent unlimited GPU. Through the shim and the prestart hook, each
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import mps as daemons
-from deviceplugin.allocate import Strategies, response
+from deviceplugin.agent import mps as daemons
+from deviceplugin.plugin.allocate import Strategies, response
 from gpuwire import allocation, mps
 from testbed.lab import Lab
 from testbed.view import view
@@ -124,6 +124,33 @@ def test_a_hami_core_container_preloads_the_library_and_sees_its_limit(
     assert lab.log_lines()[-1].endswith("limits held by hami: grant")
 
 
+@pytest.mark.parametrize(
+    ("link", "target", "limits"),
+    [
+        ("etc/ld.so.preload", "ld.so.preload.image", HAMI_LIMITS),
+        ("tmp", "var/tmp", MPS_LIMITS),
+    ],
+)
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_image_whose_link_leads_a_limits_mount_elsewhere_does_not_start(
+    lab: Lab, delivery: str, link: str, target: str, limits: dict[str, str]
+) -> None:
+    """runc (the shim) and the hook would mount HAMi-core's preload list, or MPS's pipes,
+    where the image's link leads; the container could then remove the link, and with it the
+    limit (ld.so reads /etc/ld.so.preload, an MPS client its pipe directory, by path)."""
+    bundle = make_bundle(lab, granted_env(lab, "0") | limits, delivery=delivery)
+    rootfs = bundle.path / "rootfs"
+    (rootfs / target).parent.mkdir(parents=True, exist_ok=True)
+    if (rootfs / link).is_dir():
+        (rootfs / link).rename(rootfs / target)
+    (rootfs / link).symlink_to(f"/{target}")
+    out = run(bundle, delivery)
+    assert out.returncode != 0
+    assert "the image has a link on the way there, which the container could take away" in (
+        out.stderr
+    )
+
+
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])
 def test_a_container_without_limits_gets_nothing_of_either(lab: Lab, delivery: str) -> None:
     out = run(make_bundle(lab, granted_env(lab, "1"), delivery=delivery), delivery)
@@ -148,7 +175,7 @@ def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: 
 
 
 # A shared replica is held to the share its allocation token names: the device plugin's
-# Allocate answer (deviceplugin/allocate.py), mounted and in the env as the kubelet hands it.
+# Allocate answer (deviceplugin/plugin/allocate.py), mounted and in the env as the kubelet hands it.
 
 
 def replica(

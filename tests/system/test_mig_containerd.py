@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from deviceplugin.allocate import Strategies, response
 from deviceplugin.dra import devices
-from deviceplugin.resources import as_device
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
+from deviceplugin.plugin.allocate import Strategies, response
+from deviceplugin.plugin.resources import as_device
 from gpuwire import allocation
 from gpuwire.dra import DRIVER
 from testbed.containerd import Containerd

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import agent
+from deviceplugin.agent import holding
 from gpuwire import allocation, records
 from gpuwire.records import PLUGIN, PLUGIN_LESS
 from testbed.lab import Lab, cri_annotations, grant_for
@@ -151,14 +151,14 @@ def test_a_container_killed_without_delete_is_swept(
     c = container(lab, containers, granted(lab, "all"), delivery)
     c.create()
     c("start", c.id)
-    settings = agent.Settings(records_dir=str(lab.records), pod_resources="/nonexistent")
+    settings = holding.Settings(records_dir=str(lab.records), pod_resources="/nonexistent")
     devices = lab.machine.devices
-    node = agent.observe(settings, devices, time.time())
+    node = holding.observe(settings, devices, time.time())
     assert [(h.name, len(h.gpus), h.whole_node) for h in node.holders] == [
         ("team-a/trainer-0", 4, True)
     ]
     c.kill()  # the container died; nobody called delete (a crashed shim, a lost node)
-    assert agent.observe(settings, devices, time.time()).holders == ()
+    assert holding.observe(settings, devices, time.time()).holders == ()
     assert not (lab.records / c.id).exists()
 
 

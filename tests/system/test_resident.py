@@ -11,6 +11,7 @@ these calls is `echo fell back: ARGV0 ARG...`, so a declined call shows.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -253,6 +254,67 @@ def test_a_stopped_resident_leaves_neither_socket_nor_child(tmp_path: Path) -> N
     assert running.process.returncode == 0  # SIGTERM: a clean stop
     assert not os.path.exists(socket)
     assert not Path(f"/proc/{waiting}").exists()  # the child forked ahead went with it
+
+
+def test_a_graceful_stop_finishes_the_calls_it_took(tmp_path: Path) -> None:
+    """SIGTERM to the resident's whole process group, as systemd's KillMode=control-group
+    sends it to every process of the unit: a call a child has taken is answered as if
+    nothing had happened (killed with it, its start failed: `gave no answer`), the resident
+    and its child forked ahead go, and the next call runs the fallback."""
+    call = launcher.build_call(str(tmp_path))
+    assert call is not None
+    site = Site(tmp_path, call, str(tmp_path / "resident.sock"))
+    argv = [call, site.socket, resident.token(), "hook", "2", *FALLBACK, "argv0", "poststop"]
+    with Resident(site.socket, process_group=True) as running:
+        pid = running.process.pid
+        with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={"PATH": os.defpath}) as taken:  # fmt: skip
+            assert taken.stdin is not None
+            until(lambda: serving(pid, taken.stdin.fileno()))  # type: ignore[union-attr]
+            until(lambda: len(children(pid)) == 2)  # the call's, and the next one forked ahead
+            forked = children(pid)
+            os.killpg(pid, signal.SIGTERM)
+            stopped = running.process.wait(timeout=10)
+            state = json.dumps({"id": "c-stopping", "bundle": str(tmp_path)})
+            _, err = taken.communicate(state)  # what poststop waited for
+        assert (taken.returncode, err) == (0, "")
+        assert stopped == 0
+    until(lambda: not any(Path(f"/proc/{child}").exists() for child in forked))
+    assert not os.path.exists(site.socket)
+    out = site.call("hook", "poststop")
+    assert (out.returncode, out.stdout) == (0, "fell back: argv0 poststop\n")
+
+
+def test_a_graceful_stop_with_80_calls_in_flight_fails_none(tmp_path: Path) -> None:
+    """The issue's load: many calls at once when the group's SIGTERM comes, five times. Each
+    is served or runs its fallback; none is left without an answer (before, ~2% were)."""
+    call = launcher.build_call(str(tmp_path))
+    assert call is not None
+    state = json.dumps({"id": "c-stopping", "bundle": str(tmp_path)})
+    answers: list[tuple[int, str]] = []
+    for round_ in range(5):
+        socket = str(tmp_path / f"resident-{round_}.sock")
+        argv = [call, socket, resident.token(), "hook", "2", *FALLBACK, "argv0", "poststop"]
+
+        def one(argv: list[str] = argv) -> None:
+            done = subprocess.run(argv, input=state, capture_output=True, text=True,
+                                  env={"PATH": os.defpath}, timeout=30)  # fmt: skip
+            answers.append((done.returncode, done.stderr))
+
+        with Resident(socket, process_group=True) as running:
+            calls = [threading.Thread(target=one) for _ in range(80)]
+            for thread in calls:
+                thread.start()
+            time.sleep(0.01 * (round_ + 1))  # the stop lands at another point of the storm
+            os.killpg(running.process.pid, signal.SIGTERM)
+            for thread in calls:
+                thread.join()
+    assert [a for a in answers if a != (0, "")] == []
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def waiting_child(pid: int) -> int:

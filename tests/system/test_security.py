@@ -25,6 +25,7 @@ from testbed.lab import Lab, served_launchers
 from testbed.rootfs import Bundle
 from testbed.view import view
 from tests.conftest import requires_binary, requires_root
+from tests.runtime_hook.test_ldcache import NODES, watched_opens
 from tests.system.test_runc import DELIVERIES, HOOK, granted_env, make_bundle, run
 
 pytestmark = [requires_root(), requires_binary("runc")]
@@ -195,6 +196,30 @@ def test_the_cdi_hook_runs_gpuwire_call_itself_served_or_not(
     written = (bundle.path / "rootfs/etc/ld.so.cache").read_bytes()
     assert written.endswith(ldcache.GENERATOR) == (cache == "gpuwire's")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["a character device", "a FIFO"])
+@pytest.mark.parametrize("delivery", ["prestart", "shim", "shim-resident", "cdi"])
+def test_a_device_or_fifo_for_the_ld_cache_is_refused_unopened(
+    lab: Lab, delivery: str, kind: str
+) -> None:
+    """The image's /etc/ld.so.cache is a device node (a watchdog's open starts its countdown)
+    or a FIFO (whose open waits): every delivery reads the cache as host root, outside the
+    container's device cgroup, and refuses it by its type without opening it. CDI: the
+    spec's hook is gpuwire-call, whose C declines it to the served Python, which refuses."""
+    if delivery == "cdi":
+        bundle = cdi_hook_bundle(
+            lab, granted_env(lab, "0"), hook_program(str(served_launchers() / launcher.HOOK))
+        )
+    else:
+        bundle = make_bundle(lab, granted_env(lab, "0"), delivery=delivery)
+    cache = bundle.path / "rootfs/etc/ld.so.cache"
+    NODES[kind](cache)
+    with watched_opens(cache) as opened:
+        out = bundle.run() if delivery == "cdi" else run(bundle, delivery)
+    assert not opened()
+    assert out.returncode != 0
+    assert f"/etc/ld.so.cache in the container is {kind}, not a regular file" in out.stderr
 
 
 def test_failed_injection_leaves_nothing_behind(lab: Lab) -> None:

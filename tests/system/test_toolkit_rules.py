@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin import labels
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.agent import labels
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import requirements
 from testbed.lab import Lab
 from testbed.view import view

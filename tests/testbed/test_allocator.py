@@ -1286,3 +1286,37 @@ def test_in_use_counts_what_allocated_claims_hold() -> None:
     in_use = InUse.of(held)
     assert in_use.devices == {(A, P1, D1)}
     assert in_use.consumed == {(A, P1, D2): {"memory": Fraction(24 << 30)}}
+
+
+ALL_OF_TWO = [
+    slice_("slice-1", NODE1, P1, A, {**device(D1), "taints": [TAINT_NO_SCHEDULE]}, device(D2)),
+    slice_("slice-2", NODE2, P2, A, device(D1), device(D2)),
+]
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "features", "node", "expected"),
+    [
+        ((), Features(), NODE1, None),  # one tainted device: no allocation on this node
+        ((), Features(), NODE2, [(R0, A, P2, D1), (R0, A, P2, D2)]),  # the clean node: all
+        ((TOLERATE_NO_SCHEDULE,), Features(), NODE1, [(R0, A, P1, D1), (R0, A, P1, D2)]),
+        ((TOLERATE_NO_EXECUTE,), Features(), NODE1, None),  # a toleration of another effect
+        ((), Features(device_taints=False), NODE1, [(R0, A, P1, D1), (R0, A, P1, D2)]),
+    ],
+)
+def test_all_takes_its_devices_by_the_selectors_and_then_needs_every_one_untainted(
+    tolerations: tuple[Obj, ...], features: Features, node: str, expected: list[Any] | None
+) -> None:
+    """`allocationMode: All` beside a tainted device, as the Kubernetes allocator has it
+    (`allocator_incubating.go`): `validateDeviceRequest` gathers All's devices by the
+    selectors alone, then `allocateOne` hands each to `allocateDevice(..., must=true)`, whose
+    `taintPreventsAllocation` makes the whole request fail on that node ("If we couldn't get
+    all of them, then there is no solution"), not a claim of the healthy rest; the table's
+    `tainted-all-devices-single` is the case of one device only."""
+    claims = [claim(C0, request(R0, CLASS_A, mode="All", tolerations=tolerations))]
+    found = allocate(node, claims, {CLASS_A: cls(CLASS_A, A)}, ALL_OF_TWO, features=features)
+    if expected is None:
+        assert not found
+    else:
+        assert found is not None
+        assert [_results(a) for a in found] == [sorted(expected)]

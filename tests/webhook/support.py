@@ -19,9 +19,9 @@ import kubernetes_validate
 import pytest
 
 from certs import pki
-from deviceplugin import labels
-from deviceplugin.discovery import Gpu, NodeGpus
-from deviceplugin.resources import Rule, assign
+from deviceplugin.agent import labels
+from deviceplugin.gpus.discovery import Gpu, NodeGpus
+from deviceplugin.plugin.resources import Rule, assign
 from gpuwire import grant, limits, nvidia, sim
 from testbed.webhook import WebhookProcess
 from webhook import fleet

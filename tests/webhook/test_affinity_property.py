@@ -13,8 +13,8 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deviceplugin import labels
-from deviceplugin.discovery import Gpu, NodeGpus
+from deviceplugin.agent import labels
+from deviceplugin.gpus.discovery import Gpu, NodeGpus
 from gpuwire import annotations as a
 from gpuwire import limits, sim
 from tests.webhook.support import KEYS, Node, container, deny, labelled_node, pod

@@ -205,6 +205,50 @@ def test_all_takes_every_whole_gpu_of_its_node(cluster: Cluster) -> None:
     assert [d for _, d, _ in placed.gpus()] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
+XID_79 = {"key": "gpu.gpuwire.io/xid", "value": "79", "effect": "NoExecute"}
+
+
+def taint(cluster: Cluster, node: str, device: str, taint: Obj) -> None:
+    """What the DRA plugin publishes for an unhealthy GPU, on one device of a node's slice."""
+    for s in cluster.api.objects("resourceslices"):
+        entries = [d for d in s["spec"]["devices"] if s["spec"]["nodeName"] == node]
+        for entry in entries:
+            if entry["name"] == device:
+                entry["taints"] = [taint]
+                cluster.api.put(s)
+
+
+def test_all_is_every_gpu_of_its_node_the_unhealthy_included(cluster: Cluster) -> None:
+    """Upstream's allocator fails an `All` request on a node where one of the devices it
+    gathered is tainted, so `all` tolerates gpuwire's health taints: the pod gets every GPU
+    of its node, as on the plugin-less path, where a count gets only healthy ones."""
+    taint(cluster, "h100", "gpu-1", XID_79)
+    placed = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "all"})
+    assert placed.decision.node == "h100"
+    assert [d for _, d, _ in placed.gpus()] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    results = placed.claim()["status"]["allocation"]["devices"]["results"]
+    keys = [[t["key"] for t in r["tolerations"]] for r in results]
+    assert keys == [["gpu.gpuwire.io/xid", "gpu.gpuwire.io/gpu-lost"]] * 4
+    four = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "4"})
+    assert not four.decision.scheduled  # three healthy H100s are not four
+
+
+def test_a_named_gpu_that_is_tainted_is_admitted_with_a_warning_and_waits(
+    cluster: Cluster,
+) -> None:
+    """Admitted, not denied: a taint lifts once the GPU has been quiet for the DRA plugin's
+    recovery period, and the pod is then placed; the warning says why it waits."""
+    named = cluster.nodes[1].machine.devices[1]
+    taint(cluster, "h100", "gpu-1", XID_79)
+    outcome = cluster.admit({"gpuwire.io/gpu-uuid": named.uuid})
+    assert outcome.allowed
+    assert [w for w in outcome.warnings if "tainted" in w] == [
+        f"{named.uuid} is tainted, gpu.gpuwire.io/xid=79 (NoExecute): the pod stays Pending "
+        "until the GPU is healthy again (the DRA plugin lifts a taint after its quiet period)"
+    ]
+    assert not cluster.run({"gpuwire.io/gpu-uuid": named.uuid}).decision.scheduled
+
+
 def test_a_gpu_resource_becomes_a_claim_of_that_many(cluster: Cluster) -> None:
     placed = cluster.run({}, resources={"limits": {"nvidia.com/gpu": "3"}})
     assert len(placed.gpus()) == 3
@@ -546,6 +590,9 @@ def test_a_named_mig_device_is_exactly_that_one(mig_cluster: Cluster) -> None:
          "a MIG device is allocated whole"),
         ({"gpuwire.io/mig-profile": "3g.40gb", "gpuwire.io/gpu-count": "4"},
          "the most any node has that fit the request: 3"),
+        ({"gpuwire.io/mig-profile": "1g.10gb", "gpuwire.io/gpu-count": "33"},
+         "gpuwire.io/gpu-count: '33' asks for 33 MIG devices in one claim; a claim holds at "
+         "most 32 (the Kubernetes limit on a claim's devices)"),
     ],
 )  # fmt: skip
 def test_mig_requests_no_pool_can_satisfy_are_denied(

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin import labels as plugin_labels
-from deviceplugin.discovery import Gpu, NodeGpus
-from deviceplugin.resources import assign
+from deviceplugin.agent import labels as plugin_labels
+from deviceplugin.gpus.discovery import Gpu, NodeGpus
+from deviceplugin.plugin.resources import assign
 from gpuwire import annotations as a
 from gpuwire import nodegpus, sim
 from testbed.apiserver import ApiServer
@@ -249,7 +249,7 @@ def test_not_ready_while_the_api_server_is_away(tmp_path: Path) -> None:
 
 
 def test_the_webhook_reads_what_the_device_plugin_writes() -> None:
-    """The node labels and `gpuwire.io/gpus` annotation of deviceplugin/labels.py are the
+    """The node labels and `gpuwire.io/gpus` annotation of deviceplugin/agent/labels.py are the
     fleet's input: a contract between two components, checked here."""
     found = sim.make_machine(gpus=8, products=("NVIDIA H100 80GB HBM3",))
     gpus = NodeGpus(

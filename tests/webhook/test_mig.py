@@ -1,7 +1,7 @@
 """`gpuwire.io/mig-profile` (counted by `gpuwire.io/gpu-count`): the device plugin's
 mixed-strategy resource for clusters with a plugin, MIG devices the webhook names for
 plugin-less ones, node affinity on the MIG labels, and denials that list the profiles that
-exist. The fleet is what the node agent writes (deviceplugin/labels.py) for simulated nodes.
+exist. The fleet is what the node agent writes (deviceplugin/agent/labels.py) for simulated nodes.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from deviceplugin.agent.labeler import wanted
+from deviceplugin.agent.labels import GPUS_ANNOTATION, gpus_annotation
 from deviceplugin.config import Config
-from deviceplugin.labeler import wanted
-from deviceplugin.labels import GPUS_ANNOTATION, gpus_annotation
-from deviceplugin.simulated import SimDiscovery
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import annotations as keys
 from gpuwire import grant, holders, sim
 from gpuwire.devices import MigDevice

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deviceplugin.discovery import NodeGpus
+from deviceplugin.gpus.discovery import NodeGpus
 from gpuwire import nvidia
 from gpuwire.devices import Device, MigDevice
 

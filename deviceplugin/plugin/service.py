@@ -10,11 +10,11 @@ from typing import Any, NoReturn
 
 import grpc
 
-from deviceplugin import preferred as preference
-from deviceplugin.allocate import AllocateError, Strategies, granted, response
 from deviceplugin.api import api_pb2
-from deviceplugin.resources import Resource
-from deviceplugin.state import HealthState
+from deviceplugin.gpus.state import HealthState
+from deviceplugin.plugin import preferred as preference
+from deviceplugin.plugin.allocate import AllocateError, Strategies, granted, response
+from deviceplugin.plugin.resources import Resource
 from gpuwire import allocation
 from gpuwire.grant import GrantError, KeyRing
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from deviceplugin import inotify
-from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
+from deviceplugin.gpus.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
 from gpuwire import mig, migprofiles, nvidia, sim
 from gpuwire.devices import Device
 

@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 
 from deviceplugin import inotify
-from deviceplugin.endpoint import Endpoint, identity
+from deviceplugin.plugin.endpoint import Endpoint
+from deviceplugin.sockets import identity
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import re
 from collections import Counter
 from collections.abc import Collection, Sequence
 
-from deviceplugin.discovery import Gpu, Mig, NodeGpus
-from deviceplugin.migstrategy import Advertised
-from deviceplugin.resources import Resource
+from deviceplugin.gpus.discovery import Gpu, Mig, NodeGpus
+from deviceplugin.plugin.migstrategy import Advertised
+from deviceplugin.plugin.resources import Resource
 from gpuwire import limits, nodegpus, nvidia, requirements
 
 NV = nvidia.LABEL_PREFIX

@@ -14,9 +14,9 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin import labels, mps
+from deviceplugin.agent import labels, mps
 from deviceplugin.config import Config
-from deviceplugin.discovery import REDISCOVER, Latest, NodeGpus
+from deviceplugin.gpus.discovery import REDISCOVER, Latest, NodeGpus
 from gpuwire import mig
 
 log = logging.getLogger(__name__)

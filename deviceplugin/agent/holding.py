@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin import labeler, metrics, podresources
-from deviceplugin.discovery import NodeGpus
+from deviceplugin.agent import labeler, metrics, podresources
+from deviceplugin.agent.metrics import Metrics, Snapshot
 from deviceplugin.dra.devices import Sharing
 from deviceplugin.dra.devices import devices as dra_devices
-from deviceplugin.metrics import Metrics, Snapshot
+from deviceplugin.gpus.discovery import NodeGpus
 from gpuwire import holders, records
 from gpuwire.devices import Device, MigDevice
 from gpuwire.dra import DRIVER

@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from deviceplugin.api import api_pb2
-from deviceplugin.resources import REPLICA_SEPARATOR, Resource
+from deviceplugin.plugin.resources import REPLICA_SEPARATOR, Resource
 from gpuwire import allocation, hamicore, mig, mps, nvidia
 from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice

@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from deviceplugin.discovery import Discovery, HealthEvent
-from deviceplugin.health import Entries, HealthBook
+from deviceplugin.gpus.discovery import Discovery, HealthEvent
+from deviceplugin.gpus.health import Entries, HealthBook
 
 log = logging.getLogger(__name__)
 

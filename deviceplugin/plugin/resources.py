@@ -7,7 +7,7 @@ default name). With time-slicing or MPS each GPU appears `replicas` times as `<u
 mechanism holds them (`Sharing.limits`: HAMi-core, MPS), each replica gets its `Share` of
 the GPU: memory/replicas and 100/replicas % of the SMs unless configured.
 
-A resource of MIG devices (`deviceplugin.migstrategy`) holds them as devices of their own
+A resource of MIG devices (`deviceplugin.plugin.migstrategy`) holds them as devices of their own
 (`as_device`): the MIG UUID as ID (NVIDIA's plugin advertises `MIG-…` too), the MIG device's
 memory, its parent's index, minor, bus and NUMA node, and no NVLinks (MIG devices do no
 peer-to-peer), so preferred allocation and Allocate treat them like GPUs.
@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from deviceplugin import migstrategy
-from deviceplugin.discovery import NodeGpus
-from deviceplugin.migstrategy import Advertised
+from deviceplugin.gpus.discovery import NodeGpus
+from deviceplugin.plugin import migstrategy
+from deviceplugin.plugin.migstrategy import Advertised
 from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice
 

@@ -19,16 +19,18 @@ import os
 import threading
 from collections.abc import Callable
 
-from deviceplugin import agent, labeler, labels, mps, state, sweep
-from deviceplugin.allocate import Strategies
-from deviceplugin.backend import open_discovery
+from deviceplugin.agent import holding, labeler, labels, mps
 from deviceplugin.config import Config
-from deviceplugin.discovery import Discovery, Latest, NodeGpus, follow
-from deviceplugin.endpoint import Endpoint
-from deviceplugin.health import HealthBook, HealthPolicy
-from deviceplugin.resources import Resource
-from deviceplugin.service import DevicePluginService
-from deviceplugin.supervisor import Supervisor
+from deviceplugin.gpus import state
+from deviceplugin.gpus.backend import open_discovery
+from deviceplugin.gpus.discovery import Discovery, Latest, NodeGpus, follow
+from deviceplugin.gpus.health import HealthBook, HealthPolicy
+from deviceplugin.plugin import sweep
+from deviceplugin.plugin.allocate import Strategies
+from deviceplugin.plugin.endpoint import Endpoint
+from deviceplugin.plugin.resources import Resource
+from deviceplugin.plugin.service import DevicePluginService
+from deviceplugin.plugin.supervisor import Supervisor
 from gpuwire import nvidia, requirements
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,7 @@ def run(
     config: Config,
     stop: threading.Event,
     discovery: Discovery | None = None,
-    holders: agent.Settings | None = None,
+    holders: holding.Settings | None = None,
 ) -> None:
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
     also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
@@ -166,7 +168,7 @@ def run(
         )
     if holders is not None:
         inside = dataclasses.replace(holders, plugin=bool(endpoints.by_name))
-        watch = agent.job(inside, config.node_name, config.kubeconfig, latest, health.unhealthy)
+        watch = holding.job(inside, config.node_name, config.kubeconfig, latest, health.unhealthy)
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
     daemons = mps.job(config, latest, health.unhealthy)
     if daemons is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from math import comb
 
-from deviceplugin.resources import Resource
+from deviceplugin.plugin.resources import Resource
 from gpuwire.devices import Device
 
 EXACT_LIMIT = 5000  # candidate sets scored exhaustively; beyond, the heuristic

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from deviceplugin.config import Config
-from deviceplugin.discovery import NodeGpus
+from deviceplugin.gpus.discovery import NodeGpus
 from gpuwire import mps, nvidia
 from gpuwire.devices import Device
 from gpuwire.records import process_start

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from deviceplugin.discovery import HealthEvent
+from deviceplugin.gpus.discovery import HealthEvent
 
 # Application errors: the GPU is fine (NVIDIA's default ignore list, reference 2.5).
 # 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,

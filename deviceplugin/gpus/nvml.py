@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
+from deviceplugin.gpus.discovery import Gpu, HealthEvent, Mig, NodeGpus, pcie_root
 from gpuwire import mig, nvidia
 from gpuwire.devices import Device, MigDevice, normalise_bus_id
 
