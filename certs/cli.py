@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
 import re
 import signal
 import threading
 from pathlib import Path
 
-import urllib3
-from kubernetes import client, config
-
 import kubeclient
 from certs import files, grantkey, pki, reconcile, rotation
 from certs.cluster import Cluster
 from certs.reconcile import Target
+from gpuwire import exits, logs
 
 log = logging.getLogger("gpuwire.certs")
 # What the webhook server reads: never the CA key.
@@ -86,7 +83,7 @@ def generate(argv: list[str]) -> int:
     except pki.PKIError as exc:
         parser.exit(2, f"gpuwire certs generate: {exc}\n")
     except OSError as exc:
-        parser.exit(1, f"gpuwire certs generate: cannot write --out {args.out!r}: {exc}\n")
+        raise exits.CommandError(f"cannot write --out {args.out}: {exc.strerror}") from None
     print(f"wrote {paths.ca}, {paths.cert}, {paths.key} for {', '.join(args.host)}")
     return 0
 
@@ -113,7 +110,10 @@ def ensure(argv: list[str]) -> int:
         "--webhook-config", required=True, help="MutatingWebhookConfiguration whose caBundle to set"
     )
     kubeclient.add_kubeconfig_flag(parser)
-    parser.add_argument("--cluster-domain", default=pki.CLUSTER_DOMAIN)
+    parser.add_argument(
+        "--cluster-domain", default=pki.CLUSTER_DOMAIN,
+        help="the cluster's DNS domain, for the Service's names (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--out",
         metavar="DIR",
@@ -131,19 +131,16 @@ def ensure(argv: list[str]) -> int:
         help="keep running, checking every DURATION (e.g. 10m); default: check once and exit",
     )
     _add_lifetimes(parser)
+    logs.add_flags(parser)
     args = parser.parse_args(argv)
+    logs.from_args("certs", args)
     hosts = pki.service_hosts(args.service, args.namespace, args.cluster_domain)
     try:
         for host in hosts:
             pki.check_host(host)
     except pki.PKIError as exc:
         parser.exit(2, f"gpuwire certs ensure: {exc}\n")
-    try:
-        cluster = Cluster(kubeclient.api_client(args.kubeconfig))
-    except config.ConfigException as exc:
-        source = f"--kubeconfig {args.kubeconfig}" if args.kubeconfig else "the default sources"
-        parser.exit(2, f"gpuwire certs ensure: no cluster credentials from {source}: {exc}\n")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s gpuwire certs: %(message)s")
+    cluster = Cluster(kubeclient.api_client(args.kubeconfig))  # NoCluster: exit 4, saying why
     target = Target(args.namespace, args.service, args.secret, args.webhook_config)
     settings = rotation.Settings(tuple(hosts), args.ca_days, args.days, args.key_type)
     stop = threading.Event()
@@ -174,18 +171,10 @@ def _run_once(
     except (reconcile.ReconcileError, pki.PKIError, OSError) as exc:
         log.error("%s", exc)
         return False
-    except client.ApiException as exc:
-        log.error("kube-apiserver answered %s %s: %s", exc.status, exc.reason, _message(exc))
-        return False
-    except urllib3.exceptions.HTTPError as exc:
-        log.error("cannot reach the kube-apiserver: %s", exc)
+    except Exception as exc:  # the API server's answer, or no answer: said, then retried
+        said = kubeclient.explain(exc, kubeclient.host(cluster.core))
+        if said is None:
+            raise
+        log.error("%s", said)
         return False
     return True
-
-
-def _message(exc: client.ApiException) -> str:
-    """The Status message the kube-apiserver sent, else the raw body."""
-    try:
-        return str(json.loads(exc.body or "")["message"])
-    except (TypeError, ValueError, KeyError):
-        return str(exc.body)

@@ -15,7 +15,7 @@ from typing import Any
 import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.plugin.resources import resource_name_error
-from gpuwire import mig, records
+from gpuwire import exits, logs, mig, records, sim
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -198,14 +198,15 @@ def _overrides(args: argparse.Namespace, fields: tuple[str, ...]) -> dict[str, A
 def _load(
     parser: argparse.ArgumentParser, args: argparse.Namespace, fields: tuple[str, ...]
 ) -> settings.Config:
+    """The config of file and flags; a bad one, or a --sim directory without a simulated
+    node, is exit 3 saying which (before anything starts)."""
     try:
-        return settings.load(args.config, _overrides(args, fields))
+        config = settings.load(args.config, _overrides(args, fields))
     except settings.ConfigError as exc:
-        parser.exit(2, f"{parser.prog}: {exc}\n")
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        raise exits.CommandError(str(exc)) from None
+    if config.sim is not None:
+        sim.check_root(config.sim)
+    return config
 
 
 def _stop_on_signals() -> threading.Event:
@@ -217,14 +218,15 @@ def _stop_on_signals() -> threading.Event:
 
 def _serve(what: str, run: Callable[[threading.Event], None]) -> int:
     """Run a plugin until SIGTERM or SIGINT; one that cannot (NVML missing, the kubelet's
-    directory unwritable, no API server, a checkpoint it cannot read) says why and exits 1."""
+    directory unwritable, a checkpoint it cannot read) logs why and exits 1 (no cluster to
+    talk to: 4, the API server's refusal: 5)."""
     stop = _stop_on_signals()
     try:
         run(stop)
     except Exception as exc:
-        logging.getLogger("gpuwire").error("%s stopped: %s", what, exc)
-        return 1
-    return 0
+        logging.getLogger(__name__).error("%s stopped: %s", what, exc)
+        return exits.code_of(exc) or exits.NO  # no cluster: 4, as every command says it
+    return exits.OK
 
 
 SERVE_FIELDS = (
@@ -295,19 +297,27 @@ def serve(argv: list[str]) -> int:
     )
     parser.add_argument("--allocation-dir", help="where allocation tokens are written")
     parser.add_argument("--grant-key-dir", help="keys that MAC the allocation tokens")
+    seconds = _typed(settings.as_seconds, float)
+    defaults = settings.Config()
     parser.add_argument(
-        "--sweep-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
-    )
-    parser.add_argument("--sweep-grace", type=_typed(settings.as_seconds, float), metavar="SECONDS")
+        "--sweep-interval", type=seconds, metavar="SECONDS",
+        help=f"how often allocation tokens of gone pods are removed "
+        f"(default {defaults.sweep_interval:g})",
+    )  # fmt: skip
     parser.add_argument(
-        "--label-interval", type=_typed(settings.as_seconds, float), metavar="SECONDS"
-    )
+        "--sweep-grace", type=seconds, metavar="SECONDS",
+        help=f"how old an unused token must be to go (default {defaults.sweep_grace:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--label-interval", type=seconds, metavar="SECONDS",
+        help=f"with --labels: how often to look again (default {defaults.label_interval:g})",
+    )  # fmt: skip
     _add_node_flags(parser)
     _add_holder_flags(parser)
-    parser.add_argument("--log-level", default="INFO")
+    logs.add_flags(parser)
     args = parser.parse_args(argv)
+    logs.from_args("device-plugin", args)
     config = _load(parser, args, SERVE_FIELDS)
-    _logging(args.log_level)
     from deviceplugin.plugin import serve
 
     return _serve(
@@ -376,10 +386,10 @@ def dra_serve(argv: list[str]) -> int:
     parser.add_argument("--grant-key-dir", type=path, help="keys that MAC the claim tokens")
     _add_plugin_flags(parser, recovered="a tainted GPU is clean again")
     _add_node_flags(parser)
-    parser.add_argument("--log-level", default="INFO")
+    logs.add_flags(parser)
     args = parser.parse_args(argv)
+    logs.from_args("dra-plugin", args)
     config = _load(parser, args, DRA_FIELDS)
-    _logging(args.log_level)
     from deviceplugin.dra.plugin import DraPlugin
 
     return _serve("DRA plugin", lambda stop: DraPlugin(config).run(stop))
@@ -402,6 +412,7 @@ def label(argv: list[str]) -> int:
     )
     parser.add_argument("--dry-run", action="store_true", help="print the labels, write nothing")
     _add_holder_flags(parser)
+    logs.add_flags(parser, None, "info with --watch, else warning")
     args = parser.parse_args(argv)
     if args.metrics_port is not None and not args.watch:
         parser.error("--metrics-port needs --watch (an endpoint for a one-off run is gone at once)")
@@ -423,13 +434,20 @@ def label(argv: list[str]) -> int:
             "hami_library",
         ),
     )
-    _logging("INFO" if args.watch else "WARNING")
+    args.log_level = args.log_level or ("info" if args.watch else "warning")
+    logs.from_args("node-agent", args)
     from deviceplugin.agent import holding, labeler, mps
     from deviceplugin.gpus.backend import open_discovery
     from deviceplugin.gpus.discovery import Latest
     from gpuwire.holders import ANNOTATION
 
-    discovery = open_discovery(config.sim)
+    try:
+        discovery = open_discovery(config.sim)
+    except Exception as exc:  # NVML: no library (no driver), no GPU, a driver it cannot read
+        raise exits.CommandError(
+            f"cannot read this node's GPUs through NVML: {exc}; run it on a GPU node with the "
+            "NVIDIA driver installed, or on a simulated one (--sim DIR)"
+        ) from None
 
     def unreachable() -> frozenset[str]:
         """Without the plugin's health state: the GPUs the driver no longer reaches."""
@@ -470,12 +488,13 @@ def label(argv: list[str]) -> int:
             return 0
         name = labeler.node_name(config.node_name)
         api = labeler.core_api(config.kubeconfig)
-        patch = labeler.label_once(api, name, config, node, unreachable())
-        print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
-        if holder_settings is not None:
-            node_agent = holding.of_node(holder_settings, name, lambda: node, unreachable, api)
-            held = node_agent.step(time.time()).holders.holders
-            print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
+        with kubeclient.talking(api):
+            patch = labeler.label_once(api, name, config, node, unreachable())
+            print(f"node {name}: " + ("labels up to date" if patch is None else json.dumps(patch)))
+            if holder_settings is not None:
+                node_agent = holding.of_node(holder_settings, name, lambda: node, unreachable, api)
+                held = node_agent.step(time.time()).holders.holders
+                print(f"node {name}: {ANNOTATION}: {len(held)} container(s) hold GPUs")
         return 0
     finally:
         discovery.close()
@@ -487,8 +506,11 @@ def advertise(argv: list[str]) -> int:
         description="Patch an extended resource's capacity into a node's status "
         "(for clusters that do not run the device plugin).",
     )
-    parser.add_argument("--resource", default="nvidia.com/gpu")
-    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument(
+        "--resource", default="nvidia.com/gpu",
+        help="the extended resource to advertise (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--count", type=int, required=True, help="how many of it the node has")
     _add_node_flags(parser)
     args = parser.parse_args(argv)
     error = resource_name_error(args.resource)
@@ -499,7 +521,9 @@ def advertise(argv: list[str]) -> int:
     from deviceplugin.agent import labeler
 
     name = labeler.node_name(args.node_name)
-    ops = labeler.advertise(labeler.core_api(args.kubeconfig), name, args.resource, args.count)
+    api = labeler.core_api(args.kubeconfig)
+    with kubeclient.talking(api):
+        ops = labeler.advertise(api, name, args.resource, args.count)
     status = "already advertised" if ops is None else json.dumps(ops)
     print(f"node {name}: {args.resource}={args.count}: {status}")
     return 0

@@ -10,6 +10,7 @@ HAMi keep working. What a request means for a given pod, cluster and policy is d
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -358,6 +359,92 @@ def _parse(items: tuple[tuple[str, str], ...]) -> GpuRequest:
     return GpuRequest(**fields, given=given)
 
 
-def unknown(annotations: Mapping[str, str]) -> list[str]:
-    """`gpuwire.io/` keys this grammar does not know (typos, most likely)."""
-    return sorted([k for k in annotations if k.startswith(PREFIX) and k not in _KNOWN])
+# HAMi's other pod annotations (v2.10.0, `pkg/device/nvidia/device.go`, `pkg/util/types.go`):
+# a pod written for HAMi may carry them; gpuwire does not read them, and says so.
+HAMI_UNREAD = {
+    "nvidia.com/vgpu-mode": "HAMi's choice of hami-core or MIG sharing",
+    "nvidia.com/numa-bind": "HAMi's NUMA binding of a container's GPUs",
+    "hami.io/gpu-scheduler-policy": "HAMi's GPU scheduling policy",
+    "hami.io/node-scheduler-policy": "HAMi's node scheduling policy",
+    "hami.io/device-scoring-weights": "HAMi's device scoring weights",
+}
+# HAMi's resource names, which belong in a container's resources, not in annotations
+MISPLACED = {
+    "nvidia.com/gpu": COUNT,
+    "nvidia.com/gpumem": MEMORY_LIMIT,
+    "nvidia.com/gpumem-percentage": MEMORY_LIMIT,
+    "nvidia.com/gpucores": CORES_LIMIT,
+}
+_PREFIXES = ("gpuwire.io", "nvidia.com")
+_LOWER = {k.lower(): k for k in KNOWN}
+_NAMES = [k.removeprefix(PREFIX) for k in KNOWN if k.startswith(PREFIX)]
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """An annotation key gpuwire does not read that looks meant for it: a typo, a case
+    variant, a HAMi key it does not read, a resource name written as an annotation."""
+
+    key: str
+    suggestion: str | None  # the known key it most likely means
+    unread: str | None = None  # what HAMi reads it for, where it is HAMi's
+
+    @property
+    def typo(self) -> bool:
+        """Whether it is a mistake (the policy's unknownAnnotations decides), not a key of
+        HAMi's that gpuwire leaves alone."""
+        return self.unread is None
+
+    def __str__(self) -> str:
+        if self.unread is not None:
+            return f"{self.key} is {self.unread}, which gpuwire does not read"
+        if self.key in MISPLACED:
+            return (
+                f"{self.key} is a resource (a container's resources.limits), not an "
+                f"annotation: did you mean {self.suggestion}?"
+            )
+        if self.suggestion is not None:
+            return f"unknown annotation {self.key}: did you mean {self.suggestion}?"
+        return f"unknown annotation {self.key}; gpuwire reads {PREFIX}{{{','.join(_NAMES)}}}"
+
+
+def _close(text: str, candidates: Iterable[str], cutoff: float) -> str | None:
+    found = difflib.get_close_matches(text, list(candidates), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def _suspect(key: str) -> Unknown | None:
+    """What `key` (not a known one) is, where it looks meant for gpuwire; None otherwise."""
+    lower = key.lower()
+    if lower in _LOWER:  # a case variant: GPU-Model
+        return Unknown(key, _LOWER[lower])
+    if key in HAMI_UNREAD:
+        return Unknown(key, None, HAMI_UNREAD[key])
+    if key in MISPLACED:
+        return Unknown(key, MISPLACED[key])
+    prefix, slash, _ = lower.partition("/")
+    if not slash:
+        return None
+    if prefix == PREFIX[:-1]:  # gpuwire's own: anything unknown there is a mistake
+        name = _close(lower.removeprefix(PREFIX), _NAMES, 0.6)
+        return Unknown(key, PREFIX + name if name else None)
+    if prefix in _PREFIXES or _close(prefix, _PREFIXES, 0.8):  # nvidia.com, gpuwire.oi, …
+        near = _close(lower, _LOWER, 0.85)
+        if near is not None:
+            return Unknown(key, _LOWER[near])
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _unknown(keys: tuple[str, ...]) -> tuple[Unknown, ...]:
+    """Memoized by the pod's annotation keys: a Deployment's pods all carry the same."""
+    found = (_suspect(k) for k in keys if k not in _KNOWN)
+    return tuple(sorted((u for u in found if u is not None), key=lambda u: u.key))
+
+
+def unknown(annotations: Mapping[str, str]) -> tuple[Unknown, ...]:
+    """The keys of `annotations` gpuwire does not read that look meant for it: every unknown
+    `gpuwire.io/` key, and near misses (case variants, a letter off, another prefix) of
+    gpuwire's and HAMi's keys, each with the key it most likely means; HAMi's keys that
+    gpuwire does not read; HAMi's resource names written as annotations."""
+    return _unknown(tuple(annotations))

@@ -199,18 +199,34 @@ def main(argv: list[str]) -> int:
         prog="gpuwire grant",
         description="Print the GPUWIRE_GRANT line the webhook would write for a container.",
     )
-    parser.add_argument("--grant-key-dir", default=DEFAULT_KEY_DIR)
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--container", required=True)
+    parser.add_argument(
+        "--grant-key-dir", default=DEFAULT_KEY_DIR, metavar="DIR",
+        help="the keys, one file per key id; the newest name signs (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--namespace", required=True, help="the pod's namespace")
+    parser.add_argument("--container", required=True, help="the container's name")
     parser.add_argument(
         "--devices", required=True, help="NVIDIA_VISIBLE_DEVICES value, or 'plugin'"
     )
-    parser.add_argument("--capabilities", default="", help="NVIDIA_DRIVER_CAPABILITIES value")
+    parser.add_argument(
+        "--capabilities", default="",
+        help="NVIDIA_DRIVER_CAPABILITIES value (default: none given, the runtime's default)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         subject = Subject.of(args.namespace, args.container, args.devices, args.capabilities)
-        value = KeyRing.load(args.grant_key_dir).sign(subject)
     except (GrantError, nvidia.CapabilityError) as exc:
-        parser.exit(2, f"gpuwire grant: {exc}\n")
-    print(f"{ENV}={value}")
+        parser.exit(2, f"gpuwire grant: {exc}\n")  # gpuwire.exits.USAGE: a bad value
+    # exit 3, gpuwire.exits.INPUT (not imported: this module is on the start path, exits not)
+    try:
+        keys = KeyRing.load(args.grant_key_dir)
+    except OSError as exc:
+        parser.exit(3, f"gpuwire grant: cannot read the keys in {args.grant_key_dir}: {exc}\n")
+    if not keys.keys:
+        parser.exit(
+            3,
+            f"gpuwire grant: no grant key in {args.grant_key_dir} (missing, or no key file in "
+            "it); give --grant-key-dir DIR with one file per key id\n",
+        )
+    print(f"{ENV}={keys.sign(subject)}")
     return 0

@@ -29,7 +29,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwire import migprofiles, nvidia
+from gpuwire import exits, migprofiles, nvidia
 from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
@@ -131,7 +131,21 @@ class Machine:
         )
 
 
+class NoSimulatedNode(exits.CommandError):
+    """A directory given as a simulated node that holds none."""
+
+
+def check_root(root: str | os.PathLike[str]) -> None:
+    """NoSimulatedNode, saying what to do, unless `root` holds a simulated node."""
+    if not Path(root, MACHINE).is_file():
+        raise NoSimulatedNode(
+            f"{root}: no simulated node there ({MACHINE} is missing); "
+            f"write one with gpuwire sim node {root}"
+        )
+
+
 def load_machine(root: str | os.PathLike[str]) -> Machine:
+    check_root(root)
     return Machine.from_json(Path(root, MACHINE).read_text())
 
 
@@ -520,16 +534,26 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuwire sim node", description="Write a simulated GPU node."
     )
-    parser.add_argument("dir")
-    parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument("dir", help="the node's root, written as a host's / (made if missing)")
+    parser.add_argument("--gpus", type=int, default=4, help="how many (default %(default)s)")
     parser.add_argument(
         "--product", action="append", help=f"repeat to mix models (default {DEFAULT_PRODUCT!r})"
     )
-    parser.add_argument("--driver", default=DEFAULT_DRIVER)
-    parser.add_argument("--cuda", default=DEFAULT_CUDA)
-    parser.add_argument("--nvlink", choices=("pairs", "mesh", "none"), default="pairs")
-    parser.add_argument("--layout", choices=("debian", "rhel"), default="debian")
-    parser.add_argument("--seed", default="gpuwire", help="UUIDs derive from it")
+    parser.add_argument(
+        "--driver", default=DEFAULT_DRIVER, help="driver version (default %(default)s)"
+    )
+    parser.add_argument("--cuda", default=DEFAULT_CUDA, help="CUDA version (default %(default)s)")
+    parser.add_argument(
+        "--nvlink", choices=("pairs", "mesh", "none"), default="pairs",
+        help="how the GPUs are linked (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--layout", choices=("debian", "rhel"), default="debian",
+        help="where the driver's libraries go (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--seed", default="gpuwire", help="UUIDs derive from it (default %(default)s)"
+    )
     parser.add_argument(
         "--mig",
         action="append",
@@ -556,11 +580,18 @@ def main(argv: list[str]) -> int:
                 machine = with_mig(machine, index, profiles)
     except MigChangeError as exc:
         parser.error(f"--mig: {exc}")
-    write_node(args.dir, machine, args.layout)
+    _write_node_or_say(args.dir, machine, args.layout)
     _print_node(machine)
     if os.geteuid() != 0:
         print("not root: /dev/nvidia* are placeholder files, not character devices")
     return 0
+
+
+def _write_node_or_say(root: str, machine: Machine, layout: str = "debian") -> None:
+    try:
+        write_node(root, machine, layout)
+    except OSError as exc:
+        raise exits.CommandError(f"{root}: cannot write the simulated node: {exc}") from None
 
 
 def mig_main(argv: list[str]) -> int:
@@ -569,12 +600,18 @@ def mig_main(argv: list[str]) -> int:
         description="Change MIG on a simulated node, as nvidia-smi mig does on a real one: "
         "create GPU instances (each with one compute instance over all of it) or destroy them.",
     )
-    parser.add_argument("dir")
+    parser.add_argument("dir", help="the simulated node (gpuwire sim node DIR)")
     parser.add_argument("--gpu", type=int, required=True, help="GPU index")
     parser.add_argument("--enable", action="store_true", help="turn MIG mode on first")
     parser.add_argument("--disable", action="store_true", help="turn MIG mode off last")
-    parser.add_argument("--create", action="append", default=[], metavar="PROFILE")
-    parser.add_argument("--destroy", action="append", default=[], type=int, metavar="GI")
+    parser.add_argument(
+        "--create", action="append", default=[], metavar="PROFILE",
+        help="create a GPU instance of PROFILE (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--destroy", action="append", default=[], type=int, metavar="GI",
+        help="destroy GPU instance GI (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     machine = load_machine(args.dir)
     try:
@@ -588,16 +625,16 @@ def mig_main(argv: list[str]) -> int:
             machine = set_mig_mode(machine, args.gpu, False)
     except MigChangeError as exc:
         parser.exit(2, f"{parser.prog}: {exc}; nothing changed\n")
-    write_node(args.dir, machine)
+    _write_node_or_say(args.dir, machine)
     _print_node(machine)
     return 0
 
 
 def fault_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="gpuwire sim fault", description="Inject an XID event.")
-    parser.add_argument("dir")
+    parser.add_argument("dir", help="the simulated node (gpuwire sim node DIR)")
     parser.add_argument("--gpu", required=True, help="index, GPU UUID or MIG UUID")
-    parser.add_argument("--xid", type=int, required=True)
+    parser.add_argument("--xid", type=int, required=True, help="the XID to report (e.g. 79)")
     args = parser.parse_args(argv)
     machine = load_machine(args.dir)
     for g in machine.gpus:

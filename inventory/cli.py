@@ -3,7 +3,9 @@
 Four reads per look: all nodes, the pods that are not done, and DRA's ResourceClaims and
 gpuwire's ResourceSlices (none where the API server does not serve `resource.k8s.io/v1`).
 Everything else comes from the node annotations the gpuwire agents keep, so the command needs
-`list` on nodes, pods, resourceclaims and resourceslices only.
+`list` on nodes, pods, resourceclaims and resourceslices only. Offline, files stand in for
+the cluster (`--nodes`, `--pods`, `--claims`, `--slices`: what `kubectl get ... -o yaml`
+prints), read again on each look of `--watch`.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TextIO
 
 import kubeclient
+from gpuwire import exits
 from gpuwire.dra import DRIVER
 from inventory import table, view
+from kubeclient import listfile
 
 OUTPUTS = ("table", "wide", "json")
 CLEAR = "\x1b[H\x1b[2J"
@@ -81,6 +85,43 @@ def fetch(api: Any, namespace: str | None) -> tuple[list[Any], list[Any], list[A
     return _listed(api.list_node), pods, claims, slices
 
 
+Lists = tuple[list[Any], list[Any], list[Any], list[Any]]
+# flag → (the kind its file lists, the command that prints such a file)
+FILES = {
+    "nodes": ("Node", "kubectl get nodes -o yaml"),
+    "pods": ("Pod", "kubectl get pods -A -o yaml"),
+    "claims": ("ResourceClaim", "kubectl get resourceclaims -A -o yaml"),
+    "slices": ("ResourceSlice", "kubectl get resourceslices -o yaml"),
+}
+
+
+class InventoryFileError(exits.CommandError):
+    """A --nodes, --pods, --claims or --slices file that cannot be read as its list."""
+
+
+def from_files(args: argparse.Namespace) -> Lists:
+    """The four lists from the files given (a list not given: empty), as `fetch` filters
+    them: the pods not done, of `--namespace` if given, and gpuwire's slices."""
+    found = {
+        flag: [dict(o) for o in listfile.items(getattr(args, flag), kind, InventoryFileError)]
+        if getattr(args, flag)
+        else []
+        for flag, (kind, _) in FILES.items()
+    }
+    ns = args.namespace
+    pods = [
+        p
+        for p in found["pods"]
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and (ns is None or (p.get("metadata") or {}).get("namespace") == ns)
+    ]
+    claims = [
+        c for c in found["claims"] if ns is None or (c.get("metadata") or {}).get("namespace") == ns
+    ]
+    slices = [s for s in found["slices"] if (s.get("spec") or {}).get("driver") == DRIVER]
+    return found["nodes"], pods, claims, slices
+
+
 def _output(text: str) -> str:
     if text not in OUTPUTS:
         raise argparse.ArgumentTypeError(f"{text!r}: expected one of {', '.join(OUTPUTS)}")
@@ -127,7 +168,16 @@ def parser(prog: str = "gpuwire inventory") -> argparse.ArgumentParser:
         help="with --watch: how often to look (default 2)",
     )
     kubeclient.add_kubeconfig_flag(p)
-    p.add_argument("--context", help="the kubeconfig context to use")
+    p.add_argument(
+        "--context", help="the kubeconfig context to use (default: the kubeconfig's current one)"
+    )
+    for flag, (kind, command) in FILES.items():
+        p.add_argument(
+            f"--{flag}",
+            metavar="FILE",
+            help=f"offline: the {kind}s from a file ({command}) instead of the cluster; any of "
+            "--nodes, --pods, --claims, --slices given, the others are none",
+        )
     return p
 
 
@@ -135,28 +185,39 @@ def main(argv: list[str], out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     p = parser()
     args = p.parse_args(argv)
+    offline = any(getattr(args, flag) is not None for flag in FILES)
+    if offline and (args.kubeconfig or args.context):
+        p.error("--kubeconfig and --context name a cluster; --nodes, --pods, --claims and "
+                "--slices stand in for one: give one or the other")  # fmt: skip
+    api = None if offline else core_api(args.kubeconfig, args.context)  # NoCluster: exit 4
+
+    def look() -> Lists:
+        """The four lists, from the files (read again each time) or the cluster."""
+        if api is None:
+            return from_files(args)
+        with kubeclient.talking(api):
+            return fetch(api, args.namespace)
+
     try:
-        api = core_api(args.kubeconfig, args.context)
-    except Exception as exc:  # no kubeconfig, unknown context, not in a cluster
-        p.exit(1, f"{p.prog}: no cluster to ask: {exc}\n")
-    try:
-        return _show(p, args, api, stream)
+        return _show(p, args, look, stream)
     except KeyboardInterrupt:  # the way out of --watch
         return 0
 
 
-def _show(p: argparse.ArgumentParser, args: argparse.Namespace, api: Any, stream: TextIO) -> int:
+def _show(
+    p: argparse.ArgumentParser, args: argparse.Namespace, look: Callable[[], Lists], stream: TextIO
+) -> int:
     tty = stream.isatty()
     width = shutil.get_terminal_size((80, 24)).columns if tty else 80
     color = tty and not os.environ.get("NO_COLOR")
     shown = None
     while True:
         try:
-            nodes, pods, claims, slices = fetch(api, args.namespace)
-        except Exception as exc:  # the API server is away or refuses: say which and why
+            nodes, pods, claims, slices = look()
+        except exits.CommandError as exc:  # the API server is away or refuses, a file is bad
             if not args.watch:
-                p.exit(1, f"{p.prog}: {_api_error(api, exc)}\n")
-            sys.stderr.write(f"{p.prog}: {_api_error(api, exc)}; trying again\n")
+                raise
+            sys.stderr.write(f"{p.prog}: {exc}; trying again\n")
         else:
             text = report(
                 nodes,
@@ -178,17 +239,12 @@ def _show(p: argparse.ArgumentParser, args: argparse.Namespace, api: Any, stream
         time.sleep(args.interval)
 
 
-def _api_error(api: Any, exc: Exception) -> str:
-    host = getattr(getattr(api.api_client, "configuration", None), "host", "the API server")
-    reason = getattr(exc, "reason", None) or exc
-    status = getattr(exc, "status", None)
-    return f"{host}: {status} {reason}" if status else f"{host}: {reason}"
-
-
 def kubectl_plugin(argv: list[str] | None = None) -> int:
     """`kubectl-gpuwire`: kubectl runs it as `kubectl gpuwire inventory ...`."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["inventory"]:
-        return main(args[1:])
+        from gpuwire.cli import run
+
+        return run("kubectl gpuwire inventory", main, args[1:])
     sys.stderr.write("usage: kubectl gpuwire inventory [--node N] [-n NS] [-o wide|json] [-w]\n")
     return 0 if args[:1] in (["-h"], ["--help"]) else 2

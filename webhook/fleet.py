@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuwire import holders, limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
-from webhook import listfile
+from kubeclient import listfile
 
 log = logging.getLogger(__name__)
 

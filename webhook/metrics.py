@@ -1,4 +1,5 @@
-"""Prometheus metrics of the webhook: admissions by outcome, latency, reloads, fleet size."""
+"""Prometheus metrics of the webhook: admissions by outcome, warnings by kind, latency,
+reloads, fleet size."""
 
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ class Metrics:
             registry=self.registry,
         )
         self._by_outcome = {o: self.admissions.labels(o) for o in OUTCOMES}
+        self.warnings = Counter(
+            "gpuwire_webhook_warnings",
+            "Warnings answered with admitted pods, by kind (webhook/warned.py; the log line "
+            "names the pod).",
+            ["kind"],
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "gpuwire_webhook_admission_duration_seconds",
             "Time from request received to answer ready.",
@@ -51,6 +59,9 @@ class Metrics:
     def observe(self, outcome: str, seconds: float) -> None:
         self._by_outcome[outcome].inc()
         self.latency.observe(seconds)
+
+    def warned(self, kind: str) -> None:
+        self.warnings.labels(kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

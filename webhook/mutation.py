@@ -45,6 +45,7 @@ from webhook.placement import Demand, Placement, Unplaceable, place
 from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 from webhook.pools import NO_POOLS, Pools
+from webhook.warned import Warned
 
 VISIBLE = nvidia.VISIBLE_DEVICES_ENV
 CAPS = nvidia.CAPABILITIES_ENV
@@ -65,12 +66,13 @@ class Denial:
 @dataclass(frozen=True)
 class Outcome:
     patch: tuple[Op, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # each a `Warned` where the mutation says its kind
     denial: Denial | None = None
     skipped: str | None = None  # why the pod passed untouched
     # ResourceClaimTemplates the patch's claims are made from: they must exist (the server
     # creates them before answering, except on a dry run)
     templates: tuple[dict[str, Any], ...] = ()
+    granted: tuple[str, ...] = ()  # what each GPU container was given, for the log
 
     @property
     def allowed(self) -> bool:
@@ -92,12 +94,12 @@ class _Devices:
     ops: list[Op] = field(default_factory=list)
 
 
-def _describe(change: Change) -> str:
+def _describe(change: Change) -> Warned:
     old = "(valueFrom)" if change.old is None else change.old
     new = "removed" if change.new is None else f"replaced by {change.new}"
     if change.name == grant.ENV:
         old = "(hand-written)"
-    return f"container {change.container!r}: {change.name}={old} {new}"
+    return Warned("env-replaced", f"container {change.container!r}: {change.name}={old} {new}")
 
 
 class _Mutation:
@@ -120,12 +122,15 @@ class _Mutation:
         self.rule = policy.rule(namespace) or NO_RULE
         self.warnings: list[str] = []
         self.granted = False
+        self.given: list[str] = []  # what each GPU container gets, for the log
 
     # --- the whole pod
 
+    def warn(self, kind: str, text: str) -> None:
+        self.warnings.append(Warned(kind, text))
+
     def run(self) -> Outcome:
-        for key in keys.unknown(self.pod.annotations):
-            self.warnings.append(f"unknown annotation {key} ignored (see docs/annotations.md)")
+        self.unknown_annotations()
         cdi = self.cdi_annotations()
         try:
             request = keys.parse(self.pod.annotations)
@@ -138,17 +143,11 @@ class _Mutation:
                 f"namespace {self.namespace!r} may not ask for GPUs by annotation ({asked}): "
                 "no rule of the gpuwire policy allows it",
             )
-        if request.uuids and not self.rule.explicit_devices:
-            key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
-            raise Denied(
-                403,
-                f"{key}: {value!r} names GPUs, which namespace {self.namespace!r} may not do; "
-                f"accepted here: {keys.COUNT} and model or memory annotations",
-            )
         if request.profiles and not request.wants_limits:
-            self.warnings.append(
+            self.warn(
+                "profile-without-limits",
                 f"{keys.LIMIT_PROFILE} has no effect without "
-                f"{keys.MEMORY_LIMIT} or {keys.CORES_LIMIT}"
+                f"{keys.MEMORY_LIMIT} or {keys.CORES_LIMIT}",
             )
         gpu = self.gpu_containers(request)
         claimed = self.claims(gpu, request) if gpu and self.allocation != "devicePlugin" else {}
@@ -174,7 +173,31 @@ class _Mutation:
         ops += affinity.require(self.pod.spec, placement.expressions)
         ops += self.claim_entries(claimed)
         templates = {c.name: c.template(self.namespace) for c in claimed.values() if c}
-        return Outcome(tuple(ops), tuple(self.warnings), templates=tuple(templates.values()))
+        return Outcome(
+            tuple(ops),
+            tuple(self.warnings),
+            templates=tuple(templates.values()),
+            granted=tuple(self.given),
+        )
+
+    def unknown_annotations(self) -> None:
+        """Keys gpuwire does not read that look meant for it: a typo denies the pod (policy
+        unknownAnnotations: deny) or is a warning; a key HAMi reads and gpuwire does not is a
+        warning."""
+        found = keys.unknown(self.pod.annotations)
+        typos = [u for u in found if u.typo]
+        if typos and self.policy.unknown_annotations == "deny":
+            said = "; ".join(f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in typos)
+            raise Denied(
+                400,
+                f"{said} (the gpuwire policy denies annotations it does not know: "
+                "unknownAnnotations: deny; docs/annotations.md)",
+            )
+        for u in found:
+            if u.typo:
+                self.warn("unknown-annotation", f"{u} (ignored)")
+            else:
+                self.warn("unread-annotation", f"{u} (ignored)")
 
     def runtime_class(self, claimed: bool) -> list[Op]:
         """The policy's RuntimeClass on a pod that names none and gets a GPU, by grant or by a
@@ -200,8 +223,8 @@ class _Mutation:
                 f"inject, which namespace {self.namespace!r} may not do; ask for GPUs with "
                 "gpuwire.io annotations or a ResourceClaim",
             )
-        self.warnings.append(f"{given} removed: namespace {self.namespace!r} may not name CDI "
-                             "devices (policy cdiAnnotations)")  # fmt: skip
+        self.warn("cdi-annotation-removed", f"{given} removed: namespace {self.namespace!r} may "
+                  "not name CDI devices (policy cdiAnnotations)")  # fmt: skip
         return [{"op": "remove", "path": pointer("/metadata/annotations", k)} for k in named]
 
     def named_mig(self, gpu: set[str]) -> tuple[str, ...]:
@@ -261,6 +284,7 @@ class _Mutation:
             self.check_count(c, request, _Devices(visible, found.gpus))
             self.warnings += [w for w in found.warnings if w not in self.warnings]
             out[c.name] = found
+            self.given.append(f"{c.name}: a claim from template {found.name} ({ask.count} GPU(s))")
         return out
 
     def ask(self, c: Container, request: GpuRequest) -> Ask | None:
@@ -407,8 +431,9 @@ class _Mutation:
         )
         for name in names:
             if not limits.PROFILES[name].enforced:
-                self.warnings.append(
-                    f"profile {name!r} is advisory: the framework reads it, nothing enforces it"
+                self.warn(
+                    "advisory-profile",
+                    f"profile {name!r} is advisory: the framework reads it, nothing enforces it",
                 )
         enforced = tuple(n for n in names if limits.PROFILES[n].enforced)
         return Demand(plugin, asks, whole, enforced, source, device_plugin)
@@ -428,6 +453,7 @@ class _Mutation:
         if request.wants_limits:
             env.update(self.limits(c, request, placement, granted.devices))
         env[grant.ENV] = self.sign(c.name, granted.visible, caps)
+        self.given.append(_given(c.name, granted, caps, env))
         return granted.ops + self.env(c, env)
 
     def devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
@@ -441,9 +467,11 @@ class _Mutation:
         if request.mig_profile:
             return self.mig_devices(c, request, placement)
         if request.uuids:
+            self.check_named(request)
             return _Devices(",".join(placement.devices or request.uuids), len(request.uuids))
         count = request.count if request.count is not None else self.policy.gpu_count
         if count == "all":
+            self.check_all_gpus(c, request)
             return _Devices("all", placement.gpu_count())
         if count == "none":
             return _Devices("none", 0)
@@ -474,9 +502,10 @@ class _Mutation:
                 ops.append(
                     {"op": "add", "path": pointer(base, wanted), "value": held[nvidia.RESOURCE]}
                 )
-        self.warnings.append(
+        self.warn(
+            "resource-renamed",
             f"container {c.name!r}: {nvidia.RESOURCE}: {asked[1]} asks for {wanted}: {asked[1]}, "
-            "the resource holding only the GPUs asked for"
+            "the resource holding only the GPUs asked for",
         )
         return ops
 
@@ -535,6 +564,36 @@ class _Mutation:
                 f"{c.name!r}'s {resource}: {count}; accepted: {count}, or no {keys.COUNT}",
             )
 
+    def check_named(self, request: GpuRequest) -> None:
+        """GPUs named without the device plugin or a claim: where the policy names the
+        namespace (explicitDevices), as the device plugin would go on handing them out. (A
+        claim's named GPUs the scheduler allocates: the DRA path needs no such rule.)"""
+        if self.rule.explicit_devices:
+            return
+        key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
+        raise Denied(
+            403,
+            f"{key}: {value!r} names GPUs, which namespace {self.namespace!r} may not do: "
+            "the device plugin would not know, and hand the same GPUs to other pods; accepted "
+            f"here: {keys.COUNT} and model or memory annotations; an admin allows it with a "
+            "rule of the gpuwire policy for the namespace: explicitDevices: true",
+        )
+
+    def check_all_gpus(self, c: Container, request: GpuRequest) -> None:
+        """Every GPU of a node without the device plugin: where the policy names the
+        namespace (allGpus), as the device plugin would go on handing those GPUs out."""
+        if self.rule.all_gpus:
+            return
+        value = request.given.get(keys.COUNT, "unset (policy default gpuCount: all)")
+        raise Denied(
+            403,
+            f"container {c.name!r} asks for every GPU of its node without the device plugin "
+            f"({keys.COUNT}: {value!r}), which namespace {self.namespace!r} may not do: the "
+            "device plugin would not know, and hand the same GPUs to other pods; accepted "
+            f"here: {keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits; an "
+            "admin allows it with a rule of the gpuwire policy for the namespace: allGpus: true",
+        )
+
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
         """At most the rule's maxGpus; `all` passes where every node it can land on has no more."""
         most = self.rule.max_gpus
@@ -570,12 +629,14 @@ class _Mutation:
     ) -> dict[str, str | None]:
         memory_mib = placement.gpu_memory_mib()
         share = request.memory_limit or MemoryLimit()
+        self.check_share(request, share, placement)
         mib, fraction = share.resolve(memory_mib)
         wanted = limits.Limits(mib, fraction, request.cores_limit, devices=count)
         if share.percent and len(placement.memories) > 1:
-            self.warnings.append(
+            self.warn(
+                "limit-sized-by-smallest",
                 f"{keys.MEMORY_LIMIT}={request.given[keys.MEMORY_LIMIT]} taken against the "
-                f"smallest candidate GPU ({memory_mib} MiB)"
+                f"smallest candidate GPU ({memory_mib} MiB)",
             )
         existing = c.values()
         env: dict[str, str | None] = {}
@@ -587,17 +648,38 @@ class _Mutation:
                 key = keys.MEMORY_LIMIT
                 if profile.enforced:
                     raise Denied(400, f"{key}: {request.given[key]!r}: {exc}") from exc
-                self.warnings.append(f"{key}: profile {name!r} skipped: {exc}")
+                self.warn("profile-skipped", f"{key}: profile {name!r} skipped: {exc}")
             env.update(dict.fromkeys(profile.escaping(c.named)))
         return env
+
+    def check_share(self, request: GpuRequest, share: MemoryLimit, placement: Placement) -> None:
+        """A memory limit larger than every GPU the pod can get caps nothing: a mistake."""
+        if share.mib is None or not placement.memories or share.mib <= placement.memories[-1]:
+            return
+        sizes = sorted(
+            {
+                f"{g.product} {g.memory_mib} MiB"
+                for n in placement.nodes
+                for g in n.gpus
+                if g.memory_mib in placement.memories
+            }
+        )
+        raise Denied(
+            400,
+            f"{keys.MEMORY_LIMIT}: {request.given[keys.MEMORY_LIMIT]!r} (= {share.mib} MiB) is "
+            f"more than any GPU the pod can get has, so it would cap nothing; GPUs there: "
+            f"{', '.join(sizes) or f'{placement.memories[-1]} MiB'}; accepted: at most "
+            f"{placement.memories[-1]} MiB, or a share of the GPU (e.g. 50%)",
+        )
 
     def other_container(self, c: Container) -> list[Op]:
         """A container that asked for nothing: void, unless a trusted namespace wrote a value."""
         value = c.value(VISIBLE)
         if c.sets(VISIBLE) and self.rule.trust_visible_devices:
             if value is None:
-                self.warnings.append(
-                    f"container {c.name!r}: {VISIBLE} from valueFrom cannot be granted"
+                self.warn(
+                    "env-not-granted",
+                    f"container {c.name!r}: {VISIBLE} from valueFrom cannot be granted",
                 )
                 return []
             if devices.parse_request(value).kind is devices.Kind.VOID:
@@ -626,13 +708,30 @@ class _Mutation:
         grant.Subject.of(self.namespace, container, visible, caps)  # unknown caps: still refused
         warning = f"no grant key loaded: {grant.ENV} not written"
         if warning not in self.warnings:
-            self.warnings.append(warning)
+            self.warn("no-grant-key", warning)
         return None
 
     def env(self, c: Container, desired: Mapping[str, str | None]) -> list[Op]:
         ops, changes = env_ops(c, desired)
         self.warnings += [_describe(change) for change in changes]
         return ops
+
+
+def _given(container: str, granted: _Devices, caps: str, env: Mapping[str, str | None]) -> str:
+    """What one container was granted, in a few words, for the admission's log line."""
+    if granted.visible == grant.PLUGIN_DEVICES:
+        asked = [op["path"].rsplit("/", 1)[-1].replace("~1", "/") for op in granted.ops
+                 if op["op"] == "add"]  # fmt: skip
+        what = f"{granted.devices} from the device plugin" + (f" ({asked[0]})" if asked else "")
+    elif granted.visible in ("all", "none"):
+        what = f"{granted.visible} GPUs of its node" if granted.visible == "all" else "no GPU"
+    else:
+        what = f"GPUs {granted.visible}"
+    limited = sorted(k for k, v in env.items() if v is not None and k not in _GRANT_ENV)
+    return f"{container}: {what}, {caps}" + (f", {','.join(limited)}" if limited else "")
+
+
+_GRANT_ENV = (VISIBLE, CAPS, grant.ENV)
 
 
 def _entry(container: str) -> str:

@@ -392,7 +392,11 @@ class _Placer:
         self.pinned = self.narrowed = True
 
     def excluded_uuids(self) -> None:
-        """A node cannot be told to skip one GPU: keep off every node holding an excluded one."""
+        """A node cannot be told to skip one GPU: keep off every node holding an excluded one.
+        Where GPUs are named the container gets exactly those, which leave the excluded ones
+        out already (HAMi's `use-gpuuuid: A,B` with `nouse-gpuuuid: C`, all on one node)."""
+        if self.request.uuids:
+            return
         holding = {
             h[0].hostname: h[1].uuid
             for u in self.request.excluded_uuids

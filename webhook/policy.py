@@ -8,25 +8,30 @@ dra:                                # the DRA path (allocation dra, or auto wher
   nvlink: preferred                 # several GPUs on one NVLink island: preferred | required
   gpuResources: claim               # nvidia.com/gpu: N becomes a claim (claim) or stays (keep)
 unknownModel: deny                  # deny | allow (admit without the unresolvable constraint)
+unknownAnnotations: deny            # deny | warn: a gpuwire.io/ key it does not know, a typo
 defaults:
   capabilities: compute,utility
   limitProfile: hami                # or a list: [mps, pytorch]
   runtimeClassName: gpuwire         # set on GPU pods that name none
-  gpuCount: all                     # what a GPU container gets when gpu-count is unset
+  gpuCount: 1                       # what a GPU container gets when gpu-count is unset
   voidUnrequested: true             # NVIDIA_VISIBLE_DEVICES=void where nothing was asked
 namespaces:                         # first match wins; unmatched namespaces may not ask
   - match: [gpu-operator]
     trustVisibleDevices: true       # hand-written NVIDIA_VISIBLE_DEVICES kept (and granted)
     cdiAnnotations: allow           # cdi.k8s.io/* pod annotations kept (strip | deny | allow)
+  - match: [media]
+    allGpus: true                   # may take every GPU of a node without the device plugin
+    explicitDevices: true           # may name GPUs (gpuwire.io/gpu-uuid)
   - match: ["team-*"]
     allocation: dra                 # this namespace's pods get ResourceClaims
     maxGpus: 4
-    explicitDevices: false          # no gpuwire.io/gpu-uuid
     capabilities: [compute, utility]
   - match: ["*"]
 ```
-With no file: every namespace but kube-system may ask by annotation, for anything, and no
-namespace's hand-written NVIDIA_VISIBLE_DEVICES or `cdi.k8s.io/*` annotations are trusted.
+With no file: every namespace but kube-system may ask by annotation for GPUs the device
+plugin hands out (one unless it says how many), none may take a node's every GPU without
+it or name GPUs, no namespace's hand-written NVIDIA_VISIBLE_DEVICES or `cdi.k8s.io/*`
+annotations are trusted, and a `gpuwire.io/` annotation it does not know is denied.
 """
 
 from __future__ import annotations
@@ -55,7 +60,11 @@ class Rule:
     match: tuple[str, ...] = ("*",)
     annotations: bool = True  # may ask for GPUs by annotation
     max_gpus: int | Literal["all"] = "all"  # per container
-    explicit_devices: bool = True  # may name GPUs (gpuwire.io/gpu-uuid)
+    # May take every GPU of its node without the device plugin (gpu-count: all, which the
+    # device plugin does not see), or name GPUs (gpuwire.io/gpu-uuid): only where an admin
+    # says so, since either can hand out GPUs the device plugin gives others too.
+    all_gpus: bool = False
+    explicit_devices: bool = False
     capabilities: tuple[str, ...] = tuple(sorted(nvidia.CAPABILITIES))  # the most it may ask for
     trust_visible_devices: bool = False
     # What becomes of `cdi.k8s.io/*` pod annotations, which name CDI devices for containerd
@@ -78,10 +87,14 @@ class Policy:
     nvlink: Literal["required", "preferred"] = "preferred"  # several GPUs, on the DRA path
     claim_gpu_resources: bool = True  # nvidia.com/gpu: N becomes a claim on the DRA path
     unknown_model: Literal["deny", "allow"] = "deny"
+    # A gpuwire.io/ key it does not know (or a near miss of one of its or HAMi's): most
+    # likely a typo that would drop what it asks for, so the pod is denied with "did you
+    # mean"; `warn` admits it with the warning (logged and counted) instead.
+    unknown_annotations: Literal["deny", "warn"] = "deny"
     capabilities: str = "compute,utility"  # canonical
     limit_profiles: tuple[str, ...] = (limits.DEFAULT_PROFILE,)
     runtime_class: str | None = None
-    gpu_count: Count = "all"
+    gpu_count: Count = 1
     void_unrequested: bool = True
     rules: tuple[Rule, ...] = field(default=(Rule(),))
     # namespace → (excluded, rule): a cluster has few namespaces, and every admission asks
@@ -197,6 +210,7 @@ RULE_KEYS: dict[str, tuple[str, Reader]] = {
     "match": ("match", _names),
     "annotations": ("annotations", _bool),
     "maxGpus": ("max_gpus", _count),
+    "allGpus": ("all_gpus", _bool),
     "explicitDevices": ("explicit_devices", _bool),
     "capabilities": ("capabilities", _capabilities),
     "trustVisibleDevices": ("trust_visible_devices", _bool),
@@ -239,6 +253,7 @@ TOP_KEYS: dict[str, tuple[str, Reader]] = {
     "allocation": ("allocation", _choice(*ALLOCATIONS)),
     "dra": ("dra", lambda w, v: _read(w, v, DRA_KEYS)),
     "unknownModel": ("unknown_model", _choice("deny", "allow")),
+    "unknownAnnotations": ("unknown_annotations", _choice("deny", "warn")),
     "defaults": ("defaults", lambda w, v: _read(w, v, DEFAULT_KEYS)),
     "namespaces": ("rules", _rules),
 }

@@ -30,7 +30,7 @@ import orjson
 from gpuwire import dra, limits
 from gpuwire.annotations import normalise_model
 from gpuwire.quantity import QuantityError, api_mib
-from webhook import listfile
+from kubeclient import listfile
 
 log = logging.getLogger(__name__)
 

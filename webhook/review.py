@@ -16,6 +16,7 @@ of what the webhook adds to the HTTP framework's cost; with orjson ~40 µs (docs
 from __future__ import annotations
 
 import base64
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +108,42 @@ def response(review: Review, outcome: Outcome) -> dict[str, Any]:
     if outcome.warnings:
         answer["warnings"] = _warnings(outcome)
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": answer}
+
+
+def pod_name(review: Review) -> str:
+    """The pod as a person finds it: its name, else (a controller's pod, named only after
+    admission) its generateName and owner, `web-7d9f-* (of ReplicaSet web-7d9f)`."""
+    meta = review.pod.get("metadata") if isinstance(review.pod, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    if meta.get("name"):
+        return str(meta["name"])
+    named = f"{meta['generateName']}*" if meta.get("generateName") else "(no name)"
+    owners = meta.get("ownerReferences")
+    owner = owners[0] if isinstance(owners, list) and owners and isinstance(owners[0], dict) else {}
+    if owner.get("kind") and owner.get("name"):
+        return f"{named} (of {owner['kind']} {owner['name']})"
+    return named
+
+
+def decision(review: Review, outcome: Outcome) -> tuple[int, str, dict[str, Any]]:
+    """(log level, line, fields) of one admission: the pod, the uid, and what was granted or
+    why it was denied; the warnings come as lines of their own."""
+    pod = f"{review.namespace}/{pod_name(review)}"
+    fields: dict[str, Any] = {
+        "namespace": review.namespace,
+        "pod": pod_name(review),
+        "uid": review.uid,
+        "outcome": label(outcome),
+    }
+    if outcome.denial is not None:
+        fields["code"] = outcome.denial.code
+        said = f"denied {pod} (uid {review.uid}): {outcome.denial.code}: {outcome.denial.message}"
+        return logging.INFO, said, fields
+    if outcome.skipped is not None:
+        return logging.DEBUG, f"skipped {pod} (uid {review.uid}): {outcome.skipped}", fields
+    granted = "; ".join(outcome.granted) or "no GPU asked for"
+    fields["granted"] = list(outcome.granted)
+    return logging.INFO, f"admitted {pod} (uid {review.uid}): {granted}", fields
 
 
 def label(outcome: Outcome) -> str:

@@ -27,11 +27,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from gpuwire import logs
 from webhook import review
 from webhook.metrics import Metrics
 from webhook.mutation import Denial, Outcome
 from webhook.reload import Reloadable, Watched
 from webhook.sources import Sources
+from webhook.warned import kind_of
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +90,32 @@ def create_app(
         try:
             reviewed = review.parse(body)
         except review.BadReview as exc:
+            log.info("invalid review (400): %s", exc)
             return 400, review.status(400, str(exc)), "invalid"
         outcome = await templates_made(reviewed, review.outcome_of(reviewed, sources.decide))
+        said(reviewed, outcome)
         return 200, review.response(reviewed, outcome), review.label(outcome)
+
+    def said(reviewed: review.Review, outcome: Outcome) -> None:
+        """The decision in the log, once, and each warning, counted by its kind."""
+        level, line, fields = review.decision(reviewed, outcome)
+        log.log(level, "%s", line, extra={logs.FIELDS: fields})
+        for warning in outcome.warnings:
+            kind = kind_of(warning)
+            metrics.warned(kind)
+            log.warning("warning for %s/%s (uid %s): %s: %s", reviewed.namespace,
+                        fields["pod"], reviewed.uid, kind, warning,
+                        extra={logs.FIELDS: {**fields, "kind": kind}})  # fmt: skip
 
     async def mutate(request: Request) -> Response:
         started = time.perf_counter()
         body = await _body(request)
         if body is None:
+            log.info("invalid review (413): body over %s bytes", MAX_BODY)
             reply = review.status(413, f"body over {MAX_BODY} bytes")
             status, outcome = 413, "invalid"
         else:
             status, reply, outcome = await decide(body)
-        if outcome in ("denied", "invalid"):
-            why: dict[str, Any] = reply["response"]["status"] if "response" in reply else reply
-            log.info("%s (%s): %s", outcome, why.get("code"), why.get("message"))
         metrics.observe(outcome, time.perf_counter() - started)
         return _json(status, reply)
 
@@ -159,10 +172,18 @@ def create_app(
 def run(app: Starlette, host: str, port: int, context: ssl.SSLContext, log_level: str) -> None:
     """Serve `app` over TLS with `context`, the live context certificates reload into.
 
-    One event loop, no access log (per-request logging costs as much as the mutation).
+    One event loop, no access log (per-request logging costs as much as the mutation; each
+    admission's decision is logged instead). uvicorn is given no logging config of its own:
+    its lines go through the one format `gpuwire.logs` set up.
     """
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on"
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
     )
     config.load()
     config.ssl = context

@@ -14,10 +14,32 @@ from pathlib import Path
 from webhook.reload import Watched
 
 
+class TlsFileError(ValueError):
+    """A certificate or key file that is missing, unreadable, or not a matching PEM pair."""
+
+
+def _load(context: ssl.SSLContext, cert: str | Path, key: str | Path) -> None:
+    """The pair into `context`; TlsFileError naming the file and what is wrong with it
+    (ssl's own errors name neither: `[Errno 2] No such file or directory`, `PEM lib`)."""
+    for what, path in (("certificate", cert), ("private key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise TlsFileError(f"TLS {what} {path}: {exc.strerror}") from None
+    try:
+        context.load_cert_chain(cert, key)
+    except ssl.SSLError as exc:
+        raise TlsFileError(
+            f"TLS certificate {cert} and key {key} are not a PEM certificate (chain) and its "
+            f"private key: {exc.reason or exc}"
+        ) from None
+
+
 def server_context(cert: str | Path, key: str | Path) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(cert, key)
+    _load(context, cert, key)
     return context
 
 
@@ -26,6 +48,6 @@ def reloading(context: ssl.SSLContext, cert: str | Path, key: str | Path) -> Wat
 
     def load() -> None:
         server_context(cert, key)
-        context.load_cert_chain(cert, key)
+        _load(context, cert, key)
 
     return Watched("TLS certificate", [Path(cert), Path(key)], load)

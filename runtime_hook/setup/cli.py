@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwire import allocation, cdi, claimtoken
+from gpuwire import allocation, cdi, claimtoken, exits
 from runtime_hook.setup import containerd_config
 from runtime_hook.start import config, trust
 
@@ -99,7 +99,8 @@ def grant_verify(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuwire grant verify",
         description="Explain whether this node would honour a container's GPU request, and why. "
-        "Exit status: 0 honoured or no GPU asked for, 1 refused or cannot start, 2 bad input.",
+        "Exit status: 0 honoured or no GPU asked for, 1 refused or cannot start, 2 a bad flag, "
+        "3 a spec or config that cannot be read.",
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--bundle", help="an OCI bundle directory (reads its config.json)")
@@ -116,9 +117,11 @@ def grant_verify(argv: list[str]) -> int:
         if not isinstance(spec, dict):
             raise ValueError("not a JSON object")
     except config.ConfigError as exc:
-        parser.exit(2, f"gpuwire grant verify: {exc}\n")
-    except (OSError, ValueError) as exc:
-        parser.exit(2, f"gpuwire grant verify: cannot read spec {path}: {exc}\n")
+        raise exits.CommandError(str(exc)) from None
+    except OSError as exc:
+        raise exits.CommandError(f"cannot read spec {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise exits.CommandError(f"cannot read spec {path}: {exc}") from None
     outcome = trust.evaluate(spec, settings, claim=False)
     print("\n".join(explain(outcome, settings)))
     refused = outcome.error is not None or outcome.verdict.status == trust.REFUSED
@@ -187,10 +190,17 @@ def containerd_configure(argv: list[str]) -> int:
         "--config-source",
         choices=("file", "command"),
         default="file",
-        help="take the CRI section from the config files, or from `containerd config dump`",
+        help="take the CRI section from the config files, or from `containerd config dump` "
+        "(default %(default)s)",
     )
-    parser.add_argument("--containerd", default="containerd", help="for --config-source command")
-    parser.add_argument("--runtime-name", default="gpuwire", help="handler (RuntimeClass) name")
+    parser.add_argument(
+        "--containerd", default="containerd",
+        help="the containerd binary, for --config-source command (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--runtime-name", default="gpuwire",
+        help="handler (RuntimeClass) name (default %(default)s)",
+    )  # fmt: skip
     parser.add_argument(
         "--runtime-path", help="absolute path of gpuwire-runtime (default: found on PATH)"
     )
@@ -218,7 +228,7 @@ def containerd_configure(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     main = args.config.absolute()
     drop_in = (args.drop_in or main.parent / containerd_config.DROP_IN).absolute()
-    try:
+    try:  # the flags' values: exit 2
         runtime = containerd_config.Runtime(
             name=args.runtime_name,
             shim="" if args.prestart_hook else _program("gpuwire-runtime", args.runtime_path),
@@ -227,6 +237,9 @@ def containerd_configure(argv: list[str]) -> int:
             set_default=args.set_default,
             cdi=args.cdi,
         )
+    except containerd_config.ContainerdConfigError as exc:
+        raise exits.CommandError(str(exc), exits.USAGE) from None
+    try:  # the files and containerd they name: exit 3
         dump = None
         if args.config_source == "command":
             text = _run([args.containerd, "--config", str(main), "config", "dump"])
@@ -240,7 +253,7 @@ def containerd_configure(argv: list[str]) -> int:
             main, drop_in, runtime, containerd_config.Disk(), dump, default_spec
         )
     except containerd_config.ContainerdConfigError as exc:
-        parser.exit(2, f"gpuwire containerd configure: {exc}\n")
+        raise exits.CommandError(str(exc)) from None
     for warning in plan.warnings:
         sys.stderr.write(f"gpuwire containerd configure: warning: {warning}\n")
     version = _containerd_version(args.containerd) if args.cdi else None
@@ -329,7 +342,7 @@ def cdi_generate(argv: list[str]) -> int:
             proc=args.proc_root or roots.proc,
         )
         if not os.path.isabs(settings.hook) or not os.access(settings.hook, os.X_OK):
-            raise cdi.CdiError(
+            raise config.ConfigError(
                 f"hook {settings.hook!r} (from {settings.source}) is not an executable "
                 "gpuwire-hook: the spec's ld-cache hook would fail every container"
             )
@@ -339,14 +352,10 @@ def cdi_generate(argv: list[str]) -> int:
             driver.mig = mig.identify(driver.mig, mig.read_map(settings.mig_map))
         hook = cdi.hook_program(settings.hook)
         spec = cdi.generate(driver, hook, settings.ldconfig, capabilities, args.kind)
-    except (
-        config.ConfigError,
-        cdi.CdiError,
-        nvidia.CapabilityError,
-        DiscoveryError,
-        mig.MigError,
-    ) as exc:
-        parser.exit(2, f"gpuwire cdi generate: {exc}\n")
+    except (cdi.CdiError, nvidia.CapabilityError) as exc:  # a flag's value
+        raise exits.CommandError(str(exc), exits.USAGE) from None
+    except (config.ConfigError, DiscoveryError, mig.MigError, OSError) as exc:
+        raise exits.CommandError(str(exc)) from None  # the config, the driver, the MIG map
     text = render(spec, fmt)
     if not args.output:
         sys.stdout.write(text)

@@ -156,7 +156,49 @@ def test_the_grammar_is_standard_library_only() -> None:
 
 def test_unknown_gpuwire_annotations_are_reported_others_ignored() -> None:
     found = a.unknown({"gpuwire.io/gpu-modle": "A100", a.MODEL: "A100", "example.com/x": "1"})
-    assert found == ["gpuwire.io/gpu-modle"]
+    assert found == (a.Unknown("gpuwire.io/gpu-modle", a.MODEL),)
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("gpuwire.io/GPU-Model", a.MODEL),  # a case variant
+        ("GPUWIRE.IO/gpu-count", a.COUNT),
+        ("gpuwire.io/gpu-modle", a.MODEL),  # a letter off
+        ("gpuwire.io/memory-limit", a.MEMORY_LIMIT),
+        ("gpuwire.com/gpu-count", a.COUNT),  # another prefix
+        ("gpuwire/gpu-uuid", a.UUID),
+        ("nvidia.com/use-gpu-type", a.HAMI_USE_TYPE),  # HAMi's, near
+        ("nvidia.com/use-gpuuid", a.HAMI_USE_UUID),
+        ("nvidia.com/nouse-gputypes", a.HAMI_NOUSE_TYPE),
+        ("nvidia.com/gpumem", a.MEMORY_LIMIT),  # a resource, as an annotation
+        ("gpuwire.io/frobnicate", None),  # gpuwire's, near nothing
+    ],
+)
+def test_near_misses_say_what_was_meant(key: str, meant: str | None) -> None:
+    (found,) = a.unknown({key: "x"})
+    assert (found.key, found.suggestion, found.typo) == (key, meant, True)
+
+
+def test_hami_keys_gpuwire_does_not_read_are_named_not_typos() -> None:
+    (found,) = a.unknown({"nvidia.com/numa-bind": "true"})
+    assert not found.typo
+    assert str(found) == (
+        "nvidia.com/numa-bind is HAMi's NUMA binding of a container's GPUs, which gpuwire "
+        "does not read"
+    )
+
+
+def test_keys_of_others_are_left_alone() -> None:
+    others = [
+        "nvidia.com/gpu.product",
+        "nvidia.com/mig.config",
+        "prometheus.io/scrape",
+        "kubectl.kubernetes.io/last-applied-configuration",
+        "hami.io/vgpu-node",
+        "app",
+    ]
+    assert a.unknown(dict.fromkeys(others, "x")) == ()
 
 
 def test_memory_limit_resolves_against_the_gpu() -> None:

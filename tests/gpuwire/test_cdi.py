@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwire import cdi, sim
+from gpuwire import cdi, exits, sim
+from gpuwire import cli as gpuwire_cli
 from gpuwire.driver import Driver, discover
 from gpuwire.edits import HOOK_ENV
 from gpuwire.nvidia import Roots
@@ -227,7 +228,6 @@ def test_an_unchanged_spec_is_not_rewritten(
         (["--kind", "nvidia"], "kind 'nvidia' is not a CDI kind"),
         (["--kind", "nvidia.com/-gpu"], "kind 'nvidia.com/-gpu' is not a CDI kind"),
         (["--capabilities", "compute,warp"], "unknown driver capability warp"),
-        (["--proc-root", "/nonexistent"], "no NVIDIA driver: /nonexistent/proc/driver"),
     ],
 )
 def test_bad_input_exits_2_and_writes_nothing(
@@ -240,10 +240,25 @@ def test_bad_input_exits_2_and_writes_nothing(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     before = sorted(tmp_path.iterdir())
-    with pytest.raises(SystemExit) as exit_:
-        cli.cdi_generate(["--root", str(command), "--output", "nvidia.yaml", *args])
-    assert exit_.value.code == 2
+    argv = ["cdi", "generate", "--root", str(command), "--output", "nvidia.yaml", *args]
+    assert gpuwire_cli.main(argv) == exits.USAGE
     assert message in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_no_driver_is_exit_3_naming_where_it_looked(
+    command: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    argv = ["cdi", "generate", "--root", str(command), "--proc-root", "/nonexistent"]
+    assert gpuwire_cli.main([*argv, "--output", "nvidia.yaml"]) == exits.INPUT
+    assert "gpuwire cdi generate: no NVIDIA driver: /nonexistent/proc/driver" in (
+        capsys.readouterr().err
+    )
     assert sorted(tmp_path.iterdir()) == before
 
 
@@ -252,8 +267,7 @@ def test_a_hook_that_is_not_there_is_refused(
 ) -> None:
     config = tmp_path / "gpuwire.toml"
     config.write_text('hook = "/nonexistent/gpuwire-hook"\n')
-    with pytest.raises(SystemExit):
-        cli.cdi_generate(["--root", str(command)])
+    assert gpuwire_cli.main(["cdi", "generate", "--root", str(command)]) == exits.INPUT
     assert "hook '/nonexistent/gpuwire-hook'" in capsys.readouterr().err
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
-from gpuwire import cli
+from gpuwire import cli, exits
 
 
 @pytest.mark.parametrize(("words", "target"), [(w, t) for w, t, _ in cli.COMMANDS])
@@ -32,3 +34,66 @@ def test_contract_import_pulls_in_no_component() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_version_is_the_distribution_s(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"gpuwire {metadata.version('gpuwire')}\n"
+
+
+class _Built(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _parser_of(target: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The parser a command builds, caught as it parses (nothing after that runs)."""
+
+    def caught(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Built(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    with pytest.raises(_Built) as built:
+        cli.resolve(target)([])
+    return built.value.parser
+
+
+@pytest.mark.parametrize(("words", "target"), [(w, t) for w, t, _ in cli.COMMANDS])
+def test_every_option_says_what_it_is_and_its_default(
+    words: tuple[str, ...], target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = _parser_of(target, monkeypatch)
+    assert parser.prog == "gpuwire " + " ".join(words)
+    missing, undefaulted = [], []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        if not action.help or action.help == argparse.SUPPRESS:
+            missing.append(name)
+        elif (
+            action.default not in (None, False, [], argparse.SUPPRESS)
+            and not action.required
+            and "default" not in action.help
+        ):
+            undefaulted.append(f"{name} (default {action.default!r})")
+    assert missing == [], f"options without help: {missing}"
+    assert undefaulted == [], f"help that does not say the default: {undefaulted}"
+
+
+def test_a_bug_is_said_in_one_line_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(argv: list[str]) -> int:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cli, "resolve", lambda target: broken)
+    monkeypatch.delenv(exits.DEBUG_ENV, raising=False)
+    assert cli.main(["inventory"]) == exits.INTERNAL
+    err = capsys.readouterr().err
+    assert err.startswith("gpuwire inventory: internal error: KeyError: 'surprise'\n")
+    assert f"{exits.DEBUG_ENV}=1" in err
+    assert "Traceback" not in err
+    monkeypatch.setenv(exits.DEBUG_ENV, "1")
+    with pytest.raises(KeyError):
+        cli.main(["inventory"])

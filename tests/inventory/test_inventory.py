@@ -21,7 +21,7 @@ from kubernetes import client as k8s
 from deviceplugin.agent import holding, labeler
 from deviceplugin.config import Config
 from deviceplugin.gpus.backend import open_discovery
-from gpuwire import cli, holders, records, sim
+from gpuwire import cli, exits, holders, records, sim
 from gpuwire.devices import Device
 from gpuwire.holders import NodeHolders
 from gpuwire.records import PLUGIN_LESS
@@ -374,13 +374,15 @@ def test_an_unreachable_api_server_is_named(
     with ApiServer() as api:
         kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
         api.fail("GET", "/api/v1/nodes", 403)
-        with pytest.raises(SystemExit) as exit_:
-            inventory.main(["--kubeconfig", kubeconfig])
-    assert exit_.value.code == 1
-    assert f"gpuwire inventory: {api.url}: 403 Forbidden" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        inventory.main(["--kubeconfig", str(tmp_path / "missing")])
-    assert "no cluster to ask" in capsys.readouterr().err
+        assert cli.main(["inventory", "--kubeconfig", kubeconfig]) == exits.CLUSTER
+    assert capsys.readouterr().err == (
+        f"gpuwire inventory: {api.url} answered 403 Forbidden: injected fault (403)\n"
+    )
+    assert cli.main(["inventory", "--kubeconfig", str(tmp_path / "missing")]) == exits.NO_CLUSTER
+    assert capsys.readouterr().err == (
+        f"gpuwire inventory: --kubeconfig {tmp_path}/missing does not exist; give a kubeconfig "
+        "file\n"
+    )
 
 
 def test_gpuwire_and_kubectl_run_it(cluster: ApiServer, tmp_path: Path) -> None:

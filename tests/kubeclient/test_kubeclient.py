@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubernetes.config import ConfigException, incluster_config
+from kubernetes.config import incluster_config
 
 import kubeclient
 from certs import pki
-from gpuwire import cli
+from gpuwire import cli, exits
 from tests.certs.test_ensure import NOW
 
 
@@ -68,16 +68,61 @@ def test_each_source_beats_the_ones_after_it(
 def test_a_kubeconfig_named_but_unusable_is_an_error_not_a_fallback(
     home: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(ConfigException):
+    with pytest.raises(kubeclient.NoCluster) as missing:
         kubeclient.api_client(str(tmp_path / "missing"))
-    with pytest.raises(ConfigException):
+    assert str(missing.value) == (
+        f"--kubeconfig {tmp_path}/missing does not exist; give a kubeconfig file"
+    )
+    with pytest.raises(kubeclient.NoCluster) as context:
         kubeclient.api_client(kubeconfig(tmp_path / "k", "http://k"), "no-such-context")
+    assert str(context.value).startswith(f"--kubeconfig {tmp_path}/k cannot be used: ")
+    assert "no-such-context" in str(context.value)
+    assert context.value.exit_code == exits.NO_CLUSTER
 
 
-def test_without_any_source_the_error_says_so(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
-    with pytest.raises(ConfigException, match="Service host/port is not set"):
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("foo\n", "is not a kubeconfig (a YAML mapping of clusters, contexts and users"),
+        ("", "cannot be used: Invalid kube-config."),
+        ("clusters: [\n", "cannot be read: while parsing"),
+    ],
+)
+def test_a_kubeconfig_that_is_none_says_so(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str, said: str
+) -> None:
+    """Before: `'str' object does not support item assignment`, and a traceback."""
+    path = tmp_path / "config"
+    path.write_text(content)
+    with pytest.raises(kubeclient.NoCluster) as flag:
+        kubeclient.api_client(str(path))
+    assert str(flag.value).startswith(f"--kubeconfig {path} {said}")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    with pytest.raises(kubeclient.NoCluster) as env:
         kubeclient.api_client(None)
+    assert str(env.value).startswith(f"kubeconfig {path} {said}")
+
+
+def test_without_any_source_the_error_says_where_it_looked(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ConfigException `Service host/port is not set.`, also for a $KUBECONFIG that
+    names nothing (the in-cluster error, not the file's)."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    with pytest.raises(kubeclient.NoCluster) as unset:
+        kubeclient.api_client(None)
+    assert str(unset.value) == (
+        f"no cluster to talk to: $KUBECONFIG is unset and {home}/.kube/config does not exist, "
+        "and this is not a pod (KUBERNETES_SERVICE_HOST is unset); give --kubeconfig FILE, "
+        "set $KUBECONFIG, or run in a pod with a service account"
+    )
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")
+    with pytest.raises(kubeclient.NoCluster) as env:
+        kubeclient.api_client(None)
+    assert str(env.value).startswith(
+        "no cluster to talk to: $KUBECONFIG=/nonexistent names no file that exists, and this "
+        "is not a pod"
+    )
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwire import allocation, claimtoken, cli
+from gpuwire import allocation, claimtoken, cli, exits
 from testbed.lab import (
     OTHER_POD,
     POD_UID,
@@ -147,13 +147,11 @@ def test_not_a_gpu_container(lab: Lab, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_bad_input_is_a_clear_error(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
     missing = lab.root / "nope"
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["grant", "verify", "--bundle", str(missing), "--config", str(lab.config)])
-    assert exit_.value.code == 2
-    assert f"cannot read spec {missing}/config.json" in capsys.readouterr().err
+    argv = ["grant", "verify", "--config", str(lab.config)]
+    assert cli.main([*argv, "--bundle", str(missing)]) == exits.INPUT
+    assert capsys.readouterr().err == (
+        f"gpuwire grant verify: cannot read spec {missing}/config.json: No such file or directory\n"
+    )
     (lab.root / "list.json").write_text("[]")
-    with pytest.raises(SystemExit):
-        cli.main(
-            ["grant", "verify", "--spec", str(lab.root / "list.json"), "--config", str(lab.config)]
-        )
+    assert cli.main([*argv, "--spec", str(lab.root / "list.json")]) == exits.INPUT
     assert "not a JSON object" in capsys.readouterr().err

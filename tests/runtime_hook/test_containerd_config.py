@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 import tomlkit
 
+from gpuwire import cli as gpuwire_cli
+from gpuwire import exits
 from gpuwire.edits import HOOK_ENV
 from runtime_hook.setup import cli
 from runtime_hook.setup.containerd_config import (
@@ -371,37 +373,39 @@ def test_writes_then_reports_no_change(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "code", "message"),
     [
-        (["--runtime-name", "Bad_Name"], "runtime name 'Bad_Name'"),
-        (["--drop-in", "{main}"], "is the main config itself"),
+        (["--runtime-name", "Bad_Name"], exits.USAGE, "runtime name 'Bad_Name'"),
+        (["--drop-in", "{main}"], exits.INPUT, "is the main config itself"),
         (
             ["--config-source", "command", "--containerd", "/nonexistent/containerd"],
+            exits.INPUT,
             "config dump`: No such file or directory",
         ),
-        (["--runtime-path", "relative/gpuwire-runtime"], "not an executable at an absolute path"),
-        (["--runtime-path", "/nonexistent/gpuwire-runtime"], "not an executable"),
+        (
+            ["--runtime-path", "relative/gpuwire-runtime"],
+            exits.USAGE,
+            "not an executable at an absolute path",
+        ),
+        (["--runtime-path", "/nonexistent/gpuwire-runtime"], exits.USAGE, "not an executable"),
     ],
 )
-def test_bad_arguments_exit_2_and_write_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+def test_bad_arguments_exit_2_or_3_and_write_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], code: int, message: str
 ) -> None:
     main = tmp_path / "config.toml"
     main.write_text(ADMIN_V2)
-    argv = ["--config", str(main), "--runtime-path", "/bin/true", *args]
-    with pytest.raises(SystemExit) as exit_:
-        cli.containerd_configure([a.replace("{main}", str(main)) for a in argv])
-    assert exit_.value.code == 2
+    argv = ["containerd", "configure", "--config", str(main), "--runtime-path", "/bin/true", *args]
+    assert gpuwire_cli.main([a.replace("{main}", str(main)) for a in argv]) == code
     assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]
     assert main.read_text() == ADMIN_V2
 
 
-def test_invalid_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_invalid_file_exits_3_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main = tmp_path / "config.toml"
     main.write_text("version = 2\nimports = [\n")
-    with pytest.raises(SystemExit) as exit_:
-        configure("--config", str(main))
-    assert exit_.value.code == 2
+    argv = ["containerd", "configure", "--config", str(main), "--runtime-path", "/bin/true"]
+    assert gpuwire_cli.main(argv) == exits.INPUT
     assert f"{main}: not valid TOML" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]

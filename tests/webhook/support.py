@@ -25,6 +25,7 @@ from deviceplugin.plugin.resources import Rule, assign
 from gpuwire import grant, limits, nvidia, sim
 from testbed.webhook import WebhookProcess
 from webhook import fleet
+from webhook import policy as policies
 from webhook.mutation import Denial, Outcome, mutate
 from webhook.policy import Policy
 from webhook.pools import NO_POOLS, Pools
@@ -33,6 +34,11 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NODES = fleet.load(EXAMPLES / "nodes.yaml")
 KEYS = grant.KeyRing({"k1": b"test-secret"})
+# What the tests of a request's meaning run under unless they say otherwise: a policy that
+# lets every namespace take a node's every GPU and name GPUs, and gives a container that
+# says no count all of its node's (the built-in default before issue 24). The shipped and
+# built-in defaults, which are safer, are tested on their own (tests/deploy/).
+OPEN = Policy(gpu_count="all", rules=(policies.Rule(all_gpus=True, explicit_devices=True),))
 K8S_VERSION = "1.30"
 
 Node = dict[str, Any]
@@ -111,7 +117,7 @@ def run(
     keyring: grant.KeyRing = KEYS,
     pools: Pools = NO_POOLS,
 ) -> Outcome:
-    return mutate(raw, namespace, policy or Policy(), nodes, keyring, pools)
+    return mutate(raw, namespace, policy or OPEN, nodes, keyring, pools)
 
 
 def admit(

@@ -17,10 +17,20 @@ from deviceplugin.agent import labels
 from deviceplugin.gpus.discovery import Gpu, NodeGpus
 from gpuwire import annotations as a
 from gpuwire import limits, sim
-from tests.webhook.support import KEYS, Node, container, deny, labelled_node, pod
+from tests.webhook.support import (
+    KEYS,
+    OPEN,
+    Node,
+    admit,
+    container,
+    deny,
+    env,
+    labelled_node,
+    pod,
+    required_terms,
+)
 from webhook.fleet import Fleet
 from webhook.mutation import mutate
-from webhook.policy import Policy
 
 PRODUCTS = (
     "NVIDIA A100-SXM4-80GB",
@@ -138,10 +148,12 @@ def has_what_was_asked(request: a.GpuRequest, p: dict[str, Any], node: Node) -> 
     here = {g.uuid.lower() for g in gpus}
     if any(u.lower() not in here for u in request.uuids):
         return False
-    if any(u.lower() in here for u in request.excluded_uuids):
+    # an excluded GPU rules its node out, unless GPUs are named: the container gets exactly
+    # those, which leave the excluded ones out (the grammar refuses one both named and not)
+    if not request.uuids and any(u.lower() in here for u in request.excluded_uuids):
         return False
     if request.wants_limits:
-        for profile in request.profiles or Policy().limit_profiles:
+        for profile in request.profiles or OPEN.limit_profiles:
             if (
                 profile in limits.ENFORCED
                 and node_labels.get(limits.enforcement_label(profile)) != "true"
@@ -174,7 +186,7 @@ def test_every_admitted_pod_can_run_on_a_node_that_has_what_it_asked_for(
 ) -> None:
     cluster = data.draw(clusters())
     raw = data.draw(pods(cluster))
-    outcome = mutate(raw, "ml", Policy(), Fleet.of(cluster), KEYS)
+    outcome = mutate(raw, "ml", OPEN, Fleet.of(cluster), KEYS)  # every path open to it
     if outcome.denial is not None:
         return
     admitted = jsonpatch.apply_patch(raw, list(outcome.patch))
@@ -188,34 +200,42 @@ def test_every_admitted_pod_can_run_on_a_node_that_has_what_it_asked_for(
         assert has_what_was_asked(request, admitted, node), node["metadata"]["name"]
 
 
-def test_a_named_gpu_and_an_excluded_gpu_of_the_same_node_are_denied() -> None:
-    """The UUID bug: admitted with `hostname In [n] ∧ hostname NotIn [n]`, Pending forever."""
-    machine = sim.make_machine(2, seed="n1")
-    keep, avoid = (d.uuid for d in machine.devices)
-    cluster = Fleet.of(
-        [
-            {
-                "metadata": {
-                    "name": "n1",
-                    "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-                    "annotations": {
-                        labels.GPUS_ANNOTATION: labels.gpus_annotation(
-                            NodeGpus(
-                                "550.54.15",
-                                "12.4",
-                                tuple(Gpu(g.device, (8, 0)) for g in machine.gpus),
-                            )
-                        )
-                    },
-                }
-            }
-        ]
-    )
-    denial = deny(pod({a.UUID: keep, a.HAMI_NOUSE_UUID: avoid}), nodes=cluster)
+def one_node(gpus: int) -> tuple[Fleet, list[str]]:
+    """A cluster of one node, n1, of `gpus` A100s, and their UUIDs."""
+    machine = sim.make_machine(gpus, seed="n1")
+    found = NodeGpus("550.54.15", "12.4", tuple(Gpu(g.device, (8, 0)) for g in machine.gpus))
+    node = {
+        "metadata": {
+            "name": "n1",
+            "labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "annotations": {labels.GPUS_ANNOTATION: labels.gpus_annotation(found)},
+        }
+    }
+    return Fleet.of([node]), [d.uuid for d in machine.devices]
+
+
+def test_named_gpus_beside_an_excluded_one_of_their_node_are_exactly_those() -> None:
+    """HAMi's `use-gpuuuid: A,B` with `nouse-gpuuuid: C`, all on one node: the named GPUs
+    leave C out already. Before: denied (the exclusion kept the pod off the node); before
+    that (the UUID bug), admitted with `hostname In [n] ∧ hostname NotIn [n]`, Pending."""
+    cluster, (a1, b1, c1) = one_node(3)
+    asks = {a.HAMI_USE_UUID: f"{a1},{b1}", a.HAMI_NOUSE_UUID: c1}
+    admitted, _ = admit(pod(asks), nodes=cluster)
+    assert env(admitted)["NVIDIA_VISIBLE_DEVICES"] == f"{a1},{b1}"
+    (term,) = required_terms(admitted)
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1"]}
+    ]
+
+
+def test_an_excluded_gpu_keeps_a_device_plugin_pod_off_its_node() -> None:
+    """The device plugin may hand any GPU of the node: the exclusion is "not that node"."""
+    cluster, (_, avoid) = one_node(2)
+    denial = deny(pod({a.HAMI_NOUSE_UUID: avoid}, [container(gpus=1)]), nodes=cluster)
     assert denial.code == 400
     assert denial.message == (
-        f"gpuwire.io/gpu-uuid: {keep!r}; nvidia.com/nouse-gpuuuid: {avoid!r} keeps the pod off "
-        f"n1 (holds {avoid}), and no other GPU node satisfies the pod's GPU annotations "
-        f"(gpuwire.io/gpu-uuid: {keep!r}, nvidia.com/nouse-gpuuuid: {avoid!r}); accepted: "
-        "exclusions of GPUs on nodes other than the ones the pod can run on"
+        f"nvidia.com/nouse-gpuuuid: {avoid!r} keeps the pod off n1 (holds {avoid}), and no "
+        "other GPU node satisfies the pod's GPU annotations (nvidia.com/nouse-gpuuuid: "
+        f"{avoid!r}); accepted: exclusions of GPUs on nodes other than the ones the pod can "
+        "run on"
     )

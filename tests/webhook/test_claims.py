@@ -193,6 +193,16 @@ def test_named_gpus_are_exactly_those_and_excluded_ones_only_those(cluster: Clus
     assert named.attribute("uuid") == [h100[0].uuid]
 
 
+def test_hami_s_named_gpus_beside_an_excluded_one_of_their_node_are_claimed(
+    cluster: Cluster,
+) -> None:
+    """`use-gpuuuid: A,B` with `nouse-gpuuuid: C`, all on one node: a claim of A and B, as
+    HAMi gives (the device-plugin path, which cannot name GPUs, keeps off C's node)."""
+    a, b, c, _ = cluster.nodes[1].machine.devices
+    asks = {"nvidia.com/use-gpuuuid": f"{a.uuid},{b.uuid}", "nvidia.com/nouse-gpuuuid": c.uuid}
+    assert sorted(cluster.run(asks).attribute("uuid")) == sorted([a.uuid, b.uuid])
+
+
 def test_named_gpus_on_two_nodes_are_denied(cluster: Cluster) -> None:
     one, other = cluster.nodes[0].machine.devices[0], cluster.nodes[1].machine.devices[0]
     outcome = cluster.admit({"gpuwire.io/gpu-uuid": f"{one.uuid},{other.uuid}"})

@@ -1,19 +1,22 @@
 """Every pod in examples/ is admitted (or denied) as its header comment says, under the example
-policy and the example cluster."""
+policy and the example cluster (its nodes, and for the DRA examples its slices)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from gpuwire import grant
-from tests.webhook.support import A100_80, EXAMPLES, NODES, admit, env, required_terms, run
-from webhook import policy
+from gpuwire import cli, grant
+from testbed import dracluster
+from tests.webhook.support import A100_80, EXAMPLES, NODES, ROOT, admit, env, required_terms, run
+from webhook import policy, pools
 
 POLICY = policy.load(EXAMPLES / "policy.yaml")
+SLICES = pools.load(EXAMPLES / "slices.yaml")
 Pod = dict[str, Any]
 
 
@@ -128,6 +131,32 @@ def mig_profile(p: Pod, warnings: tuple[str, ...]) -> None:
     assert env(p, "notebook").keys() == {"NVIDIA_DRIVER_CAPABILITIES", grant.ENV}
 
 
+def claim_of(p: Pod, templates: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    (entry,) = p["spec"]["resourceClaims"]
+    (template,) = templates
+    assert entry["resourceClaimTemplateName"] == template["metadata"]["name"]
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    return dict(request)
+
+
+def dra_linked_pair(p: Pod, templates: tuple[dict[str, Any], ...]) -> None:
+    request = claim_of(p, templates)
+    assert [r["name"] for r in request["firstAvailable"]] == ["linked", "any"]
+    assert request["firstAvailable"][0]["count"] == 2
+    assert env(p, "trainer") == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def dra_share(p: Pod, templates: tuple[dict[str, Any], ...]) -> None:
+    exactly = claim_of(p, templates)["exactly"]
+    assert exactly["deviceClassName"] == "shared.gpu.gpuwire.io"
+    assert exactly["capacity"] == {"requests": {"memory": "30Gi"}}
+    assert exactly["count"] == 1
+
+
+DRA: dict[str, Callable[[Pod, tuple[dict[str, Any], ...]], None]] = {
+    "dra-linked-pair": dra_linked_pair,
+    "dra-share": dra_share,
+}
 ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "model-select": model_select,
     "model-exclude": model_exclude,
@@ -166,8 +195,39 @@ DENIED = {
 
 
 def test_every_example_has_an_expectation() -> None:
-    pods = {p.stem for p in EXAMPLES.glob("*.yaml")} - {"nodes", "policy"}
-    assert pods == set(ADMITTED) | set(DENIED)
+    pods = {p.stem for p in EXAMPLES.glob("*.yaml")} - {"nodes", "policy", "slices"}
+    assert pods == set(ADMITTED) | set(DENIED) | set(DRA)
+
+
+@pytest.mark.parametrize("name", sorted(DRA))
+def test_dra_examples_admit_against_the_example_slices(name: str) -> None:
+    p, namespace = load(name)
+    mutated, outcome = admit(p, namespace, POLICY, NODES, pools=SLICES)
+    DRA[name](mutated, outcome.templates)
+
+
+def test_the_example_slices_are_what_the_dra_plugin_publishes() -> None:
+    """examples/slices.yaml, held to the plugin's own devices and slices (dracluster)."""
+    first = dracluster.node("gpu-h100-dra-0", gpus=4, products=("NVIDIA H100 80GB HBM3",))
+    shared = (first.machine.gpus[3].device.uuid,)
+    node = dracluster.node("gpu-h100-dra-0", 4, ("NVIDIA H100 80GB HBM3",), shared=shared)
+    written = yaml.safe_load((EXAMPLES / "slices.yaml").read_text())["items"]
+    assert written == dracluster.all_slices([node])
+
+
+@pytest.mark.parametrize(
+    "path",
+    [EXAMPLES / f"{n}.yaml" for n in sorted(DRA)]
+    + sorted((ROOT / "scripts/demo/pods").glob("dra-*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_every_dra_example_admits_offline(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a reader runs: `gpuwire mutate` with the example files (the demo's too)."""
+    argv = ["mutate", str(path), "--policy", str(EXAMPLES / "policy.yaml")]
+    argv += ["--nodes", str(EXAMPLES / "nodes.yaml"), "--slices", str(EXAMPLES / "slices.yaml")]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in documents] == ["Pod", "ResourceClaimTemplate"]
 
 
 @pytest.mark.parametrize("name", sorted(ADMITTED))

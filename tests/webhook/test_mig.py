@@ -7,6 +7,7 @@ exist. The fleet is what the node agent writes (deviceplugin/agent/labels.py) fo
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,11 +19,10 @@ from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import annotations as keys
 from gpuwire import grant, holders, sim
 from gpuwire.devices import MigDevice
-from tests.webhook.support import KEYS, admit, container, deny, env, pod
+from tests.webhook.support import KEYS, OPEN, admit, container, deny, env, pod
 from webhook import fleet
-from webhook.policy import Policy
 
-PLUGIN_LESS = Policy(device_plugin=False)
+PLUGIN_LESS = replace(OPEN, device_plugin=False)
 
 
 def node_object(

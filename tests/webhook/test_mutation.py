@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from gpuwire import grant
 from tests.webhook.support import (
     A100_80,
     H100,
+    OPEN,
     admit,
     container,
     deny,
@@ -25,6 +27,7 @@ from tests.webhook.support import (
 )
 from webhook.fleet import Fleet
 from webhook.policy import Policy, Rule
+from webhook.warned import kind_of
 
 PLUGINLESS = Policy(device_plugin=False)
 VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -357,13 +360,11 @@ def test_a_hand_written_limit_cannot_raise_the_granted_one() -> None:
 
 def test_mps_limits_are_for_a_container_with_one_gpu() -> None:
     p = pod({a.MODEL: "H100", a.COUNT: "1", a.MEMORY_LIMIT: "10Gi", a.CORES_LIMIT: "20"})
-    mutated, _ = admit(p, policy=Policy(limit_profiles=("mps",)))
+    mps = replace(OPEN, limit_profiles=("mps",))
+    mutated, _ = admit(p, policy=mps)
     assert env(mutated)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
     assert env(mutated)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20"
-    denial = deny(
-        pod({a.MODEL: "H100", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"}),
-        policy=Policy(limit_profiles=("mps",)),
-    )
+    denial = deny(pod({a.MODEL: "H100", a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"}), policy=mps)
     assert denial.message == (
         "gpuwire.io/gpu-memory-limit: '10Gi': profile 'mps' joins a container to one GPU's MPS "
         "control daemon, and this container sees 8 GPUs; give it one GPU (gpuwire.io/gpu-count: "
@@ -436,7 +437,7 @@ def test_excluded_namespaces_and_mirror_pods_pass_untouched() -> None:
 
 
 def test_a_namespace_no_rule_matches_may_not_ask() -> None:
-    policy = Policy(rules=(Rule(match=("ml-*",)),))
+    policy = Policy(rules=(Rule(match=("ml-*",), all_gpus=True),))
     denial = deny(pod({a.COUNT: "all"}), "web", policy=policy)
     assert denial.code == 403
     assert denial.message.startswith("namespace 'web' may not ask for GPUs by annotation")
@@ -452,6 +453,7 @@ def test_rules_limit_count_devices_and_capabilities() -> None:
             Rule(
                 match=("team",),
                 max_gpus=2,
+                all_gpus=True,
                 explicit_devices=False,
                 capabilities=("compute", "utility"),
             ),
@@ -476,7 +478,7 @@ def test_rules_limit_count_devices_and_capabilities() -> None:
 
 
 def test_the_runtime_class_is_set_on_gpu_pods_that_name_none() -> None:
-    policy = Policy(runtime_class="gpuwire")
+    policy = replace(OPEN, runtime_class="gpuwire")
     mutated, _ = admit(pod({a.COUNT: "all"}), policy=policy)
     assert mutated["spec"]["runtimeClassName"] == "gpuwire"
     mutated, _ = admit(pod({a.COUNT: "all"}, runtimeClassName="nvidia"), policy=policy)
@@ -493,11 +495,73 @@ def test_without_keys_nothing_is_signed_and_the_pod_is_told() -> None:
     assert outcome.warnings == ("no grant key loaded: GPUWIRE_GRANT not written",)
 
 
-def test_unknown_gpuwire_annotations_warn() -> None:
-    _, outcome = admit(pod({"gpuwire.io/gpu-modle": "A100"}))
-    assert outcome.warnings == (
-        "unknown annotation gpuwire.io/gpu-modle ignored (see docs/annotations.md)",
+def test_a_typo_is_denied_saying_what_was_meant() -> None:
+    """Before: admitted, the model constraint dropped, with a warning only the creating
+    client saw."""
+    denial = deny(pod({"gpuwire.io/gpu-modle": "A100", "gpuwire.io/GPU-Count": "2"}))
+    assert denial.code == 400
+    assert denial.message == (
+        "gpuwire.io/GPU-Count: '2': unknown annotation gpuwire.io/GPU-Count: did you mean "
+        "gpuwire.io/gpu-count?; gpuwire.io/gpu-modle: 'A100': unknown annotation "
+        "gpuwire.io/gpu-modle: did you mean gpuwire.io/gpu-model? (the gpuwire policy denies "
+        "annotations it does not know: unknownAnnotations: deny; docs/annotations.md)"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        (
+            "gpuwire.io/gpu-modle",
+            "unknown annotation gpuwire.io/gpu-modle: did you mean gpuwire.io/gpu-model? (ignored)",
+        ),
+        (
+            "nvidia.com/use-gpu-type",
+            "unknown annotation nvidia.com/use-gpu-type: did you mean "
+            "nvidia.com/use-gputype? (ignored)",
+        ),
+        (
+            "NVIDIA.com/use-gputype",
+            "unknown annotation NVIDIA.com/use-gputype: did you mean "
+            "nvidia.com/use-gputype? (ignored)",
+        ),
+        (
+            "gpuwire.com/gpu-count",
+            "unknown annotation gpuwire.com/gpu-count: did you mean "
+            "gpuwire.io/gpu-count? (ignored)",
+        ),
+        (
+            "nvidia.com/gpumem",
+            "nvidia.com/gpumem is a resource (a container's "
+            "resources.limits), not an annotation: did you mean gpuwire.io/gpu-memory-limit? "
+            "(ignored)",
+        ),
+    ],
+)
+def test_under_warn_a_typo_is_admitted_with_the_warning(key: str, said: str) -> None:
+    warn = replace(OPEN, unknown_annotations="warn")
+    _, outcome = admit(pod({key: "2"}, [container(gpus=1)]), policy=warn)
+    assert outcome.warnings == (said,)
+    assert [kind_of(w) for w in outcome.warnings] == ["unknown-annotation"]
+
+
+def test_hami_keys_gpuwire_does_not_read_are_a_warning_never_a_denial() -> None:
+    _, outcome = admit(pod({"nvidia.com/vgpu-mode": "mig"}, [container(gpus=1)]))
+    assert outcome.warnings == (
+        "nvidia.com/vgpu-mode is HAMi's choice of hami-core or MIG sharing, which gpuwire "
+        "does not read (ignored)",
+    )
+    assert kind_of(outcome.warnings[0]) == "unread-annotation"
+
+
+def test_annotations_of_others_pass_unremarked() -> None:
+    unrelated = {
+        "kubectl.kubernetes.io/last-applied-configuration": "{}",
+        "prometheus.io/scrape": "true",
+        "nvidia.com/gpu.product": "x",  # a label name, not a key of gpuwire's or HAMi's
+    }
+    _, outcome = admit(pod(unrelated, [container(gpus=1)]))
+    assert outcome.warnings == ()
 
 
 def test_bad_annotations_are_denied_with_every_problem() -> None:

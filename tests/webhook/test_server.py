@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -21,7 +22,7 @@ import pytest
 from certs import pki
 from gpuwire import annotations as a
 from gpuwire import grant
-from testbed.webhook import serving
+from testbed.webhook import WebhookProcess, serving
 from tests.webhook.support import (
     K8S_VERSION,
     Files,
@@ -40,8 +41,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Files:
 
 
 @pytest.fixture(scope="module")
-def http(files: Files) -> Iterator[httpx.Client]:
-    with serving(files.args()) as served, client(served, files.tls.ca) as c:
+def served(files: Files) -> Iterator[WebhookProcess]:
+    with serving(files.args()) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def http(served: WebhookProcess, files: Files) -> Iterator[httpx.Client]:
+    with client(served, files.tls.ca) as c:
         yield c
 
 
@@ -65,10 +72,11 @@ def patched(p: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
 
 
 GPU_POD = pod({a.MODEL: "H100", a.COUNT: "all"}, [container("trainer")])
+MEDIA = "media"  # where examples/policy.yaml lets a pod take every GPU of its node (allGpus)
 
 
 def test_v1_review_gets_a_v1_answer_with_uid_and_base64_patch(http: httpx.Client) -> None:
-    body = request_for(GPU_POD, "ml-research", uid="8d5e1a6f-1")
+    body = request_for(GPU_POD, MEDIA, uid="8d5e1a6f-1")
     reply = answer(http, body)
     assert reply["apiVersion"] == "admission.k8s.io/v1"
     assert reply["kind"] == "AdmissionReview"
@@ -83,7 +91,7 @@ def test_v1_review_gets_a_v1_answer_with_uid_and_base64_patch(http: httpx.Client
 
 
 def test_v1beta1_is_answered_in_v1beta1(http: httpx.Client) -> None:
-    body = request_for(GPU_POD, "ml-research", uid="old-1")
+    body = request_for(GPU_POD, MEDIA, uid="old-1")
     body["apiVersion"] = "admission.k8s.io/v1beta1"
     reply = answer(http, body)
     assert reply["apiVersion"] == "admission.k8s.io/v1beta1"
@@ -118,8 +126,8 @@ def test_warnings_reach_the_client_and_stay_short(http: httpx.Client) -> None:
 
 
 def test_dry_run_gets_the_same_answer(http: httpx.Client) -> None:
-    body = request_for(GPU_POD, "ml-research")
-    dry = request_for(GPU_POD, "ml-research")
+    body = request_for(GPU_POD, MEDIA)
+    dry = request_for(GPU_POD, MEDIA)
     dry["request"]["dryRun"] = True
     assert answer(http, dry) == answer(http, body)
 
@@ -128,7 +136,7 @@ def test_what_the_webhook_does_not_handle_passes_untouched(http: httpx.Client) -
     mirror = pod(
         {"kubernetes.io/config.mirror": "x"}, [container(env={"NVIDIA_VISIBLE_DEVICES": "all"})]
     )
-    update = request_for(GPU_POD, "ml-research")
+    update = request_for(GPU_POD, MEDIA)
     update["request"]["operation"] = "UPDATE"
     other = request_for({"kind": "ConfigMap"}, "ml-research")
     other["request"]["kind"]["kind"] = "ConfigMap"
@@ -143,8 +151,8 @@ def test_what_the_webhook_does_not_handle_passes_untouched(http: httpx.Client) -
 
 
 def test_an_admitted_pod_admitted_again_gets_no_patch(http: httpx.Client) -> None:
-    first = patched(GPU_POD, answer(http, request_for(GPU_POD, "ml-research"))["response"])
-    again = answer(http, request_for(first, "ml-research"))["response"]
+    first = patched(GPU_POD, answer(http, request_for(GPU_POD, MEDIA))["response"])
+    again = answer(http, request_for(first, MEDIA))["response"]
     assert again == {"uid": "gpuwire-mutate", "allowed": True}
 
 
@@ -197,7 +205,7 @@ def test_oversized_bodies_get_413_and_the_server_keeps_serving(http: httpx.Clien
             yield b"x" * (1 << 20)
 
     assert http.post("/mutate", content=chunks()).status_code == 413
-    assert answer(http, request_for(GPU_POD, "ml-research"))["response"]["allowed"] is True
+    assert answer(http, request_for(GPU_POD, MEDIA))["response"]["allowed"] is True
 
 
 def test_only_post_mutates(http: httpx.Client) -> None:
@@ -224,7 +232,7 @@ def test_metrics_count_admissions_by_outcome_and_time_them(http: httpx.Client) -
     invalid = 'gpuwire_webhook_admissions_total{outcome="invalid"}'
     timed = "gpuwire_webhook_admission_duration_seconds_count"
     before = {m: metric(http, m) for m in (mutated, denied, invalid, timed)}
-    answer(http, request_for(GPU_POD, "ml-research"))
+    answer(http, request_for(GPU_POD, MEDIA))
     answer(http, request_for(pod({a.COUNT: "x"}), "ml-research"))
     http.post("/mutate", content=b"nope")
     after = {m: metric(http, m) for m in before}
@@ -235,6 +243,50 @@ def test_metrics_count_admissions_by_outcome_and_time_them(http: httpx.Client) -
         timed: 3,
     }
     assert metric(http, "gpuwire_webhook_inventory_gpu_nodes") == 5
+
+
+# a line of gpuwire.logs' text format, the webhook's component
+LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) webhook: \S")
+
+
+def test_each_admission_is_logged_once_saying_who_and_what_in_one_format(
+    served: WebhookProcess, http: httpx.Client
+) -> None:
+    """Before: uvicorn's lines and the webhook's in two formats, no time; a denial's line
+    named no pod; admissions and warnings were not logged, warnings not counted."""
+    warned = 'gpuwire_webhook_warnings_total{kind="env-replaced"}'
+    before = metric(http, warned) if warned in http.get("/metrics").text else 0.0
+    named = pod({a.MODEL: "H100"}, [container("trainer", gpus=1)])
+    named["metadata"]["name"] = "trainer-0"
+    answer(http, request_for(named, "ml-research", uid="uid-admitted"))
+    typo = pod({"gpuwire.io/gpu-modle": "A100"}, [container(gpus=1)])
+    typo["metadata"] = {
+        "generateName": "web-7d9f-",
+        "annotations": typo["metadata"]["annotations"],
+        "ownerReferences": [
+            {"kind": "ReplicaSet", "name": "web-7d9f", "uid": "u", "apiVersion": "apps/v1"}
+        ],
+    }
+    answer(http, request_for(typo, "ml-research", uid="uid-denied"))
+    baked = pod({}, [container("web", env={"NVIDIA_VISIBLE_DEVICES": "all"})])
+    answer(http, request_for(baked, "default", uid="uid-warned"))
+    assert metric(http, warned) - before == 1
+    expected = [
+        "INFO webhook: admitted ml-research/trainer-0 (uid uid-admitted): trainer: 1 from the "
+        "device plugin, compute,utility",
+        "INFO webhook: denied ml-research/web-7d9f-* (of ReplicaSet web-7d9f) (uid uid-denied): "
+        "400: gpuwire.io/gpu-modle: 'A100': unknown annotation gpuwire.io/gpu-modle: did you "
+        "mean gpuwire.io/gpu-model?",
+        "INFO webhook: admitted default/p (uid uid-warned): no GPU asked for",
+        "WARNING webhook: warning for default/p (uid uid-warned): env-replaced: container "
+        "'web': NVIDIA_VISIBLE_DEVICES=all replaced by void",
+    ]
+    eventually(lambda: all(e in served.output() for e in expected), "the admissions' lines")
+    for e in expected:
+        assert sum(e in line for line in served.log) == 1, e
+    lines = [line for line in served.log if line.strip()]
+    assert any("Uvicorn running on" in line for line in lines)  # uvicorn's, in the same format
+    assert [line for line in lines if not LINE.match(line)] == []
 
 
 def test_plain_http_is_not_served(http: httpx.Client) -> None:
@@ -277,9 +329,7 @@ def test_rotated_files_take_effect_without_a_restart(tmp_path: Path) -> None:
             (files.keys / "2024-02").write_text("second-secret\n")
 
             def signed_by(key_id: str) -> bool:
-                mutated = patched(
-                    GPU_POD, answer(fresh, request_for(GPU_POD, "ml-research"))["response"]
-                )
+                mutated = patched(GPU_POD, answer(fresh, request_for(GPU_POD, MEDIA))["response"])
                 env = {e["name"]: e["value"] for e in mutated["spec"]["containers"][0]["env"]}
                 return str(env[grant.ENV]).startswith(key_id + ":")
 
@@ -308,7 +358,7 @@ def test_not_ready_without_a_grant_key_until_one_arrives(tmp_path: Path) -> None
     with serving(files.args()) as served, client(served, files.tls.ca) as http:
         ready = http.get("/readyz")
         assert (ready.status_code, ready.text) == (503, "no grant key loaded")
-        response = answer(http, request_for(GPU_POD, "ml-research"))["response"]
+        response = answer(http, request_for(GPU_POD, MEDIA))["response"]
         assert response["warnings"] == ["no grant key loaded: GPUWIRE_GRANT not written"]
         (files.keys / "2024-03").write_text("late\n")
         eventually(lambda: http.get("/readyz").status_code == 200, "readiness")

@@ -1,5 +1,7 @@
-"""A `v1 List` file as `kubectl get <resource> -o yaml` (or `-o json`) prints it: the static
-nodes and slices files of `gpuwire mutate`, tests and the demo.
+"""A `v1 List` file as `kubectl get <resource> -o yaml` (or `-o json`) prints it: what
+stands in for the cluster offline (the nodes and slices files of `gpuwire mutate` and
+`webhook serve`, the files `gpuwire inventory` reads instead of a cluster, tests, the demo).
+Here, not in a component, since several read it and components may not import each other.
 
 JSON is read by orjson, YAML by libyaml where PyYAML has it: a large cluster's list is
 hundreds of MB, which PyYAML's pure-Python parser reads at about 1 MB/s.
@@ -17,15 +19,18 @@ import yaml
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the safe loader, in C if built
 
 
-def items(path: str | Path, kind: str, error: type[ValueError]) -> list[Mapping[str, Any]]:
+def items(path: str | Path, kind: str, error: type[Exception]) -> list[Mapping[str, Any]]:
     """The objects of the List (or `<kind>List`) at `path`, each a `kind` (an item that names
     no kind, as in a list the API server sends, is taken for one); `error` naming the file
     and what is wrong where it cannot be read or is no such list."""
     try:
         text = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: {exc.strerror}") from exc
+    try:
         json_text = text.lstrip()[:1] in (b"{", b"[")
         doc = orjson.loads(text) if json_text else yaml.load(text, Loader=YAML_LOADER)  # noqa: S506 - a safe loader
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError) as exc:
         raise error(f"{path}: {exc}") from exc
     found = doc.get("items") if isinstance(doc, Mapping) else None
     if not isinstance(found, list):

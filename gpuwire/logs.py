@@ -1,0 +1,118 @@
+"""One log format for every gpuwire server and command, uvicorn's lines included.
+
+Each line is `<UTC time, ms> <LEVEL> <component>: <message>`, the component being the
+program that logs (`webhook`, `device-plugin`, `dra-plugin`, `node-agent`, `certs`), so the
+lines of `kubectl logs` read alike whichever pod they come from:
+
+    2025-05-01T10:00:00.123Z INFO webhook: admitted ml-research/trainer (uid 1f0c…): …
+
+`--log-format json` writes the same as one JSON object a line (`time`, `level`,
+`component`, `logger`, `message`, and the fields a line carries, such as an admission's
+`namespace`, `pod` and `uid`), for a log shipper. The standard library only: `gpuwire/` is
+the contract, and every component sets its logging up here. (The container-start path
+keeps its own one-line records, `runtime_hook.start.log`: it imports nothing it does not
+need.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error")
+FIELDS = "fields"  # a record's structured fields: logging's `extra={"fields": {...}}`
+# Third-party loggers that configure themselves unless told otherwise: they go through the
+# root logger's one handler instead (uvicorn is given no log_config: webhook/server.py).
+ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def _stamp(record: logging.LogRecord) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{seconds}.{int(record.msecs):03d}Z"
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{_stamp(record)} {record.levelname} {self.component}: {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": _stamp(record),
+            "level": record.levelname,
+            "component": self.component,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, FIELDS, None)
+        if isinstance(fields, dict):
+            entry.update({k: v for k, v in fields.items() if k not in entry})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The one handler `setup` installs (a second `setup` replaces it, and only it)."""
+
+
+def setup(
+    component: str, level: str = "info", fmt: str = "text", stream: TextIO | None = None
+) -> None:
+    """Every record of this process, to `stream` (stderr), in `fmt`, at `level` and above."""
+    formatter = (JsonFormatter if fmt == "json" else TextFormatter)(component)
+    handler = _Handler(stream or sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in ADOPTED:
+        adopted = logging.getLogger(name)
+        adopted.handlers.clear()
+        adopted.propagate = True
+    logging.captureWarnings(True)
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, level: str | None = "info", said: str = "%(default)s"
+) -> None:
+    """`--log-level` and `--log-format`, with the one help every server shows; `level` None
+    leaves the default to the command (`said` says what it is)."""
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LEVELS,
+        default=level,
+        help=f"the least severe lines written (default {said})",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text: time, level, component, message a line; json: one object a line "
+        "(default %(default)s)",
+    )
+
+
+def from_args(component: str, args: argparse.Namespace) -> None:
+    """`setup` from the flags `add_flags` added."""
+    setup(component, args.log_level, args.log_format)

@@ -1,0 +1,127 @@
+"""One log format for every server and command: time, level, component, message; JSON as
+an option; uvicorn's lines through it too. Each server sets it up from its flags."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwire import cli, logs, sim
+
+LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) \S+: \S")
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    yield out
+    logs.setup("test", "warning", stream=io.StringIO())  # the next test's lines go nowhere here
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def test_text_lines_say_time_level_component_message(stream: io.StringIO) -> None:
+    logs.setup("webhook", "info", stream=stream)
+    logging.getLogger("webhook.server").info("admitted %s", "ml/trainer")
+    logging.getLogger("uvicorn.error").info("Uvicorn running on https://127.0.0.1:8443")
+    logging.getLogger("webhook.reload").debug("not at info")
+    lines = stream.getvalue().splitlines()
+    assert [LINE.match(line) is not None for line in lines] == [True, True]
+    assert lines[0].endswith(" INFO webhook: admitted ml/trainer")
+    assert lines[1].endswith(" INFO webhook: Uvicorn running on https://127.0.0.1:8443")
+
+
+def test_json_lines_carry_the_fields(stream: io.StringIO) -> None:
+    logs.setup("webhook", "info", "json", stream=stream)
+    fields = {"namespace": "ml", "pod": "trainer", "uid": "u1", "message": "not this"}
+    logging.getLogger("webhook.server").info("admitted ml/trainer", extra={logs.FIELDS: fields})
+    (entry,) = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert entry.pop("time").endswith("Z")
+    assert entry == {
+        "level": "INFO",
+        "component": "webhook",
+        "logger": "webhook.server",
+        "message": "admitted ml/trainer",  # a field never replaces the line's own keys
+        "namespace": "ml",
+        "pod": "trainer",
+        "uid": "u1",
+    }
+
+
+def test_a_second_setup_replaces_the_first(stream: io.StringIO) -> None:
+    logs.setup("a", stream=io.StringIO())
+    logs.setup("b", stream=stream)
+    logging.getLogger("x").warning("once")
+    assert stream.getvalue().count("once") == 1
+    assert " WARNING b: once" in stream.getvalue()
+
+
+SERVERS: dict[tuple[str, ...], tuple[list[str], str]] = {
+    ("webhook", "serve"): (["--tls-cert", "c", "--tls-key", "k"], "webhook"),
+    ("device-plugin", "serve"): ([], "device-plugin"),
+    ("dra", "serve"): ([], "dra-plugin"),
+    ("node", "label"): (["--watch"], "node-agent"),
+    ("certs", "ensure"): (
+        ["--namespace", "n", "--service", "s", "--secret", "t", "--webhook-config", "w"],
+        "certs",
+    ),
+}
+
+
+class _SetUp(Exception):
+    pass
+
+
+@pytest.mark.parametrize("words", sorted(SERVERS))
+def test_every_server_logs_in_the_one_format_and_takes_json(
+    words: tuple[str, ...], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before: each its own basicConfig (certs without a level, the webhook without a time)."""
+    argv, component = SERVERS[words]
+    made: list[tuple[str, str, str]] = []
+
+    def setup(name: str, level: str = "info", fmt: str = "text", stream: object = None) -> None:
+        made.append((name, level, fmt))
+        raise _SetUp
+
+    monkeypatch.setattr(logs, "setup", setup)
+    command = cli.resolve(next(t for w, t, _ in cli.COMMANDS if w == words))
+    with pytest.raises(_SetUp):
+        command([*argv, "--log-format", "json", "--log-level", "WARNING"])
+    assert made == [(component, "warning", "json")]
+
+
+def test_log_flags_take_only_what_they_say(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="p")
+    logs.add_flags(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--log-format", "xml"])
+    assert "argument --log-format: invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_a_server_s_fatal_error_is_a_log_line_with_its_exit_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulated node, a kubelet directory it cannot use: the line says so, exit 1."""
+    root = tmp_path / "node"
+    sim.write_node(root, sim.make_machine(gpus=1))
+    (tmp_path / "kubelet").write_text("a file, not a directory")
+    argv = [
+        "device-plugin",
+        "serve",
+        "--sim",
+        str(root),
+        "--kubelet-dir",
+        str(tmp_path / "kubelet"),
+    ]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err
+    assert [line for line in err if not LINE.match(line)] == []
+    assert " ERROR device-plugin: device plugin stopped: " in err[-1]
