@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
     from gpuwire.allocation import Share
-    from gpuwire.devices import Device
+    from gpuwire.devices import Device, MigDevice
     from gpuwire.edits import Mount
     from runtime_hook.start.config import Config
 
@@ -55,9 +55,10 @@ def join(
     share: Share | None = None,
     *,
     sets_env: bool = True,
+    mig: tuple[MigDevice, ...] = (),
 ) -> Joined | None:
     """The mechanisms a container asks for (its env `entries`, in order) or its `share` is
-    held by, joined for a container granted `devices`; None when there are none.
+    held by, joined for a container granted `devices` (and `mig`); None when there are none.
     EnforcementError when this node cannot hold them. `sets_env`: whether the caller can
     still set the container's environment (the shim can, the prestart hook cannot)."""
     env = dict(entries)
@@ -71,8 +72,22 @@ def join(
     if wants_hami:
         _hami(joined, config)
     if share is not None:
+        _alone(share, devices, mig)
         _share(joined, entries, share, sets_env)
     return joined
+
+
+def _alone(share: Share, devices: tuple[Device, ...], mig: tuple[MigDevice, ...]) -> None:
+    """A share holds a container's one GPU: HAMi-core's and MPS's limits name CUDA's device 0,
+    and which of several GPUs CUDA numbers 0 is not the runtime's to say."""
+    names = [d.uuid for d in devices] + [m.name for m in mig]
+    if len(names) != 1:
+        raise EnforcementError(
+            f"the container holds a replica of a shared GPU, held to {share.memory_mib} MiB and "
+            f"{share.cores} % by {share.mechanism}, and {len(names)} GPUs and MIG devices in all "
+            f"({', '.join(names)}); a share holds a container's one GPU: give the replica a "
+            "container of its own"
+        )
 
 
 def _tightest(limit: int, values: Sequence[str], parse: Callable[[str], int | None]) -> int:

@@ -64,6 +64,7 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
     """Decide, log, and apply the edits to the created container `state` describes."""
     from runtime_hook.injection import inject
     from runtime_hook.start import config, log, plan, recording
+    from runtime_hook.start import spec as ocispec
 
     try:
         settings = config.load()
@@ -83,8 +84,9 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
             pid = state.get("pid")
             if not isinstance(pid, int):
                 raise ValueError("the OCI state on stdin has no container pid")
-            if not decided.by_engine:  # prepared claims: the engine applied their specs
-                inject.apply(pid, decided.rootfs, decided.edits, settings.ldconfig, decided.held)
+            if not decided.by_engine:  # prepared claims alone: the engine applied it all
+                edits = ocispec.missing(spec, decided.edits)  # else what the engine did not
+                inject.apply(pid, decided.rootfs, edits, settings.ldconfig, decided.held)
             recording.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
     except (OSError, ValueError, RuntimeError) as exc:
         log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")

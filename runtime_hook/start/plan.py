@@ -8,8 +8,11 @@ they need. `summary` is the one log line that says what was decided and why.
 A request that prepared DRA claims prove came with their CDI specs, which the engine has
 applied already (devices, mounts, env, and what holds a share's limits: `deviceplugin.dra`):
 its edits are laid out as a CDI spec lays them out (`gpuwire.edits.host_layout`), so that
-writing them into `config.json` again adds nothing the engine wrote, no limit is joined
-again, and `by_engine` tells the shim and the prestart hook to inject nothing else.
+writing them into `config.json` again adds nothing the engine wrote. Where the claims are
+the only proof, no limit is joined again and `by_engine` tells the shim and the prestart hook
+to inject nothing else. A container that also holds a device-plugin allocation has GPUs no
+engine gave it: those are injected (what the spec lacks: `runtime_hook.start.spec.missing`)
+and joined to what holds their limits, as any allocation's are.
 """
 
 from __future__ import annotations
@@ -69,8 +72,10 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
     rootfs = ocispec.rootfs(spec, bundle)
     if not outcome.inject or outcome.driver is None:
         return Plan(outcome, rootfs, None)
-    by_engine = outcome.verdict.basis == "claim"
-    layout = host_layout(outcome.driver) if by_engine else Layout.of(debian=is_debian(rootfs))
+    basis = outcome.verdict.basis
+    by_engine = basis == "claim"  # the engine applied all of it: the claims' CDI specs
+    claimed = by_engine or basis == "allocation+claim"
+    layout = host_layout(outcome.driver) if claimed else Layout.of(debian=is_debian(rootfs))
     edits = container_edits(
         outcome.driver,
         outcome.devices,
@@ -84,7 +89,9 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
     try:
         entries = ocispec.env_entries(spec)
         share = outcome.verdict.share
-        joined = enforcement.join(entries, outcome.devices, config, share, sets_env=sets_env)
+        joined = enforcement.join(
+            entries, outcome.devices, config, share, sets_env=sets_env, mig=outcome.mig
+        )
         if joined is not None:
             enforcement.prepare(joined, config)
     except (enforcement.EnforcementError, OSError) as exc:

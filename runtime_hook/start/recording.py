@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from runtime_hook.start.spec import Spec
 
 # the record's path by the verdict's basis; every other basis is plugin-less
-PATHS = {"allocation": records.PLUGIN, "claim": records.DRA}
+PATHS = {"allocation": records.PLUGIN, "claim": records.DRA, "allocation+claim": records.DRA}
 # runc's global flags that take a value (`runc --root R delete ID`).
 _VALUE_FLAGS = ("--root", "--log", "--log-format", "--criu", "--rootless")
 

@@ -154,6 +154,25 @@ def rootfs(spec: Spec, bundle: str) -> str:
     return os.path.normpath(os.path.join(bundle, path))
 
 
+def missing(spec: Spec, edits: Edits) -> Edits:
+    """The part of `edits` the spec lacks: its device nodes and mounts but those an engine
+    wrote into it already (a claim's CDI spec, the kubelet's device specs), as `apply` leaves
+    them out; links, ld cache and env whole."""
+    from gpuwire.edits import Edits
+
+    linux = spec.get("linux") or {}
+    nodes = {(d.get("path"), d.get("major"), d.get("minor")) for d in linux.get("devices") or ()}
+    present = {(m.get("destination"), m.get("source")) for m in mounts(spec)}
+    return Edits(
+        edits.env,
+        [n for n in edits.device_nodes if (n["path"], n["major"], n["minor"]) not in nodes],
+        [m for m in edits.mounts if (m["containerPath"], m["hostPath"]) not in present],
+        edits.links,
+        edits.ldcache_folders,
+        edits.ldcache_entries,
+    )
+
+
 def apply(spec: Spec, edits: Edits) -> Spec:
     """`spec` with `edits` in it."""
     out = dict(spec)

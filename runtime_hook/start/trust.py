@@ -268,7 +268,7 @@ class Verdict:
     ) -> None:
         self.status = status
         self.reason = reason
-        self.basis = basis  # privileged, allocation, claim, grant, trust=any
+        self.basis = basis  # privileged, allocation, claim, allocation+claim, grant, trust=any
         self.request = request
         self.capabilities = capabilities
         self.share = share  # a shared replica's, from its allocation token
@@ -323,10 +323,11 @@ def authorise(
         proofs = [f"device-plugin allocation {', '.join(request.tokens)}"] if tokens else []
         proofs += [f"DRA {c.token} ({', '.join(d.name for d in c.devices)})" for c in claims]
         shares = [t.allocation.share for t in tokens if t.allocation and t.allocation.share]
+        basis = "+".join(kind for kind, used in (("allocation", tokens), ("claim", claims)) if used)
         return Verdict(
             GRANTED,
             "; ".join(proofs),
-            "claim" if claims else "allocation",
+            basis,
             devices.Request(devices.Kind.LIST, tuple(dict.fromkeys(proved))),
             caps,
             shares[0] if shares else None,

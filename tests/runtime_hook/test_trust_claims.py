@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpuwire import claimtoken, records, sim
+from gpuwire import allocation, claimtoken, records, sim
 from gpuwire.claimtoken import ClaimDevice, ClaimToken
 from gpuwire.edits import ldcache_args
 from gpuwire.grant import KeyRing
@@ -87,6 +87,25 @@ def test_a_prepared_claim_gives_exactly_the_devices_mounted(node: tuple[Config, 
     # the engine gave it one, and that one is what it holds
     one = evaluate(started(config, ["gpu-3"], f"{ids[1]},{ids[3]}"), config, claim=True)
     assert [d.index for d in one.devices] == [3]
+
+
+def test_a_claim_beside_an_allocation_names_both_proofs(node: tuple[Config, KeyRing]) -> None:
+    """The decision rests on each proof it used, and only the claim's devices are the engine's:
+    the plan injects and joins the rest (tests/system/test_limits.py)."""
+    config, keys = node
+    ids = uuids(config)
+    prepare(config, keys, (1,))
+    token = allocation.write(config.allocation_dir, "nvidia.com/gpu", [ids[2]], keys).token
+    mounted = {"destination": allocation.container_path(token), "type": "bind",
+               "source": f"{config.allocation_dir}/{token}", "options": ["ro"]}  # fmt: skip
+    spec = started(config, [], ids[1], mounts=[claim_mount(config, "gpu-1"), mounted])
+    outcome = evaluate(spec, config, claim=True)
+    assert outcome.inject, outcome.error
+    assert outcome.verdict.basis == "allocation+claim"
+    assert outcome.verdict.reason == (
+        f"device-plugin allocation {token}; DRA claim team-a/trainer-gpus (gpu-1)"
+    )
+    assert [d.index for d in outcome.devices] == [2, 1]
 
 
 def test_a_container_of_two_claims_holds_both(node: tuple[Config, KeyRing]) -> None:

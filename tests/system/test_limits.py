@@ -9,6 +9,7 @@ also served by a resident gpuwire.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,14 @@ import pytest
 
 from deviceplugin.agent import mps as daemons
 from deviceplugin.plugin.allocate import Strategies, response
-from gpuwire import allocation, mps
-from testbed.lab import Lab
+from gpuwire import allocation, claimtoken, mps
+from gpuwire.claimtoken import ClaimDevice, ClaimToken
+from gpuwire.driver import discover
+from gpuwire.edits import container_edits, host_layout
+from gpuwire.nvidia import Roots
+from runtime_hook.start import spec as ocispec
+from testbed.lab import NAMESPACE, POD_UID, Lab
+from testbed.rootfs import Bundle
 from testbed.view import view
 from tests.conftest import requires_binary, requires_root
 from tests.system.test_runc import DELIVERIES, granted_env, make_bundle, run
@@ -179,11 +186,17 @@ def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: 
 
 
 def replica(
-    lab: Lab, index: int, share: allocation.Share
-) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    lab: Lab, index: int, share: allocation.Share | None, strategies: Strategies | None = None
+) -> tuple[dict[str, str], list[dict[str, Any]], list[dict[str, Any]]]:
+    """A container's Allocate answer for GPU `index` (a replica held to `share`) as the kubelet
+    hands it to containerd: its env, its mounts, and its DeviceSpecs as `linux.devices`."""
     token = allocation.write(lab.allocations, "nvidia.com/gpu", [lab.uuid(index)], lab.keys, share)
     answer = response(
-        [lab.machine.devices[index]], token.token, str(lab.allocations), Strategies(), share=share
+        [lab.machine.devices[index]],
+        token.token,
+        str(lab.allocations),
+        strategies or Strategies(),
+        share=share,
     )
     mounts = [
         {
@@ -194,17 +207,32 @@ def replica(
         }
         for m in answer.mounts
     ]
-    return {**answer.envs, "NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts
+    nodes = []
+    for spec in answer.devices:
+        st = os.stat(spec.host_path)
+        nodes.append(
+            {
+                "path": spec.container_path,
+                "type": "c",
+                "major": os.major(st.st_rdev),
+                "minor": os.minor(st.st_rdev),
+                "fileMode": 0o666,
+                "uid": 0,
+                "gid": 0,
+            }
+        )
+    return {**answer.envs, "NVIDIA_VISIBLE_DEVICES": "plugin"}, mounts, nodes
 
 
 QUARTER = allocation.Share("hami", 20480, 25)
+CLAIM_UID = "0f7c2a34-5a1e-4d7e-9a0b-2c3d4e5f6a7b"
 
 
 @pytest.mark.parametrize("delivery", ["shim", "shim-resident"])
 def test_the_shim_holds_a_replica_to_its_share_whatever_its_env_says(
     lab: Lab, delivery: str
 ) -> None:
-    env, mounts = replica(lab, 2, QUARTER)
+    env, mounts, _ = replica(lab, 2, QUARTER)
     env |= {"CUDA_DEVICE_MEMORY_LIMIT_0": "80g", "GPU_CORE_UTILIZATION_POLICY": "disable"}
     out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
     assert out.returncode == 0, out.stderr
@@ -220,7 +248,7 @@ def test_the_shim_holds_a_replica_to_its_share_whatever_its_env_says(
 
 
 def test_a_tighter_limit_of_its_own_stays(lab: Lab) -> None:
-    env, mounts = replica(lab, 2, QUARTER)
+    env, mounts, _ = replica(lab, 2, QUARTER)
     out = run(
         make_bundle(lab, env | {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}, delivery="shim", mounts=mounts),
         "shim",
@@ -233,7 +261,7 @@ def test_a_tighter_limit_of_its_own_stays(lab: Lab) -> None:
 def test_the_prestart_hook_starts_a_replica_only_with_its_share_in_effect(
     lab: Lab, delivery: str
 ) -> None:
-    env, mounts = replica(lab, 2, QUARTER)
+    env, mounts, _ = replica(lab, 2, QUARTER)
     out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
     assert out.returncode == 0, out.stderr
     assert view(out.stdout)["memory"] == ["20480 MiB"]
@@ -248,12 +276,71 @@ def test_the_prestart_hook_starts_a_replica_only_with_its_share_in_effect(
     ) in refused.stderr
 
 
+# A container may hold a DRA claim and a device-plugin allocation at once: the engine
+# applied the claim's CDI spec (its devices, the driver's files as the host lays them out, its
+# token), the kubelet the Allocate answer (env, the token's mount, DeviceSpecs where the plugin
+# passes them).
+
+
+def claimed_beside(
+    lab: Lab, claim: int, allocated: int, share: allocation.Share | None, delivery: str
+) -> Bundle:
+    """A bundle of a container holding a claim of GPU `claim` and an allocation of GPU
+    `allocated` (`-specs`: with its DeviceSpecs)."""
+    token = ClaimToken(
+        CLAIM_UID, NAMESPACE, "trainer-gpus", (POD_UID,), (ClaimDevice("gpu-0", lab.uuid(claim)),)
+    )
+    claimtoken.write(str(lab.allocations), token, lab.keys)
+    strategies = Strategies(device_specs=delivery.endswith("-specs"), dev_root=str(lab.node))
+    env, mounts, nodes = replica(lab, allocated, share, strategies)
+    mounts.append(
+        {
+            "destination": claimtoken.container_path(CLAIM_UID, "gpu-0"),
+            "type": "bind",
+            "source": claimtoken.path(str(lab.allocations), CLAIM_UID),
+            "options": ["rbind", "ro"],
+        }
+    )
+    bundle = make_bundle(lab, env, delivery=delivery.removesuffix("-specs"), mounts=mounts)
+    driver = discover(Roots(str(lab.node)), ("compute", "utility"))
+    claimed = container_edits(
+        driver, driver.devices[claim : claim + 1], ("compute", "utility"), host_layout(driver)
+    )
+    bundle.spec = ocispec.apply(bundle.spec, claimed)
+    bundle.spec["linux"]["devices"] += nodes
+    bundle.save()
+    return bundle
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart", "prestart-specs"])
+def test_a_replica_beside_a_claim_is_held_or_does_not_start(lab: Lab, delivery: str) -> None:
+    """Before: the claim made the whole start the engine's, and the replica of GPU 2 ran
+    without HAMi-core (no preload), unlimited."""
+    out = run(claimed_beside(lab, 1, 2, QUARTER, delivery), delivery.removesuffix("-specs"))
+    assert out.returncode != 0
+    assert (
+        "the container holds a replica of a shared GPU, held to 20480 MiB and 25 % by hami, and "
+        f"2 GPUs and MIG devices in all ({lab.uuid(2)}, {lab.uuid(1)}); a share holds a "
+        "container's one GPU"
+    ) in out.stderr
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_an_allocation_beside_a_claim_is_injected_and_named(lab: Lab, delivery: str) -> None:
+    """The GPU no engine gave the container is gpuwire's to give (before: not under the
+    prestart hook), and the decision names both proofs (before: `claim`)."""
+    out = run(claimed_beside(lab, 1, 2, None, delivery), delivery)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["devices"] == ["nvidia-uvm nvidia-uvm-tools nvidia1 nvidia2 nvidiactl"]
+    assert lab.log_lines()[-1].endswith(": allocation+claim")
+
+
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])
 def test_an_mps_replica_joins_its_gpus_daemon_whose_defaults_are_its_share(
     lab: Lab, delivery: str
 ) -> None:
     share = allocation.Share("mps", lab.machine.devices[0].memory_mib // 4, 25)
-    env, mounts = replica(lab, 0, share)
+    env, mounts, _ = replica(lab, 0, share)
     out = run(make_bundle(lab, env, delivery=delivery, mounts=mounts), delivery)
     assert out.returncode == 0, out.stderr
     seen = view(out.stdout)
