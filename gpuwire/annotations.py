@@ -60,8 +60,8 @@ ACCEPTED = {
     MIN_MEMORY: quantity.ACCEPTED,
     COUNT: "all, none (driver files but no GPU), or a positive integer",
     UUID: "comma-separated GPU or MIG UUIDs as nvidia-smi -L prints them "
-    "(GPU-xxxxxxxx-xxxx-…, MIG-xxxxxxxx-xxxx-…), "
-    "each optionally prefixed with ! to exclude",
+    "(GPU-xxxxxxxx-xxxx-…, MIG-xxxxxxxx-xxxx-…), AMD GPUs' and partitions' as rocminfo "
+    "prints them (GPU-<16 hex digits>), each optionally prefixed with ! to exclude",
     CAPABILITIES: f"all, or a comma-separated subset of {', '.join(nvidia.CAPABILITIES)}",
     MEMORY_LIMIT: f"{quantity.ACCEPTED}, or a percentage of the GPU (1%–100%)",
     CORES_LIMIT: "a percentage of the GPU's SMs, 1–100 (e.g. 30 or 30%)",
@@ -74,7 +74,10 @@ ACCEPTED[HAMI_USE_TYPE] = ACCEPTED[HAMI_NOUSE_TYPE] = "comma-separated model nam
 ACCEPTED[HAMI_USE_UUID] = ACCEPTED[HAMI_NOUSE_UUID] = "comma-separated GPU UUIDs"
 
 _MODEL_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
-_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
+_UUID = re.compile(
+    r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$"
+    r"|^GPU-[0-9a-fA-F]{16}(-p[0-9]+)?$"  # AMD's: KFD's unique id (gpuwire.amd.uuid)
+)
 # go-nvlib's profile grammar (`pkg/nvlib/device/mig_profile.go`): [<C>c.]<G>g.<GB>gb[+attr|-attr]
 _MIG_PROFILE = re.compile(
     r"^([1-9][0-9]?c\.)?[1-9][0-9]?g\.[1-9][0-9]{0,3}gb([+-][a-z][a-z.]*[a-z])?$"
@@ -123,8 +126,9 @@ class MemoryLimit:
 
 
 def normalise_model(name: str) -> str:
-    """Lower case, spaces as dashes: `A100 SXM4` and GFD's `NVIDIA-A100-SXM4-80GB` compare."""
-    return "-".join(name.lower().split())
+    """Lower case, spaces and underscores as dashes: `A100 SXM4` and GFD's
+    `NVIDIA-A100-SXM4-80GB` compare, `Instinct MI300X` and AMD's `AMD_Instinct_MI300X` too."""
+    return "-".join(name.lower().replace("_", " ").split())
 
 
 @dataclass(frozen=True)

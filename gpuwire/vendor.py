@@ -14,7 +14,10 @@ through, so that nothing else asks which vendor it has. What a vendor provides:
 - edits: `container_edits` (device nodes per GPU or partition, the driver's files per
   capability: none on AMD, ROCm's user space lives in the image) and `cdi_spec`;
 - `grant_tag`: what a grant for this vendor's env is signed under, so that one vendor's grant
-  never verifies as the other's.
+  never verifies as the other's;
+- node labels (its own labeller's: NVIDIA's GPU Feature Discovery, AMD's node labeller):
+  `product_label` and `label_product` (how it spells a product there), `labelled_memory` and
+  `labelled_count` (what its labels say of a node's GPUs), which the webhook's fleet reads.
 
 A node runs one vendor (its config's `vendor`); the webhook learns each node's from its
 labels and `gpuwire.io/gpus`. The modules are imported when first used: a start imports only
@@ -56,6 +59,20 @@ class Vendor:
     request_env: tuple[str, ...]  # every env a container's request is read from
     grant_tag: str
     files: bool  # whether containers get driver files (libraries, binaries) laid out per image
+    product_label: str  # the node label its labeller names a node's GPU model by
+    memory_label: str | None  # its labeller's node label of GPU memory in MiB, if it has one
+
+    def label_product(self, name: str) -> str:
+        """A product name as `product_label`'s value spells it."""
+        raise NotImplementedError
+
+    def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
+        """A node's GPU memory in MiB as its labeller's labels say it; None: they do not."""
+        raise NotImplementedError
+
+    def labelled_count(self, labels: Mapping[str, str]) -> int | None:
+        """How many GPUs a node has as its labeller's labels say it; None: they do not."""
+        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<vendor {self.name}>"
@@ -129,6 +146,17 @@ class _Nvidia(Vendor):
     )
     grant_tag = "gpuwire-grant-v1"
     files = True
+    product_label = nvidia.LABEL_PREFIX + "gpu.product"
+    memory_label = nvidia.LABEL_PREFIX + "gpu.memory"
+
+    def label_product(self, name: str) -> str:
+        return nvidia.gfd_product(name)
+
+    def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
+        return _int(labels.get(nvidia.LABEL_PREFIX + "gpu.memory"))
+
+    def labelled_count(self, labels: Mapping[str, str]) -> int | None:
+        return _int(labels.get(nvidia.LABEL_PREFIX + "gpu.count"))
 
     def visible_request(self, env: Mapping[str, str]) -> Request:
         """NVIDIA_VISIBLE_DEVICES, or for a legacy CUDA image that does not set it, every GPU
@@ -228,6 +256,20 @@ class _Amd(Vendor):
     request_env = (amd.VISIBLE_DEVICES_ENV,)
     grant_tag = "gpuwire-grant-v1-amd"
     files = False  # ROCm's user space lives in the image
+    product_label = amd.LABEL_PREFIX + "gpu.product-name"
+    memory_label = None  # `amd.com/gpu.vram` is `192G`: no number node affinity compares
+
+    def label_product(self, name: str) -> str:
+        return amd.label_value(name)
+
+    def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
+        """`amd.com/gpu.vram`: GiB with a `G` (`192G`)."""
+        gib = _int(labels.get(amd.LABEL_PREFIX + "gpu.vram", "").removesuffix("G"))
+        return None if gib is None else gib * 1024
+
+    def labelled_count(self, labels: Mapping[str, str]) -> int | None:
+        """AMD's labeller counts none; gpuwire's labeler does (`gpuwire.io/gpu.count`)."""
+        return _int(labels.get("gpuwire.io/gpu.count"))
 
     def visible_request(self, env: Mapping[str, str]) -> Request:
         return amd.parse_request(env.get(amd.VISIBLE_DEVICES_ENV))
@@ -303,9 +345,18 @@ class _Amd(Vendor):
         return amdedits.generate(found, kind, cards)
 
 
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
 NVIDIA: Vendor = _Nvidia()
 AMD: Vendor = _Amd()
 VENDORS = (NVIDIA, AMD)
+
+
+def of_resource(resource: str) -> Vendor:
+    """The vendor whose device plugin lists `resource` (`amd.com/cpx_nps4` is AMD's)."""
+    return next((v for v in VENDORS if resource.startswith(v.label_prefix)), NVIDIA)
 
 
 def of(name: str) -> Vendor:

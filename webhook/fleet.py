@@ -1,13 +1,15 @@
 """The GPU nodes of the cluster as the webhook sees them: plain data built from Node objects.
 
-What a node has comes from its labels (NVIDIA GPU Feature Discovery's keys, also written by
-gpuwire's labeler) and from gpuwire's node annotation `gpuwire.io/gpus`, a JSON array with one
-object per GPU (`index`, `uuid`, `product`, `memory_mib`, `numa_node`, `healthy`, `resource`),
-written by the device plugin. Labels are what node affinity can select on, but GFD's describe
-one model per node; the annotation holds every GPU of a mixed node, the resource each is
-advertised under, and which node holds an explicitly named GPU. A node's GPUs are summed up
-as groups (one model under one resource, counted), and nodes alike share one tuple of them:
-10,000 nodes of one kind cost one. The limit profiles a node enforces are its
+What a node has comes from its labels (its vendor's labeller's keys: NVIDIA GPU Feature
+Discovery's, AMD's node labeller's, also written by gpuwire's labeler) and from gpuwire's node
+annotation `gpuwire.io/gpus`, a JSON array with one object per GPU (`index`, `uuid`, `product`,
+`memory_mib`, `numa_node`, `healthy`, `resource`, `vendor`), written by the node agent. A
+node's vendor is its annotation's, else the one whose product label it carries
+(`gpuwire.vendor.Vendor.product_label`). Labels are what node affinity can select on, but the
+labellers describe one model per node; the annotation holds every GPU of a mixed node, the
+resource each is advertised under, and which node holds an explicitly named GPU. A node's GPUs
+are summed up as groups (one model under one resource, counted), and nodes alike share one
+tuple of them: 10,000 nodes of one kind cost one. The limit profiles a node enforces are its
 `gpuwire.io/limits.<profile>` labels. Where the snapshot comes from (a watch, a file) is
 `watch.py`'s and the CLI's business.
 """
@@ -23,13 +25,13 @@ from typing import Any
 
 from gpuwire import holders, limits, nodegpus, nvidia
 from gpuwire.annotations import GpuRequest, normalise_model
+from gpuwire.vendor import NVIDIA, VENDORS, Vendor
 from kubeclient import listfile
 
 log = logging.getLogger(__name__)
 
-PRODUCT_LABEL = nvidia.LABEL_PREFIX + "gpu.product"
-MEMORY_LABEL = nvidia.LABEL_PREFIX + "gpu.memory"  # MiB
-COUNT_LABEL = nvidia.LABEL_PREFIX + "gpu.count"
+PRODUCT_LABEL = NVIDIA.product_label
+MEMORY_LABEL = NVIDIA.memory_label  # MiB
 REPLICAS_LABEL = nvidia.LABEL_PREFIX + "gpu.replicas"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPUS_ANNOTATION = nodegpus.ANNOTATION
@@ -42,7 +44,7 @@ Mig = nodegpus.NodeMig
 class Group:
     """A node's GPUs of one model under one resource."""
 
-    product: str  # as the nvidia.com/gpu.product label spells it
+    product: str  # as its vendor's product label spells it (nvidia.com/gpu.product, …)
     memory_mib: int | None
     resource: str  # the extended resource a pod asks for them by
     gpus: int
@@ -58,20 +60,22 @@ class Shape:
     memory_mib: int | None
     gpu_count: int | None
     enforces: frozenset[str]
+    vendor: Vendor = NVIDIA
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
     name: str
     hostname: str  # the kubernetes.io/hostname label: what node affinity can pin
-    product: str | None  # the nvidia.com/gpu.product label value: one model (GFD's)
-    memory_mib: int | None  # the nvidia.com/gpu.memory label
+    product: str | None  # its vendor's product label value: one model (GFD's, AMD's labeller's)
+    memory_mib: int | None  # its vendor's memory label, in MiB
     count: int | None
     gpus: tuple[Gpu, ...] = ()
     groups: tuple[Group, ...] = ()  # every GPU: the annotation's, else the labels'
     enforces: frozenset[str] = frozenset()  # limit profiles enforced here
     mig_profiles: tuple[str, ...] = ()  # MIG profiles GFD's labels say the node offers
     held: frozenset[str] = frozenset()  # MIG devices its holders annotation says are held
+    vendor: Vendor = NVIDIA  # whose GPUs it has
 
     def offers(self) -> set[str]:
         """The MIG profiles of the node: its labels' and its MIG devices'."""
@@ -101,7 +105,14 @@ class Node:
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.groups, self.product, self.memory_mib, self.gpu_count, self.enforces)
+        return Shape(
+            self.groups,
+            self.product,
+            self.memory_mib,
+            self.gpu_count,
+            self.enforces,
+            self.vendor,
+        )
 
 
 def _int(value: object) -> int | None:
@@ -120,22 +131,22 @@ def _gpus(node: str, text: str) -> tuple[Gpu, ...]:
         return ()
 
 
-def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> tuple[Group, ...]:
+def _groups(gpus: tuple[Gpu, ...], labels: Mapping[str, str], vendor: Vendor) -> tuple[Group, ...]:
     """The annotation's GPUs by model and resource, in index order; without the annotation,
-    the labels' one model, under the default resource."""
+    the labels' one model, under the vendor's resource."""
     if not gpus:
-        product = labels.get(PRODUCT_LABEL)
-        count = _int(labels.get(COUNT_LABEL)) or 1
+        product = labels.get(vendor.product_label)
+        count = vendor.labelled_count(labels) or 1
         devices = count * (_int(labels.get(REPLICAS_LABEL)) or 1)
-        memory = _int(labels.get(MEMORY_LABEL))
-        return (Group(product, memory, nvidia.RESOURCE, count, devices),) if product else ()
+        memory = vendor.labelled_memory(labels)
+        return (Group(product, memory, vendor.resource, count, devices),) if product else ()
     spelled: dict[tuple[str, int, str, int], int] = {}
     for g in gpus:  # by NVML's name first: the label's spelling is made once per model
         key = (g.product, g.memory_mib, g.resource, g.replicas)
         spelled[key] = spelled.get(key, 0) + 1
     counts: dict[tuple[str, int, str, int], int] = {}
     for (product, memory, resource, replicas), n in spelled.items():
-        key = (nvidia.gfd_product(product), memory, resource, replicas)
+        key = (vendor.label_product(product), memory, resource, replicas)
         counts[key] = counts.get(key, 0) + n
     return tuple(Group(p, m or None, r, n, n * k) for (p, m, r, k), n in counts.items())
 
@@ -182,11 +193,12 @@ def node_from_object(
     labels: Mapping[str, str] = metadata.get("labels") or {}
     annotations: Mapping[str, str] = metadata.get("annotations") or {}
     gpus = _gpus(name, annotations[GPUS_ANNOTATION]) if GPUS_ANNOTATION in annotations else ()
-    product = labels.get(PRODUCT_LABEL)
+    vendor = _vendor(gpus, labels)
+    product = labels.get(vendor.product_label)
     if not name or (product is None and not gpus):
         return None
-    memory, count = _int(labels.get(MEMORY_LABEL)), _int(labels.get(COUNT_LABEL))
-    groups = _groups(gpus, labels)
+    memory, count = vendor.labelled_memory(labels), vendor.labelled_count(labels)
+    groups = _groups(gpus, labels, vendor)
     enforces = frozenset(p for key, p in _ENFORCED.items() if labels.get(key) == "true")
     hostname = labels.get(HOSTNAME_LABEL, name)
     if shared is not None:
@@ -204,7 +216,15 @@ def node_from_object(
         enforces=enforces,
         mig_profiles=_mig_profiles(labels),
         held=_held(name, gpus, annotations),
+        vendor=vendor,
     )
+
+
+def _vendor(gpus: tuple[Gpu, ...], labels: Mapping[str, str]) -> Vendor:
+    """The node's vendor: its annotation's, else the one whose product label it carries."""
+    if gpus:
+        return next((v for v in VENDORS if v.name == gpus[0].vendor), NVIDIA)
+    return next((v for v in VENDORS if v.product_label in labels), NVIDIA)
 
 
 @dataclass(frozen=True)
@@ -226,9 +246,9 @@ class Fleet:
     @functools.cached_property
     def shapes(self) -> dict[Shape, tuple[Node, ...]]:
         """The nodes by shape, each in name order: what placement passes over."""
-        alike: dict[tuple[int, str | None, int | None, int | None, int], list[Node]] = {}
+        alike: dict[tuple[int, str | None, int | None, int | None, int, str], list[Node]] = {}
         for n in self.nodes:  # by identity first: nodes alike share groups and profiles
-            key = (id(n.groups), n.product, n.memory_mib, n.count, id(n.enforces))
+            key = (id(n.groups), n.product, n.memory_mib, n.count, id(n.enforces), n.vendor.name)
             alike.setdefault(key, []).append(n)
         found: dict[Shape, list[Node]] = {}
         for nodes in alike.values():
@@ -244,6 +264,12 @@ class Fleet:
     def products(self) -> list[str]:
         """Every GPU model of the cluster, as the product label spells it, sorted."""
         return sorted({g.product for kind in self.kinds for g in kind})
+
+    @functools.cached_property
+    def vendors(self) -> dict[str, Vendor]:
+        """Each product (as its product label spells it) → the vendor of the nodes that have
+        it: whose label node affinity names it by."""
+        return {g.product: shape.vendor for shape in self.shapes for g in shape.groups}
 
     @functools.cached_property
     def resources(self) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
+from gpuwire.vendor import NVIDIA, VENDORS, Vendor, of_resource
 from webhook import affinity, hami
 from webhook import claims as dra_claims
 from webhook.claims import Ask, Claimed
@@ -90,9 +91,10 @@ class Denied(Exception):
 class _Devices:
     """The GPUs one container is granted, and the resource op that asks the plugin for them."""
 
-    visible: str  # NVIDIA_VISIBLE_DEVICES value, or grant.PLUGIN_DEVICES
+    visible: str  # NVIDIA_VISIBLE_DEVICES (AMD_VISIBLE_DEVICES) value, or grant.PLUGIN_DEVICES
     devices: int | None  # how many GPUs it sees, where known
     ops: list[Op] = field(default_factory=list)
+    resource: str | None = None  # the device plugin's resource that gives them, if one does
 
 
 def _describe(change: Change) -> Warned:
@@ -166,6 +168,7 @@ class _Mutation:
             except Unplaceable as exc:
                 raise Denied(400, str(exc)) from exc
             self.warnings += placement.warnings
+            self.nvidia_only(request, placement)
         ops: list[Op] = cdi
         for c in self.pod.containers:
             if c.name in claimed:
@@ -464,16 +467,17 @@ class _Mutation:
     def gpu_container(self, c: Container, request: GpuRequest, placement: Placement) -> list[Op]:
         granted = self.devices(c, request, placement)
         self.check_count(c, request, granted)
-        caps = self.capabilities(request)
+        vendors = self.vendors(granted, placement)
+        caps = self.capabilities(request) if NVIDIA in vendors else ""
         env: dict[str, str | None] = {}
-        if granted.visible == grant.PLUGIN_DEVICES:
-            env[VISIBLE] = None
-        else:
-            env[VISIBLE] = granted.visible
-        env[CAPS] = caps
+        for vendor in vendors:  # each vendor of the nodes it may land on reads its own
+            plugin = granted.visible == grant.PLUGIN_DEVICES
+            env[vendor.visible_env] = None if plugin else granted.visible
+            if vendor.capabilities_env:
+                env[vendor.capabilities_env] = caps
         if request.wants_limits:
             env.update(self.limits(c, request, placement, granted.devices))
-        env[grant.ENV] = self.sign(c.name, granted.visible, caps)
+        env[grant.ENV] = self.sign(c.name, granted.visible, caps, vendors)
         self.given.append(_given(c.name, granted, caps, env))
         return granted.ops + self.env(c, env)
 
@@ -484,7 +488,9 @@ class _Mutation:
         asked = self.plugin_count(c)
         if asked and asked[1]:  # nvidia.com/gpu: 0 asks the plugin for nothing
             self.check_plugin(c, request, *asked)
-            return _Devices(grant.PLUGIN_DEVICES, asked[1], self.rename(c, asked, placement))
+            resource = placement.resource if asked[0] == nvidia.RESOURCE else None
+            ops = self.rename(c, asked, placement)
+            return _Devices(grant.PLUGIN_DEVICES, asked[1], ops, resource or asked[0])
         if request.mig_profile:
             return self.mig_devices(c, request, placement)
         if request.uuids:
@@ -506,7 +512,7 @@ class _Mutation:
             )
         resource = placement.resource or nvidia.RESOURCE
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
-        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [], resource)
 
     def rename(self, c: Container, asked: tuple[str, int], placement: Placement) -> list[Op]:
         """`nvidia.com/gpu` → the resource that lists the model asked for, where the plugin
@@ -546,7 +552,7 @@ class _Mutation:
                 f"{key}: {value!r} disagrees with container {c.name!r}'s {name}: {count}; "
                 f"accepted: {profile}, or no {key}",
             )
-        return _Devices(grant.PLUGIN_DEVICES, count)
+        return _Devices(grant.PLUGIN_DEVICES, count, resource=name)
 
     def mig_devices(self, c: Container, request: GpuRequest, placement: Placement) -> _Devices:
         """MIG devices of the asked profile: the plugin's resource, else those the placement
@@ -558,7 +564,7 @@ class _Mutation:
             return _Devices(",".join(placement.devices), count)
         resource = nvidia.mig_resource(profile)
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
-        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [])
+        return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [], resource)
 
     def check_plugin(self, c: Container, request: GpuRequest, resource: str, count: int) -> None:
         """A container the device plugin serves cannot also name its GPUs or take all."""
@@ -694,38 +700,90 @@ class _Mutation:
         )
 
     def other_container(self, c: Container) -> list[Op]:
-        """A container that asked for nothing: void, unless a trusted namespace wrote a value."""
-        value = c.value(VISIBLE)
-        if c.sets(VISIBLE) and self.rule.trust_visible_devices:
-            if value is None:
-                self.warn(
-                    "env-not-granted",
-                    f"container {c.name!r}: {VISIBLE} from valueFrom cannot be granted",
-                )
-                return []
-            if devices.parse_request(value).kind is devices.Kind.VOID:
-                return self.env(c, {grant.ENV: None})
-            caps = c.value(CAPS)
-            try:
-                signed = self.sign(c.name, value, caps)
-            except nvidia.CapabilityError as exc:
-                raise Denied(400, f"container {c.name!r}: {CAPS}={caps!r}: {exc}") from exc
-            return self.env(c, {grant.ENV: signed})
-        handwritten = c.sets(VISIBLE) and (
-            value is None or devices.parse_request(value).kind is not devices.Kind.VOID
-        )
-        if handwritten or self.policy.void_unrequested:
-            return self.env(c, {VISIBLE: VOID, grant.ENV: None})
-        return self.env(c, {grant.ENV: None})
+        """A container that asked for nothing: void for each vendor of the cluster, unless a
+        trusted namespace wrote a value, which is granted as is."""
+        desired: dict[str, str | None] = {}
+        signed: list[str] = []
+        keep_grant = False
+        for vendor in self.cluster_vendors:
+            name = vendor.visible_env
+            value = c.value(name)
+            void = value is not None and (
+                vendor.visible_request({name: value}).kind is devices.Kind.VOID
+            )
+            if c.sets(name) and self.rule.trust_visible_devices:
+                if value is None:
+                    self.warn(
+                        "env-not-granted",
+                        f"container {c.name!r}: {name} from valueFrom cannot be granted",
+                    )
+                    keep_grant = True
+                elif not void:
+                    caps_name = vendor.capabilities_env
+                    caps = c.value(caps_name) if caps_name else None
+                    try:
+                        signed += [g for g in [self.sign(c.name, value, caps, (vendor,))] if g]
+                    except nvidia.CapabilityError as exc:
+                        raise Denied(
+                            400, f"container {c.name!r}: {caps_name}={caps!r}: {exc}"
+                        ) from exc
+                continue
+            if (c.sets(name) and not void) or self.policy.void_unrequested:
+                desired[name] = VOID
+        if not keep_grant:
+            desired[grant.ENV] = ",".join(signed) or None
+        return self.env(c, desired)
+
+    @functools.cached_property
+    def cluster_vendors(self) -> tuple[Vendor, ...]:
+        """The vendors of the fleet's nodes, NVIDIA's always (its env is what images bake)."""
+        found = {n.vendor for n in self.fleet.nodes}
+        return tuple(v for v in VENDORS if v is NVIDIA or v in found)
 
     # --- shared steps
 
-    def sign(self, container: str, visible: str, caps: str | None) -> str | None:
+    def nvidia_only(self, request: GpuRequest, placement: Placement) -> None:
+        """Driver capabilities are what NVIDIA's runtime mounts: asked for a pod that can only
+        run on AMD nodes (ROCm's user space is in the image), they are a denial, not dropped.
+        (NVIDIA's other mechanisms deny on their own there: no AMD node offers a MIG profile
+        or enforces a limit profile.)"""
+        value = request.given.get(keys.CAPABILITIES)
+        vendors = {n.vendor for n in placement.nodes}
+        if value is None or not vendors or NVIDIA in vendors:
+            return
+        raise Denied(
+            400,
+            f"{keys.CAPABILITIES}: {value!r} is NVIDIA's (the driver capabilities NVIDIA's "
+            f"runtime mounts), and the pod can only run on AMD nodes "
+            f"({', '.join(sorted(n.name for n in placement.nodes))}); accepted: no "
+            f"{keys.CAPABILITIES} for AMD GPUs (ROCm's user space is in the image), or a model "
+            "NVIDIA nodes have",
+        )
+
+    def vendors(self, granted: _Devices, placement: Placement) -> tuple[Vendor, ...]:
+        """Whose nodes a GPU container may land on, so whose env it gets: the vendor of the
+        device plugin's resource that serves it, else the vendors of the nodes the placement
+        leaves (NVIDIA where it knows none)."""
+        if granted.resource:
+            return (of_resource(granted.resource),)
+        found = {n.vendor for n in placement.nodes}
+        return tuple(v for v in VENDORS if v in found) or (NVIDIA,)
+
+    def sign(
+        self,
+        container: str,
+        visible: str,
+        caps: str | None,
+        vendors: tuple[Vendor, ...] = (NVIDIA,),
+    ) -> str | None:
+        """GPUWIRE_GRANT: a grant for each vendor, comma-separated."""
         self.granted = True
         if self.keyring.keys:
             key_id = self.keyring.signing_id
             key = self.keyring.keys[key_id]
-            return _grant(key_id, key, self.namespace, container, visible, caps)
+            return ",".join(
+                _grant(key_id, key, self.namespace, container, visible, caps, v) for v in vendors
+            )
         grant.Subject.of(self.namespace, container, visible, caps)  # unknown caps: still refused
         warning = f"no grant key loaded: {grant.ENV} not written"
         if warning not in self.warnings:
@@ -765,12 +823,19 @@ def _entry(container: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _grant(
-    key_id: str, key: bytes, namespace: str, container: str, visible: str, caps: str | None
+    key_id: str,
+    key: bytes,
+    namespace: str,
+    container: str,
+    visible: str,
+    caps: str | None,
+    vendor: Vendor = NVIDIA,
 ) -> str:
-    """GPUWIRE_GRANT for one container. Memoized: a Deployment's pods get the same grants, and
-    each costs two parses and two SHA-256 runs (errors, such as unknown capabilities, are not
-    kept: they raise afresh)."""
-    return grant.KeyRing({key_id: key}).sign(grant.Subject.of(namespace, container, visible, caps))
+    """One vendor's GPUWIRE_GRANT for one container. Memoized: a Deployment's pods get the same
+    grants, and each costs two parses and two SHA-256 runs (errors, such as unknown
+    capabilities, are not kept: they raise afresh)."""
+    subject = grant.Subject.of(namespace, container, visible, caps, vendor)
+    return grant.KeyRing({key_id: key}).sign(subject)
 
 
 def mutate(

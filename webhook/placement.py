@@ -33,6 +33,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import limits, nvidia
 from gpuwire.annotations import GpuRequest
+from gpuwire.vendor import of_resource
 from webhook.fleet import (
     HOSTNAME_LABEL,
     MEMORY_LABEL,
@@ -112,9 +113,13 @@ def models_matching(
     return allowed, chosen
 
 
-def _holds(e: Expression, product: str | None, memory: int | None) -> bool:
-    """A model or memory expression against a node's two label values."""
-    value = product if e["key"] == PRODUCT_LABEL else memory
+def _holds(e: Expression, shape: Shape) -> bool:
+    """A model or memory expression against a node's two label values (those of its vendor's
+    labeller: a node of another vendor has neither)."""
+    if e["key"] == shape.vendor.product_label:
+        value: str | int | None = shape.product
+    else:
+        value = shape.memory_mib if e["key"] == shape.vendor.memory_label else None
     if e["operator"] == "Exists":
         return value is not None
     if e["operator"] == "In":
@@ -128,9 +133,10 @@ def _group_of(node: Node, device: Gpu | Mig) -> Group:
     """A named GPU or MIG device as the group it would be of (a MIG device: its parent's
     model, its own memory, advertised as no whole GPU)."""
     if isinstance(device, Gpu):
-        return Group(nvidia.gfd_product(device.product), device.memory_mib, device.resource, 1, 1)
+        product = node.vendor.label_product(device.product)
+        return Group(product, device.memory_mib, device.resource, 1, 1)
     parent = next(g for g in node.gpus if device in (g.mig or ()))
-    return Group(nvidia.gfd_product(parent.product), device.memory_mib, "", 1, 1)
+    return Group(node.vendor.label_product(parent.product), device.memory_mib, "", 1, 1)
 
 
 class _Kind:
@@ -254,15 +260,25 @@ class _Placer:
                 )
                 self.includes = self.excludes = ()
                 return
-            self.labelled.append({"key": PRODUCT_LABEL, "operator": "In", "values": chosen})
+            for key, products in self.by_label(chosen):
+                self.labelled.append({"key": key, "operator": "In", "values": products})
         else:
-            self.labelled.append({"key": PRODUCT_LABEL, "operator": "Exists"})
-            excluded = sorted(set(present) - set(allowed))
-            if excluded:
-                self.labelled.append(
-                    {"key": PRODUCT_LABEL, "operator": "NotIn", "values": excluded}
-                )
+            gone = set(present) - set(allowed)
+            for key, _ in self.by_label(allowed):
+                self.labelled.append({"key": key, "operator": "Exists"})
+                excluded = sorted(p for p in gone if self.fleet.vendors[p].product_label == key)
+                if excluded:
+                    self.labelled.append({"key": key, "operator": "NotIn", "values": excluded})
         self.words = True
+
+    def by_label(self, products: Sequence[str]) -> list[tuple[str, list[str]]]:
+        """Products by the label that names them (their vendor's), in vendor order. Models of
+        two vendors need two labels, which no node carries both of: such candidates are then
+        named by hostname (`expressions`)."""
+        found: dict[str, list[str]] = {}
+        for p in products:
+            found.setdefault(self.fleet.vendors[p].product_label, []).append(p)
+        return sorted(found.items(), key=lambda item: item[0] != PRODUCT_LABEL)
 
     def memory(self) -> None:
         least = self.least
@@ -429,7 +445,11 @@ class _Placer:
         else the resource that does on most candidates; the candidates narrow to its nodes.
         Limits are sized from the candidates' GPUs: there, the nodes that list the resource."""
         wanted, asks = self.demand.plugin, self.demand.asks
-        if not wanted or not (self.words or self.narrowed or self.request.wants_limits):
+        # a cluster without the asked resource's vendor (an AMD-only one asked for
+        # `nvidia.com/gpu`): the resource that its nodes list
+        present = self.fleet.resources
+        unlisted = bool(present) and all(of_resource(r) is not of_resource(asks) for r in present)
+        if not wanted or not (self.words or self.narrowed or self.request.wants_limits or unlisted):
             return
         by_resource: dict[str, Shapes] = {}
         for shape, nodes in self.shapes.items():
@@ -440,7 +460,7 @@ class _Placer:
         if asks in by_resource:
             self.shapes = by_resource[asks]
             return
-        if asks != nvidia.RESOURCE or not self.words or not by_resource:
+        if asks != nvidia.RESOURCE or not (self.words or unlisted) or not by_resource:
             listed = sorted({r for s in self.shapes for r in self.kind(s.groups).devices})
             left = f" that {self.others(())} leaves" if self.words or self.narrowed else ""
             raise Unplaceable(
@@ -509,7 +529,7 @@ class _Placer:
 
     def labels_admit(self, shape: Shape) -> bool:
         """What the scheduler makes of the model and memory expressions on such nodes."""
-        return all(_holds(e, shape.product, shape.memory_mib) for e in self.labelled)
+        return all(_holds(e, shape) for e in self.labelled)
 
     def memories(self) -> tuple[int, ...]:
         asked = (self.resource or self.demand.asks) if self.demand.plugin else None

@@ -28,6 +28,7 @@ from deviceplugin.gpus.discovery import Gpu, Mig, NodeGpus
 from deviceplugin.plugin.migstrategy import Advertised
 from deviceplugin.plugin.resources import Resource
 from gpuwire import limits, nodegpus, nvidia, requirements
+from gpuwire.devices import Device
 
 NV = nvidia.LABEL_PREFIX
 GW = "gpuwire.io/"
@@ -65,11 +66,12 @@ OWN_PREFIX = GW + "gpu."  # every key under it is ours
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
 OWNED = (*GFD_KEYS, MIG_PREFIX, OWN_PREFIX, limits.LABEL_PREFIX)  # the keys the labeler manages
 
-_BRANDS = {"nvidia", "tesla", "geforce", "quadro"}
+_BRANDS = {"nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon"}
 
 
 def model_token(product: str) -> str:
-    """`NVIDIA A100-SXM4-80GB` → `a100`, `NVIDIA GeForce RTX 4090` → `rtx-4090`, `Tesla T4` → `t4`.
+    """`NVIDIA A100-SXM4-80GB` → `a100`, `NVIDIA GeForce RTX 4090` → `rtx-4090`, `Tesla T4` → `t4`,
+    `AMD Instinct MI300X` → `mi300x`.
 
     Brand words dropped, then the words up to the first one with a digit, lower case.
     """
@@ -128,21 +130,29 @@ def labels(
         **_version(NV + "cuda.driver-version", node.driver_version, ("major", "minor", "revision")),
         **_version(NV + "cuda.runtime-version", node.cuda_version, ("major", "minor")),
     }
-    models = Counter(model_token(g.device.product) for g in node.gpus)
-    out[GW + "gpu.present"] = "true"
-    out[GW + "gpu.count"] = str(len(node.gpus))
-    out[GW + "gpu.model"] = next(iter(models)) if len(models) == 1 else "mixed"
-    out[GW + "gpu.memory"] = str(min(gib(g.device.memory_mib) for g in node.gpus))
-    out[GW + "gpu.nvlink"] = str(any(g.device.nvlinks for g in node.gpus)).lower()
-    for model, count in sorted(models.items()):
-        memory = min(
-            gib(g.device.memory_mib) for g in node.gpus if model_token(g.device.product) == model
-        )
-        out[f"{GW}gpu.model.{model}"] = str(count)
-        out[f"{GW}gpu.model.{model}.memory"] = str(memory)
+    out.update(own_labels(node.devices, "nvlink"))
     out.update(mig_labels(node, product, resources, mig_strategy, advertised or Advertised()))
     for profile in sorted(enforced):
         out[limits.enforcement_label(profile)] = "true"
+    return out
+
+
+def own_labels(devices: Sequence[Device], links: str) -> dict[str, str]:
+    """gpuwire's own keys, the same for every vendor: presence, count, model token, memory
+    in GiB, per-model count and memory, and whether the devices have fast peer links
+    (`links`: `nvlink` on NVIDIA's, `xgmi` on AMD's)."""
+    models = Counter(model_token(d.product) for d in devices)
+    out = {
+        GW + "gpu.present": "true",
+        GW + "gpu.count": str(len(devices)),
+        GW + "gpu.model": next(iter(models)) if len(models) == 1 else "mixed",
+        GW + "gpu.memory": str(min(gib(d.memory_mib) for d in devices)),
+        f"{GW}gpu.{links}": str(any(d.nvlinks for d in devices)).lower(),
+    }
+    for model, count in sorted(models.items()):
+        memory = min(gib(d.memory_mib) for d in devices if model_token(d.product) == model)
+        out[f"{GW}gpu.model.{model}"] = str(count)
+        out[f"{GW}gpu.model.{model}.memory"] = str(memory)
     return out
 
 

@@ -16,10 +16,11 @@ the best set greedily from every seed GPU, then swap GPUs in and out while that 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from math import comb
+from typing import Any
 
 from deviceplugin.plugin.resources import Resource
 from gpuwire.devices import Device
@@ -76,41 +77,56 @@ class _Scorer:
         order = tuple(-index for index in sorted(self.gpus[i].index for i in chosen))
         return links, load, -lost, near, order
 
-    def exact(self, must: list[int], pool: list[int], need: int) -> list[int]:
-        best = max(combinations(pool, need), key=lambda extra: self.key(must + list(extra)))
+
+def search(
+    key: Callable[[Sequence[int]], Any],
+    must: list[int],
+    pool: list[int],
+    need: int,
+    exact_limit: int = EXACT_LIMIT,
+) -> list[int]:
+    """`must` and the `need` items of `pool` that make the best set by `key` (bigger is
+    better): every set where there are at most `exact_limit`, else grown greedily from every
+    seed, then items swapped in and out while that improves it. Shared by every vendor's
+    preferred allocation (`amdpreferred`)."""
+    if comb(len(pool), need) <= exact_limit:
+        best = max(combinations(pool, need), key=lambda extra: key(must + list(extra)))
         return must + list(best)
+    seeds = [[*must, p] for p in pool] if need else [must]
+    found: list[int] | None = None
+    for seed in seeds:
+        chosen = _swap(key, _grow(key, seed, pool, len(must) + need), len(must), pool)
+        if found is None or key(chosen) > key(found):
+            found = chosen
+    assert found is not None
+    return found
 
-    def heuristic(self, must: list[int], pool: list[int], need: int) -> list[int]:
-        seeds = [[*must, p] for p in pool] if need else [must]
-        best: list[int] | None = None
-        for seed in seeds:
-            chosen = self._grow(seed, pool, len(must) + need)
-            chosen = self._swap(chosen, len(must), pool)
-            if best is None or self.key(chosen) > self.key(best):
-                best = chosen
-        assert best is not None
-        return best
 
-    def _grow(self, chosen: list[int], pool: list[int], size: int) -> list[int]:
-        chosen = list(chosen)
-        while len(chosen) < size:
-            rest = [p for p in pool if p not in chosen]
-            chosen.append(max(rest, key=lambda p: self.key([*chosen, p])))
-        return chosen
+def _grow(
+    key: Callable[[Sequence[int]], Any], chosen: list[int], pool: list[int], size: int
+) -> list[int]:
+    chosen = list(chosen)
+    while len(chosen) < size:
+        rest = [p for p in pool if p not in chosen]
+        chosen.append(max(rest, key=lambda p: key([*chosen, p])))
+    return chosen
 
-    def _swap(self, chosen: list[int], fixed: int, pool: list[int]) -> list[int]:
-        improved = True
-        while improved:
-            improved = False
-            current = self.key(chosen)
-            for out in range(fixed, len(chosen)):
-                for p in pool:
-                    if p in chosen:
-                        continue
-                    trial = [*chosen[:out], p, *chosen[out + 1 :]]
-                    if self.key(trial) > current:
-                        chosen, current, improved = trial, self.key(trial), True
-        return chosen
+
+def _swap(
+    key: Callable[[Sequence[int]], Any], chosen: list[int], fixed: int, pool: list[int]
+) -> list[int]:
+    improved = True
+    while improved:
+        improved = False
+        current = key(chosen)
+        for out in range(fixed, len(chosen)):
+            for p in pool:
+                if p in chosen:
+                    continue
+                trial = [*chosen[:out], p, *chosen[out + 1 :]]
+                if key(trial) > current:
+                    chosen, current, improved = trial, key(trial), True
+    return chosen
 
 
 def preferred(
@@ -135,10 +151,7 @@ def preferred(
     pool = sorted(position[u] for u in free_ids if position[u] not in must_gpus)
     # as many distinct GPUs as devices asked for, while there are GPUs
     need = min(len(must_gpus) + size - len(must), len(gpus)) - len(must_gpus)
-    if comb(len(pool), need) <= exact_limit:
-        chosen = scorer.exact(must_gpus, pool, need)
-    else:
-        chosen = scorer.heuristic(must_gpus, pool, need)
+    chosen = search(scorer.key, must_gpus, pool, need, exact_limit)
     remaining = {gpus[i].uuid: list(free_ids.get(gpus[i].uuid, ())) for i in chosen}
     answer = list(must)
     for i in chosen:  # one ID on each GPU the must-include IDs do not cover
