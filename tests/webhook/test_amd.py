@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.agent import amdlabels
-from gpuwire import amd, amdsim, grant, kfd
+from gpuwire import amd, amdsim, grant, kfd, nodegpus
 from gpuwire import annotations as a
 from gpuwire.roots import Roots
 from gpuwire.vendor import AMD, NVIDIA
@@ -39,7 +39,7 @@ def amd_node(name: str, machine: amdsim.AmdMachine) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {**amdlabels.labels(found), "kubernetes.io/hostname": name},
-            "annotations": {amdlabels.nodegpus.ANNOTATION: amdlabels.gpus_annotation(found, {})},
+            "annotations": {nodegpus.ANNOTATION: amdlabels.gpus_annotation(found, {})},
         },
         "status": {"allocatable": {amd.RESOURCE: str(len(found.gpus))}},
     }
