@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test check demo lint typecheck system-deps venv clean protos
+.PHONY: test check demo lint typecheck system-deps venv clean protos image
 
 # Every shell program in the repository: a tracked file whose first line runs sh or bash.
 SHELL_PROGRAMS = $(shell git ls-files -z | xargs -0 awk 'FNR == 1 && /^\#!.*[\/ ](ba|da)?sh( |$$)/ { print FILENAME } { nextfile }')
@@ -38,9 +38,14 @@ typecheck: venv
 check: lint typecheck
 	$(BIN)/pytest -q -m "not system"
 
-# Everything, as CI runs it.
-test: system-deps lint typecheck
+# Everything, as CI runs it (the system tests run the image).
+test: system-deps lint typecheck image
 	$(BIN)/pytest
+
+# The one image (Containerfile), built here and saved as .cache/image/gpuwire-<version>.tar
+# for the testbed's containerd and podman (scripts/image.py); nothing to do on an unchanged tree.
+image: system-deps venv
+	$(BIN)/python -m scripts.image
 
 # Stubs of deviceplugin/api/*.proto and testbed/cri/*.proto, with the grpcio-tools pinned
 # in constraints.txt.

@@ -31,9 +31,17 @@ FIELDS = "fields"  # a record's structured fields: logging's `extra={"fields": {
 ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access")
 
 
+_last = (-1, "")  # the last second formatted, and its text: a server logs many a second
+
+
 def _stamp(record: logging.LogRecord) -> str:
-    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-    return f"{seconds}.{int(record.msecs):03d}Z"
+    global _last
+    second, text = _last  # one read: another thread may replace it meanwhile
+    if second != int(record.created):
+        second = int(record.created)
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _last = (second, text)
+    return f"{text}.{int(record.msecs):03d}Z"
 
 
 class TextFormatter(logging.Formatter):

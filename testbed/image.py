@@ -59,14 +59,30 @@ def layout_files(
 ) -> dict[str, bytes]:
     """The files of an OCI image layout holding `rootfs` as image `name`, whose config sets
     `env` (after PATH) and the default command `cmd`."""
-    files: dict[str, bytes] = {}
-    layer = _layer(rootfs)
     variables = ["PATH=/usr/bin:/bin:/sbin", *(f"{k}={v}" for k, v in (env or {}).items())]
+    return layer_layout_files(_layer(rootfs), name, variables, cmd)
+
+
+def layer_layout_files(
+    layer: bytes,
+    name: str,
+    env: Sequence[str],
+    cmd: Sequence[str],
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, bytes]:
+    """The files of an OCI image layout of one uncompressed `layer` (a tar) as image `name`,
+    its config setting `env` (`NAME=value`), the default command `cmd` and `labels`."""
+    files: dict[str, bytes] = {}
+    settings: dict[str, Any] = {"Env": list(env), "Cmd": list(cmd)}
+    if labels:
+        settings["Labels"] = dict(labels)
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": variables, "Cmd": list(cmd)},
+        "config": settings,
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
+        # one entry per layer: builders (buildah) count the layers an image's history names
+        "history": [{"created_by": f"the layer of {name}"}],
     }
     manifest = {
         "schemaVersion": 2,

@@ -158,13 +158,14 @@ def _workloads(path: str) -> list[manifests.Workload]:
         found, skipped = manifests.read(_documents(path))
     except manifests.ManifestError as exc:
         raise exits.CommandError(f"{path}: {exc}") from None
-    for name in skipped:
-        sys.stderr.write(f"skipped: {name}: makes no pod\n")
     if not found:
+        held = f" (it holds {', '.join(skipped)})" if skipped else ""
         raise exits.CommandError(
-            f"{path}: no Pod or workload in it; accepted: {', '.join(manifests.KINDS)} "
+            f"{path}: no Pod or workload in it{held}; accepted: {', '.join(manifests.KINDS)} "
             "(or a List of them), in one or more YAML documents"
         )
+    for name in skipped:
+        sys.stderr.write(f"skipped: {name}: makes no pod\n")
     return found
 
 

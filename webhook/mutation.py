@@ -27,6 +27,7 @@ and the tests call it directly. The rules, in the order a container meets them:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from collections.abc import Mapping
@@ -36,7 +37,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
-from webhook import affinity
+from webhook import affinity, hami
 from webhook import claims as dra_claims
 from webhook.claims import Ask, Claimed
 from webhook.fleet import Fleet
@@ -111,8 +112,10 @@ class _Mutation:
         fleet: Fleet,
         keyring: grant.KeyRing,
         pools: Pools = NO_POOLS,
+        translated: hami.Translated | None = None,
     ) -> None:
         self.pod = pod
+        self.hami = translated
         self.namespace = namespace
         self.policy = policy
         self.fleet = fleet
@@ -136,6 +139,8 @@ class _Mutation:
             request = keys.parse(self.pod.annotations)
         except AnnotationError as exc:
             raise Denied(400, str(exc)) from exc
+        if self.hami is not None:
+            request = self.hami_limits(request, self.hami.asked)
         if request.asks and not self.rule.annotations:
             asked = ", ".join(request.given)
             raise Denied(
@@ -179,6 +184,22 @@ class _Mutation:
             templates=tuple(templates.values()),
             granted=tuple(self.given),
         )
+
+    def hami_limits(self, request: GpuRequest, asked: hami.Asked) -> GpuRequest:
+        """The request with the limits HAMi's resources ask, said in a warning: they leave
+        the containers' resources (nothing advertises them without HAMi's device plugin)."""
+        try:
+            merged = hami.merged(request, asked)
+        except hami.HamiError as exc:
+            raise Denied(400, str(exc)) from exc
+        held = [f"{k}: {merged.given[k]}" for k in (keys.MEMORY_LIMIT, keys.CORES_LIMIT)
+                if k in merged.given and k not in request.given]  # fmt: skip
+        self.warn(
+            "hami-resources",
+            f"{'; '.join(held) or f'no limit (HAMi: {asked.said})'}: out of the container's "
+            "resources, which no node advertises without HAMi's device plugin",
+        )
+        return merged
 
     def unknown_annotations(self) -> None:
         """Keys gpuwire does not read that look meant for it: a typo denies the pod (policy
@@ -768,7 +789,15 @@ def mutate(
         pod = Pod.read(raw_pod)
         if pod.mirror:
             return Outcome(skipped="mirror pod")
-        return _Mutation(pod, namespace, policy, fleet, keyring, pools).run()
+        translated = hami.translate(pod)
+        if translated is None:
+            return _Mutation(pod, namespace, policy, fleet, keyring, pools).run()
+        # the mutation of the pod as gpuwire reads HAMi's resources, after the ops making it so
+        view = Pod.read(translated.pod)
+        outcome = _Mutation(view, namespace, policy, fleet, keyring, pools, translated).run()
+        return dataclasses.replace(outcome, patch=(*translated.ops, *outcome.patch))
+    except hami.HamiError as exc:
+        return Outcome(denial=Denial(400, str(exc)))
     except MalformedPod as exc:
         return Outcome(denial=Denial(400, f"malformed pod: {exc}"))
     except Denied as exc:

@@ -674,14 +674,16 @@ def test_the_image_builds_the_launchers_the_node_side_runs() -> None:
     upgrades (tests/system/test_install_node.py)."""
     lines = (REPO / "Containerfile").read_text().replace("\\\n", " ").splitlines()
     (step,) = [i for i, line in enumerate(lines) if "-m runtime_hook.setup.launcher" in line]
-    words = lines[step].split()
-    # the venv's Python, whose path is the same on the host; -I: gpuwire from the venv, not
-    # from /src, which the launchers would otherwise name and the host does not have
-    assert words[:3] == ["RUN", "/opt/gpuwire/${GPUWIRE_VERSION}/bin/python", "-I"]
+    commands = [c.split() for c in lines[step].split("&&")]
+    (words,) = [c for c in commands if "runtime_hook.setup.launcher" in c]
+    # the venv's Python; -I: gpuwire from the venv, not from /src, which the launchers would
+    # otherwise name and the host does not have
+    assert words[:2] == ["bin/python", "-I"]
     assert words[-1].replace("${GPUWIRE_VERSION}", "current") == LAUNCHERS
-    installed = next(i for i, line in enumerate(lines) if "uv pip install" in line)
-    build_id = next(i for i, line in enumerate(lines) if "> BUILD_ID" in line)
-    assert installed < step < build_id  # after gpuwire is installed, part of the build's id
+    installed = next(i for i, c in enumerate(commands) if c[:2] == ["bin/pip", "install"])
+    assert installed < commands.index(words)  # gpuwire is installed first
+    build_id = next(i for i, line in enumerate(lines) if ">BUILD_ID" in line)
+    assert step < build_id  # part of the build's id
     installer = (REPO / "deploy/node/install-node").read_text()
     assert re.findall(r"^LAUNCHERS=(\S+)$", installer, re.M) == [LAUNCHERS]
     for kustomization in KUSTOMIZATIONS:

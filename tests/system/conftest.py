@@ -3,9 +3,13 @@ chroot): it is marked `system`, which `make check` leaves out and `make test` ru
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+
+from scripts import image
 
 HERE = Path(__file__).parent
 
@@ -14,3 +18,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.system)
+
+
+@pytest.fixture(scope="session")
+def gpuwire_image() -> image.Image:
+    """The image as `make image` builds it (`make test` has; built here otherwise, once a
+    session; nothing to do where the tree is unchanged since the last build)."""
+    if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("mmdebstrap")):
+        pytest.skip("the image is built as root with podman and mmdebstrap (make test's)")
+    return image.build()

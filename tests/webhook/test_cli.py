@@ -94,14 +94,15 @@ def test_namespace_from_the_manifest_or_the_flag(
         (
             "[1, 2]\n",
             [],
-            "pod.yaml: no Pod or workload in it; accepted: Pod, Deployment, StatefulSet, "
+            "pod.yaml: no Pod or workload in it (it holds document 1 (list, not an object)); "
+            "accepted: Pod, Deployment, StatefulSet, "
             "DaemonSet, ReplicaSet, Job, CronJob (or a List of them), in one or more YAML "
             "documents",
         ),
         (
             "kind: Service\nmetadata: {name: web}\n",
             [],
-            "skipped: Service web: makes no pod\ngpuwire mutate: ",
+            "pod.yaml: no Pod or workload in it (it holds Service web); accepted: Pod,",
         ),
         (
             "kind: Pod\n",

@@ -100,6 +100,16 @@ def hami_aliases(p: Pod, warnings: tuple[str, ...]) -> None:
     ]
 
 
+def hami_resources(p: Pod, warnings: tuple[str, ...]) -> None:
+    assert p["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    e = env(p, "app")
+    assert (e["CUDA_DEVICE_MEMORY_LIMIT"], e["CUDA_DEVICE_SM_LIMIT"]) == ("8192m", "30")
+    assert {"key": "gpuwire.io/limits.hami", "operator": "In", "values": ["true"]} in (
+        expressions(p)
+    )
+    assert any("HAMi's nvidia.com/gpumem: 8192" in w for w in warnings)
+
+
 def no_request(p: Pod, warnings: tuple[str, ...]) -> None:
     assert env(p, "web") == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert warnings == ("container 'web': NVIDIA_VISIBLE_DEVICES=all replaced by void",)
@@ -166,6 +176,7 @@ ADMITTED: dict[str, Callable[[Pod, tuple[str, ...]], None]] = {
     "limits-mps": limits_mps,
     "containers": containers,
     "hami-aliases": hami_aliases,
+    "hami-resources": hami_resources,
     "no-request": no_request,
     "trusted-agent": trusted_agent,
     "driver-only": driver_only,
