@@ -61,7 +61,7 @@ from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.claims import ClaimRef, Result
 from deviceplugin.dra.devices import Sharing, devices
 from deviceplugin.gpus.simulated import SimDiscovery
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.injection import ldcache
 from runtime_hook.setup import launcher
 from testbed import containerds

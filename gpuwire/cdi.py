@@ -50,7 +50,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TypedDict
 
-    from gpuwire.driver import CharDevice
+    from gpuwire.devices import CharDevice
     from gpuwire.edits import DeviceNode, Mount
 
     class Hook(TypedDict):

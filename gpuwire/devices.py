@@ -63,6 +63,21 @@ class Device(Value):
         return sum(count for index, count in self.nvlinks if index == peer)
 
 
+class CharDevice:
+    """A device node: its name under /dev, its numbers, and its path under the dev root."""
+
+    __slots__ = ("host_path", "major", "minor", "name")
+
+    def __init__(self, name: str, major: int, minor: int, host_path: str) -> None:
+        self.name = name
+        self.major = major
+        self.minor = minor
+        self.host_path = host_path
+
+    def __repr__(self) -> str:
+        return f"CharDevice({self.name!r}, {self.major}, {self.minor})"
+
+
 class MigDevice(Value):
     """A Multi-Instance GPU device: compute instance `ci` of GPU instance `gi` of a parent
     GPU, with the two capability device nodes (`/dev/nvidia-caps/nvidia-cap<minor>`) that

@@ -24,8 +24,8 @@ import os
 import stat
 
 from gpuwire import elf, ldsocache, mig, nvidia, resolve
-from gpuwire.devices import Device, MigDevice, normalise_bus_id
-from gpuwire.nvidia import Roots
+from gpuwire.devices import CharDevice, Device, MigDevice, normalise_bus_id
+from gpuwire.roots import Roots
 
 
 class DiscoveryError(RuntimeError):
@@ -55,21 +55,6 @@ class Library(HostFile):
         super().__init__(name, host_path)
         self.soname = soname
         self.flags = flags
-
-
-class CharDevice:
-    """A device node: its name under /dev, its numbers, and its path under the dev root."""
-
-    __slots__ = ("host_path", "major", "minor", "name")
-
-    def __init__(self, name: str, major: int, minor: int, host_path: str) -> None:
-        self.name = name
-        self.major = major
-        self.minor = minor
-        self.host_path = host_path
-
-    def __repr__(self) -> str:
-        return f"CharDevice({self.name!r}, {self.major}, {self.minor})"
 
 
 class Driver:

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import TypedDict
 
-    from gpuwire.devices import Device, MigDevice
-    from gpuwire.driver import CharDevice, Driver, Library
+    from gpuwire.devices import CharDevice, Device, MigDevice
+    from gpuwire.driver import Driver, Library
 
     class DeviceNode(TypedDict):
         path: str

@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 from _operator import _compare_digest as compare_digest  # what hmac.compare_digest falls back to
 
-from gpuwire import devices, nvidia
+from gpuwire import nvidia
 from gpuwire.value import Value
+from gpuwire.vendor import NVIDIA, VENDORS, Vendor, of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -86,37 +87,58 @@ class GrantError(ValueError):
 
 
 class Subject(Value):
-    """What a grant binds, each field in canonical form."""
+    """What a grant binds, each field in canonical form, under its vendor's tag (a grant for
+    one vendor's env never verifies as another's)."""
 
-    __slots__ = _fields = ("namespace", "container", "devices", "capabilities")
+    __slots__ = _fields = ("namespace", "container", "devices", "capabilities", "tag")
     namespace: str
     container: str
     devices: str
     capabilities: str
+    tag: str
 
-    def __init__(self, namespace: str, container: str, devices: str, capabilities: str) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        container: str,
+        devices: str,
+        capabilities: str,
+        tag: str = NVIDIA.grant_tag,
+    ) -> None:
         self._set(
-            namespace=namespace, container=container, devices=devices, capabilities=capabilities
+            namespace=namespace,
+            container=container,
+            devices=devices,
+            capabilities=capabilities,
+            tag=tag,
         )
 
     @classmethod
-    def of(cls, namespace: str, container: str, visible: str | None, caps: str | None) -> Subject:
-        """From the raw env values; `plugin` stays `plugin` (devices chosen at Allocate)."""
+    def of(
+        cls,
+        namespace: str,
+        container: str,
+        visible: str | None,
+        caps: str | None,
+        vendor: Vendor = NVIDIA,
+    ) -> Subject:
+        """From the raw env values of `vendor`'s request; `plugin` stays `plugin` (devices
+        chosen at Allocate)."""
         device_field = (
             PLUGIN_DEVICES
             if visible == PLUGIN_DEVICES
-            else devices.parse_request(visible).canonical()
+            else vendor.visible_request({vendor.visible_env: visible or ""}).canonical()
         )
-        return cls(namespace, container, device_field, nvidia.canonical_capabilities(caps))
+        return cls(
+            namespace,
+            container,
+            device_field,
+            vendor.canonical_capabilities(caps),
+            vendor.grant_tag,
+        )
 
     def message(self) -> bytes:
-        fields = (
-            "gpuwire-grant-v1",
-            self.namespace,
-            self.container,
-            self.devices,
-            self.capabilities,
-        )
+        fields = (self.tag, self.namespace, self.container, self.devices, self.capabilities)
         return "\0".join(fields).encode()
 
 
@@ -166,7 +188,11 @@ class KeyRing(Value):
         return f"{key_id}:{self.mac(key_id, subject)}"
 
     def verify(self, value: str, subject: Subject) -> bool:
-        """True when `value` is a grant for exactly `subject` under any key held."""
+        """True when `value` holds a grant for exactly `subject` under any key held. A pod
+        that may land on nodes of either vendor carries one grant per vendor: `,`-separated."""
+        return any(self._verifies(part, subject) for part in value.split(","))
+
+    def _verifies(self, value: str, subject: Subject) -> bool:
         key_id, sep, mac = value.partition(":")
         if not sep or key_id not in self.keys:
             return False
@@ -174,21 +200,26 @@ class KeyRing(Value):
 
     def explain(self, value: str, subject: Subject) -> str:
         """Why `value` does or does not grant `subject`, for an admin troubleshooting."""
+        found = [self._explain(part, subject) for part in value.split(",")]
+        return next((e for e in found if e.startswith("valid")), "; ".join(found))
+
+    def _explain(self, value: str, subject: Subject) -> str:
         key_id, sep, _ = value.partition(":")
         if not sep:
             return f"malformed grant {value!r}: expected <key-id>:<mac>"
         if key_id not in self.keys:
             held = ", ".join(sorted(self.keys)) or "none"
             return f"grant signed with key {key_id!r}, which this node does not hold (held: {held})"
-        if self.verify(value, subject):
+        if self._verifies(value, subject):
             return f"valid: key {key_id!r} signs {_describe(subject)}"
         return f"invalid: key {key_id!r} does not sign {_describe(subject)}"
 
 
 def _describe(subject: Subject) -> str:
+    under = "" if subject.tag == NVIDIA.grant_tag else f" (as {subject.tag})"
     return (
         f"namespace={subject.namespace} container={subject.container} "
-        f"devices={subject.devices} capabilities={subject.capabilities}"
+        f"devices={subject.devices} capabilities={subject.capabilities}{under}"
     )
 
 
@@ -206,15 +237,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--namespace", required=True, help="the pod's namespace")
     parser.add_argument("--container", required=True, help="the container's name")
     parser.add_argument(
-        "--devices", required=True, help="NVIDIA_VISIBLE_DEVICES value, or 'plugin'"
+        "--vendor",
+        choices=[v.name for v in VENDORS],
+        default=NVIDIA.name,
+        help="whose GPUs (default %(default)s)",
+    )
+    parser.add_argument(
+        "--devices",
+        required=True,
+        help="NVIDIA_VISIBLE_DEVICES (AMD_VISIBLE_DEVICES) value, or 'plugin'",
     )
     parser.add_argument(
         "--capabilities", default="",
-        help="NVIDIA_DRIVER_CAPABILITIES value (default: none given, the runtime's default)",
+        help="NVIDIA_DRIVER_CAPABILITIES value (NVIDIA only; default: none given, the "
+        "runtime's default)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    vendor = of(args.vendor)
     try:
-        subject = Subject.of(args.namespace, args.container, args.devices, args.capabilities)
+        subject = Subject.of(
+            args.namespace, args.container, args.devices, args.capabilities, vendor
+        )
     except (GrantError, nvidia.CapabilityError) as exc:
         parser.exit(2, f"gpuwire grant: {exc}\n")  # gpuwire.exits.USAGE: a bad value
     # exit 3, gpuwire.exits.INPUT (not imported: this module is on the start path, exits not)

@@ -4,7 +4,9 @@ The device plugin's labeler writes it; the webhook (every GPU of every node: mix
 resource each GPU is advertised under, the node that holds an explicitly named GPU) and
 `gpuwire inventory` read it. Labels cannot carry a list of devices, so it is compact JSON: one
 object per GPU, by index. A GPU in MIG mode carries its MIG devices under `mig` (an empty
-list: MIG on, no MIG devices yet); a GPU without the key is not in MIG mode. A cluster holds
+list: MIG on, no MIG devices yet); a GPU without the key is not in MIG mode. An AMD node's
+entries say `"vendor": "amd"` (none: NVIDIA), and each partition of a partitioned AMD GPU is
+an entry of its own naming its GPU as `parent`. A cluster holds
 tens of thousands of GPUs and few distinct models, so decoding shares one string per
 product and resource name.
 """
@@ -44,6 +46,8 @@ class NodeGpu:
     resource: str = nvidia.RESOURCE  # the extended resource the device plugin lists it under
     replicas: int = 1  # how many devices of that resource it is (time-slicing, MPS)
     mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
+    vendor: str = nvidia.VENDOR
+    parent: str = ""  # an AMD partition's GPU (its uuid); "": a whole GPU
 
 
 def encode(gpus: Iterable[NodeGpu]) -> str:
@@ -59,6 +63,8 @@ def encode(gpus: Iterable[NodeGpu]) -> str:
             "resource": g.resource,
             "replicas": g.replicas,
             **({} if g.mig is None else {"mig": [_mig_entry(m) for m in g.mig]}),
+            **({} if g.vendor == nvidia.VENDOR else {"vendor": g.vendor}),
+            **({"parent": g.parent} if g.parent else {}),
         }
         for g in sorted(gpus, key=lambda g: g.index)
     ]
@@ -113,6 +119,8 @@ def decode(text: str) -> tuple[NodeGpu, ...]:
                 resource=intern(str(e.get("resource", nvidia.RESOURCE))),
                 replicas=int(e.get("replicas", 1)),
                 mig=_mig(e.get("mig")),
+                vendor=intern(str(e.get("vendor", nvidia.VENDOR))),
+                parent=str(e.get("parent", "")),
             )
             for e in entries
         )

@@ -110,30 +110,6 @@ PROC_CAPABILITIES = PROC_DRIVER + "/capabilities"  # MIG capabilities (gpuwire.m
 FIRMWARE_DIR = "lib/firmware/nvidia"
 
 
-class Roots:
-    """Where the driver's files, device nodes and procfs live (each defaults to `root`), as
-    NVIDIA's `--driver-root` and `--dev-root`: `/` on a host install, `/run/nvidia/driver`
-    for the files of a driver container. The node's config sets them; `gpuwire.driver` reads
-    the driver there."""
-
-    __slots__ = ("dev", "driver", "proc")
-
-    def __init__(
-        self,
-        root: str = "/",
-        *,
-        driver: str | None = None,
-        dev: str | None = None,
-        proc: str | None = None,
-    ) -> None:
-        self.driver = driver or root
-        self.dev = dev or root
-        self.proc = proc or root
-
-    def __repr__(self) -> str:
-        return f"Roots(driver={self.driver!r}, dev={self.dev!r}, proc={self.proc!r})"
-
-
 class CapabilityError(ValueError):
     """A driver capability outside the supported set."""
 

@@ -29,7 +29,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwire import exits, migprofiles, nvidia
+from gpuwire import amdsim, exits, migprofiles, nvidia
 from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
@@ -535,7 +535,10 @@ def main(argv: list[str]) -> int:
         prog="gpuwire sim node", description="Write a simulated GPU node."
     )
     parser.add_argument("dir", help="the node's root, written as a host's / (made if missing)")
-    parser.add_argument("--gpus", type=int, default=4, help="how many (default %(default)s)")
+    parser.add_argument(
+        "--vendor", choices=("nvidia", "amd"), default="nvidia", help="whose GPUs (default nvidia)"
+    )
+    parser.add_argument("--gpus", type=int, help="how many (default: 4 NVIDIA, 8 AMD)")
     parser.add_argument(
         "--product", action="append", help=f"repeat to mix models (default {DEFAULT_PRODUCT!r})"
     )
@@ -563,11 +566,14 @@ def main(argv: list[str]) -> int:
         help="MIG mode on GPU (index or all) with instances of PROFILES (repeatable; "
         "e.g. 0=3g.40gb,2g.20gb,1g.10gb, all=balanced, 1= for none yet)",
     )
+    amdsim.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.gpus < 0:
+    if args.gpus is not None and args.gpus < 0:
         parser.error("--gpus must be 0 or more")
+    if args.vendor == "amd":
+        return amdsim.main(args, parser)
     machine = make_machine(
-        args.gpus,
+        4 if args.gpus is None else args.gpus,
         tuple(args.product or (DEFAULT_PRODUCT,)),
         args.driver,
         args.cuda,

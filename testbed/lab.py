@@ -9,9 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuwire import sim
+from gpuwire import amdsim, kfd, sim
 from gpuwire.devices import MigDevice
 from gpuwire.grant import KeyRing, Subject
+from gpuwire.roots import Roots
+from gpuwire.vendor import AMD, NVIDIA, Vendor
 from testbed import mps_control
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
@@ -61,8 +63,15 @@ def write_keys(directory: Path) -> KeyRing:
     return KeyRing.load(directory)
 
 
-def grant_for(keys: KeyRing, visible: str, caps: str = "", *, namespace: str = NAMESPACE) -> str:
-    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps))
+def grant_for(
+    keys: KeyRing,
+    visible: str,
+    caps: str = "",
+    *,
+    namespace: str = NAMESPACE,
+    vendor: Vendor = NVIDIA,
+) -> str:
+    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps, vendor))
 
 
 class Lab:
@@ -118,6 +127,44 @@ class Lab:
 
     def log_lines(self) -> list[str]:
         return self.log.read_text().splitlines() if self.log.exists() else []
+
+
+class AmdLab(Lab):
+    """A simulated AMD GPU node (`machine`, default eight MI300X in SPX), grant keys and a
+    gpuwire config file (`vendor = "amd"`) under one directory."""
+
+    def __init__(self, root: Path, machine: amdsim.AmdMachine | None = None) -> None:
+        self.root = root
+        self.node = root / "node"
+        self.amd = machine or amdsim.make_machine()
+        amdsim.write_node(self.node, self.amd)
+        self.found = kfd.discover(Roots(str(self.node)))
+        self.keys = write_keys(root / "keys")
+        self.allocations = root / "allocations"
+        self.log = root / "gpuwire.log"
+        self.records = root / "containers"
+        self.config = root / "config.toml"
+        self.configure()
+
+    def configure(self, **extra: str) -> None:
+        settings = {
+            "vendor": AMD.name,
+            "root": str(self.node),
+            "grant-key-dir": str(self.root / "keys"),
+            "allocation-dir": str(self.allocations),
+            "log": str(self.log),
+            "records-dir": str(self.records),
+            **extra,
+        }
+        self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
+
+    def uuid(self, index: int) -> str:
+        return self.found.devices[index].uuid
+
+    def grant(self, visible: str, **kwargs: str) -> dict[str, str]:
+        """AMD_VISIBLE_DEVICES=`visible` with the webhook's grant for it."""
+        signed = grant_for(self.keys, visible, vendor=AMD, **kwargs)
+        return {AMD.visible_env: visible, "GPUWIRE_GRANT": signed}
 
 
 @functools.cache

@@ -82,3 +82,41 @@ def granted_view(
 def shown(seen: dict[str, list[str]], expected: dict[str, list[str]]) -> dict[str, list[str]]:
     """The part of `seen` that `expected` speaks about, to compare in one assert."""
     return {key: seen.get(key, []) for key in expected}
+
+
+# What an AMD container sees: its DRM nodes and /dev/kfd, each opened (ENXIO: the cgroup allows
+# it and no driver answers; EPERM: the cgroup denies it), AMD_VISIBLE_DEVICES, and, where
+# `SIBLING` names a render minor the container was not given, that node made with mknod and
+# opened and written: the cgroup, not the missing file, must keep it out.
+AMD_VIEW_SCRIPT = r"""
+echo "dri: $(cd /dev/dri 2>/dev/null && echo *)"
+for d in /dev/kfd /dev/dri/*; do
+  [ -e "$d" ] && cat "$d" 2>&1 >/dev/null | sed "s|^|open $d: |"
+done
+echo "env: $AMD_VISIBLE_DEVICES"
+if [ -n "$SIBLING" ]; then
+  mknod /tmp/sibling c 226 "$SIBLING" 2>&1 | sed 's/^/mknod: /'
+  cat /tmp/sibling 2>&1 >/dev/null | sed 's/^/sibling: /'
+  (echo x > /tmp/sibling) 2>&1 | sed 's/^/write: /'
+fi
+true
+"""
+ENXIO = "cat: can't open '{}': No such device or address"
+
+
+def amd_granted_view(minors: Sequence[int]) -> dict[str, list[str]]:
+    """What AMD_VIEW_SCRIPT prints in a container given the render nodes `minors`: those and
+    /dev/kfd, each opening with ENXIO."""
+    paths = ["/dev/kfd", *(f"/dev/dri/renderD{m}" for m in sorted(minors))]
+    return {
+        "dri": [" ".join(f"renderD{m}" for m in sorted(minors))],
+        **{f"open {p}": [ENXIO.format(p)] for p in paths},
+    }
+
+
+def sibling_denied() -> dict[str, list[str]]:
+    """What AMD_VIEW_SCRIPT prints of a sibling's render node made inside: the cgroup's EPERM."""
+    return {
+        "sibling": ["cat: can't open '/tmp/sibling': Operation not permitted"],
+        "write": ["sh: can't create /tmp/sibling: Operation not permitted"],
+    }

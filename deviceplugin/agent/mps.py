@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import NodeGpus
-from gpuwire import mps, nvidia
+from gpuwire import mps
 from gpuwire.devices import Device
 from gpuwire.records import process_start
 
@@ -42,9 +42,10 @@ def control_binary(driver_root: str) -> str | None:
     """The driver's `nvidia-cuda-mps-control` under `driver_root` (the host, the driver's
     files in this container, or the simulated node), found as the runtime finds binaries."""
     from gpuwire.driver import DiscoveryError, discover
+    from gpuwire.roots import Roots
 
     try:
-        found = discover(nvidia.Roots(driver_root), ("compute",)).binaries.get("compute", ())
+        found = discover(Roots(driver_root), ("compute",)).binaries.get("compute", ())
     except DiscoveryError:
         return None
     return next((b.host_path for b in found if b.name == mps.CONTROL), None)

@@ -33,9 +33,10 @@ from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import atomicfile, cdi, claimtoken, driver, edits, nvidia
+from gpuwire.devices import CharDevice
 from gpuwire.dra import DRIVER
 from gpuwire.grant import KeyRing
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 VENDOR = f"k8s.{DRIVER}"
 CLASS = "claim"
@@ -90,7 +91,7 @@ def claim_devices(results: Sequence[Result]) -> tuple[claimtoken.ClaimDevice, ..
     )
 
 
-def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[driver.CharDevice]:
+def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[CharDevice]:
     """A device's nodes as the driver has them now: a GPU's `/dev/nvidiaN`; a MIG device's
     parent's and its two capability nodes, if procfs still lists its instance (a MIG change
     may have destroyed it since it was allocated)."""

@@ -37,7 +37,7 @@ from deviceplugin.gpus.discovery import Discovery, Latest, NodeGpus, follow
 from deviceplugin.gpus.health import Entries, HealthBook, HealthPolicy
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 log = logging.getLogger(__name__)
 

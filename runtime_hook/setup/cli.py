@@ -302,20 +302,24 @@ def render(spec: cdi.Spec, fmt: str) -> str:
 
 def cdi_generate(argv: list[str]) -> int:
     from gpuwire import mig, nvidia
-    from gpuwire.driver import DiscoveryError, discover
-    from gpuwire.nvidia import Roots
+    from gpuwire.roots import Roots
+    from gpuwire.vendor import VENDORS, VendorError, of
 
     parser = argparse.ArgumentParser(
         prog="gpuwire cdi generate",
         description="Write a CDI spec for this node's GPUs (devices by index and UUID, MIG "
-        "devices as <gpu>:<gi>:<ci> and by UUID, and 'all'). Roots, hook, ldconfig and the "
-        "MIG map default to the gpuwire config "
+        "devices as <gpu>:<gi>:<ci> and by UUID, AMD partitions as devices, and 'all'). "
+        "Vendor, roots, hook, ldconfig and the MIG map default to the gpuwire config "
         f"(${config.ENV}, else {config.DEFAULT_PATH}).",
     )
-    parser.add_argument("--root", help="host root (sets the driver, dev and proc roots)")
+    parser.add_argument(
+        "--vendor", choices=[v.name for v in VENDORS], help="whose GPUs (default: the config's)"
+    )
+    parser.add_argument("--root", help="host root (sets the driver, dev, proc and sys roots)")
     parser.add_argument("--driver-root", help="where the driver's libraries and binaries are")
-    parser.add_argument("--dev-root", help="where dev/nvidia* are")
+    parser.add_argument("--dev-root", help="where dev/nvidia* (dev/kfd, dev/dri) are")
     parser.add_argument("--proc-root", help="where proc/driver/nvidia is")
+    parser.add_argument("--sys-root", help="where sys/class/kfd and sys/class/drm are")
     parser.add_argument(
         "--output", help="spec file, .json or .yaml (e.g. /var/run/cdi/nvidia.yaml); default stdout"
     )
@@ -324,37 +328,49 @@ def cdi_generate(argv: list[str]) -> int:
         choices=("json", "yaml"),
         help="instead of the --output extension (default yaml on stdout)",
     )
-    parser.add_argument("--kind", default=nvidia.CDI_KIND, help="vendor/class (%(default)s)")
+    parser.add_argument(
+        "--kind", help="vendor/class (default the vendor's: nvidia.com/gpu, amd.com/gpu)"
+    )
     parser.add_argument(
         "--capabilities",
         default="all",
-        help="driver capabilities whose files every device brings (default all, as CDI has "
-        "no per-container capability request)",
+        help="NVIDIA: driver capabilities whose files every device brings (default all, as "
+        "CDI has no per-container capability request)",
     )
     args = parser.parse_args(argv)
     try:
         settings = config.load()
+        vendor = of(args.vendor) if args.vendor else settings.vendor
         fmt = args.format or (output_format(args.output) if args.output else "yaml")
         roots = Roots(args.root) if args.root else settings.roots
         roots = Roots(
             driver=args.driver_root or roots.driver,
             dev=args.dev_root or roots.dev,
             proc=args.proc_root or roots.proc,
+            sys=args.sys_root or roots.sys,
         )
-        if not os.path.isabs(settings.hook) or not os.access(settings.hook, os.X_OK):
+        if vendor.files and (
+            not os.path.isabs(settings.hook) or not os.access(settings.hook, os.X_OK)
+        ):
             raise config.ConfigError(
                 f"hook {settings.hook!r} (from {settings.source}) is not an executable "
                 "gpuwire-hook: the spec's ld-cache hook would fail every container"
             )
-        capabilities = nvidia.parse_capabilities(args.capabilities)
-        driver = discover(roots, capabilities)
-        if driver.mig:
-            driver.mig = mig.identify(driver.mig, mig.read_map(settings.mig_map))
+        capabilities = vendor.capabilities(args.capabilities)
+        found = vendor.discover(roots, capabilities)
         hook = cdi.hook_program(settings.hook)
-        spec = cdi.generate(driver, hook, settings.ldconfig, capabilities, args.kind)
+        spec = vendor.cdi_spec(
+            found,
+            hook,
+            settings.ldconfig,
+            capabilities,
+            args.kind or vendor.cdi_kind,
+            settings.amd_cards,
+            settings.mig_map,
+        )
     except (cdi.CdiError, nvidia.CapabilityError) as exc:  # a flag's value
         raise exits.CommandError(str(exc), exits.USAGE) from None
-    except (config.ConfigError, DiscoveryError, mig.MigError, OSError) as exc:
+    except (config.ConfigError, VendorError, mig.MigError, OSError) as exc:
         raise exits.CommandError(str(exc)) from None  # the config, the driver, the MIG map
     text = render(spec, fmt)
     if not args.output:

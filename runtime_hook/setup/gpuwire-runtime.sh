@@ -41,7 +41,7 @@ for arg do
 	previous=$arg last=$arg
 done
 if [ -n "$create" ]; then
-	grep -qsE -e 'NVIDIA_VISIBLE_DEVICES|CUDA_VERSION|/run/gpuwire/allocations/|\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])' -- "${bundle:-.}/config.json"
+	grep -qsE -e 'NVIDIA_VISIBLE_DEVICES|AMD_VISIBLE_DEVICES|CUDA_VERSION|/run/gpuwire/allocations/|\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])' -- "${bundle:-.}/config.json"
 	[ $? -eq 1 ] || shim "$@"
 fi
 
@@ -66,6 +66,8 @@ if [ -f "$config" ] && [ -r "$config" ]; then
 		driver-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		dev-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		proc-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		sys-root) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		vendor) case $value in nvidia | amd) : ;; *) odd=1 ;; esac ;;
 		trust) case $value in granted | any) : ;; *) odd=1 ;; esac ;;
 		grant-key-dir) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		allocation-dir) case $value in /*) : ;; *) odd=1 ;; esac ;;
@@ -79,6 +81,7 @@ if [ -f "$config" ] && [ -r "$config" ]; then
 		hami-library) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		hami-dir) case $value in /*) : ;; *) odd=1 ;; esac ;;
 		driver-facts) case $value in /*) : ;; *) odd=1 ;; esac ;;
+		amd-cards) case $value in true | false) : ;; *) odd=1 ;; esac ;;
 		*) odd=1 ;;
 		esac
 		[ -z "$odd" ] || break

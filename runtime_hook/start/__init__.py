@@ -9,7 +9,10 @@ modules a start may import are declared here, once: the resident preloads exactl
 
 MODULES = (
     "gpuwire.allocation",
+    "gpuwire.amd",
+    "gpuwire.amdedits",
     "gpuwire.atomicfile",
+    "gpuwire.cdi",
     "gpuwire.claimtoken",
     "gpuwire.devices",
     "gpuwire.driver",
@@ -17,6 +20,7 @@ MODULES = (
     "gpuwire.elf",
     "gpuwire.grant",
     "gpuwire.hamicore",
+    "gpuwire.kfd",
     "gpuwire.ldsocache",
     "gpuwire.lightjson",
     "gpuwire.mig",
@@ -25,7 +29,9 @@ MODULES = (
     "gpuwire.records",
     "gpuwire.requirements",
     "gpuwire.resolve",
+    "gpuwire.roots",
     "gpuwire.value",
+    "gpuwire.vendor",
     "runtime_hook.injection.cgroup",
     "runtime_hook.injection.child",
     "runtime_hook.injection.inject",

@@ -18,7 +18,8 @@ import os
 import sys
 
 from gpuwire import allocation, atomicfile, grant, hamicore, mig, records, requirements
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
+from gpuwire.vendor import NVIDIA, VENDORS, Vendor, of
 
 ENV = "GPUWIRE_CONFIG"
 CACHE_DIR = "/run/gpuwire"
@@ -29,10 +30,12 @@ TRUST_MODES = ("granted", "any")
 
 ABSOLUTE = "an absolute path"
 KEYS = {
-    "root": ABSOLUTE + " (the host root; the three roots below default to it)",
-    "driver-root": ABSOLUTE + " (driver libraries, binaries, firmware)",
-    "dev-root": ABSOLUTE + " (holds dev/nvidia*)",
-    "proc-root": ABSOLUTE + " (holds proc/driver/nvidia)",
+    "root": ABSOLUTE + " (the host root; the four roots below default to it)",
+    "driver-root": ABSOLUTE + " (driver libraries, binaries, firmware; libdrm's amdgpu.ids)",
+    "dev-root": ABSOLUTE + " (holds dev/nvidia*, dev/kfd, dev/dri)",
+    "proc-root": ABSOLUTE + " (holds proc/driver/nvidia, proc/devices)",
+    "sys-root": ABSOLUTE + " (holds sys/class/kfd, sys/class/drm)",
+    "vendor": " or ".join(repr(v.name) for v in VENDORS) + " (whose GPUs this node has)",
     "trust": " or ".join(repr(m) for m in TRUST_MODES),
     "grant-key-dir": ABSOLUTE,
     "allocation-dir": ABSOLUTE,
@@ -46,6 +49,7 @@ KEYS = {
     "hami-library": ABSOLUTE + " to HAMi-core's libvgpu.so (containers with its limits load it)",
     "hami-dir": ABSOLUTE + " (the preload list HAMi-core's containers get)",
     "driver-facts": ABSOLUTE + " (what the node agent read of NVML, for NVIDIA_REQUIRE_*)",
+    "amd-cards": "'true' or 'false' (AMD: give /dev/dri/card<N> beside each render node)",
 }
 
 
@@ -65,6 +69,7 @@ def default_hook() -> str:
 class Config:
     __slots__ = (
         "allocation_dir",
+        "amd_cards",
         "driver_facts",
         "grant_key_dir",
         "hami_dir",
@@ -79,6 +84,7 @@ class Config:
         "runtime",
         "source",
         "trust",
+        "vendor",
     )
 
     def __init__(
@@ -99,6 +105,8 @@ class Config:
         hami_dir: str = hamicore.DEFAULT_DIR,
         driver_facts: str = requirements.DEFAULT_FACTS,
         source: str = "defaults",
+        vendor: Vendor = NVIDIA,
+        amd_cards: bool = False,
     ) -> None:
         self.roots = roots or Roots("/")
         self.trust = trust
@@ -115,6 +123,8 @@ class Config:
         self.hami_dir = hami_dir
         self.driver_facts = driver_facts
         self.source = source
+        self.vendor = vendor  # whose GPUs this node has: whose request env a start reads
+        self.amd_cards = amd_cards
 
 
 def from_table(table: dict[str, object], source: str) -> Config:
@@ -134,6 +144,7 @@ def from_table(table: dict[str, object], source: str) -> Config:
             driver=values.get("driver-root"),
             dev=values.get("dev-root"),
             proc=values.get("proc-root"),
+            sys=values.get("sys-root"),
         ),
         trust=values.get("trust", "granted"),
         grant_key_dir=values.get("grant-key-dir", grant.DEFAULT_KEY_DIR),
@@ -149,6 +160,8 @@ def from_table(table: dict[str, object], source: str) -> Config:
         hami_dir=values.get("hami-dir", hamicore.DEFAULT_DIR),
         driver_facts=values.get("driver-facts", requirements.DEFAULT_FACTS),
         source=source,
+        vendor=of(values.get("vendor", NVIDIA.name)),
+        amd_cards=values.get("amd-cards") == "true",
     )
 
 
@@ -157,6 +170,10 @@ def _accepts(key: str, value: str) -> bool:
         return False
     if key == "trust":
         return value in TRUST_MODES
+    if key == "vendor":
+        return value in (v.name for v in VENDORS)
+    if key == "amd-cards":
+        return value in ("true", "false")
     if key == "log":
         return value == "stderr" or value.startswith("/")
     if key == "runtime":

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 
-from gpuwire.edits import Edits, Layout, container_edits, host_layout
+from gpuwire.devices import Selection
+from gpuwire.edits import Edits, Layout, host_layout
 from runtime_hook.start import enforcement, trust
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
@@ -75,14 +76,20 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
     basis = outcome.verdict.basis
     by_engine = basis == "claim"  # the engine applied all of it: the claims' CDI specs
     claimed = by_engine or basis == "allocation+claim"
-    layout = host_layout(outcome.driver) if claimed else Layout.of(debian=is_debian(rootfs))
-    edits = container_edits(
+    vendor = config.vendor
+    if not vendor.files:
+        layout = Layout.of(debian=True)  # no files to lay out: the image's distro is no matter
+    elif claimed:
+        layout = host_layout(outcome.driver)  # type: ignore[arg-type]  # files: NVIDIA's Driver
+    else:
+        layout = Layout.of(debian=is_debian(rootfs))
+    edits = vendor.container_edits(
         outcome.driver,
-        outcome.devices,
+        Selection(outcome.devices, outcome.mig),
         outcome.capabilities,
         layout,
-        outcome.mig,
         outcome.mig_controls,
+        config.amd_cards,
     )
     if by_engine:
         return Plan(outcome, rootfs, edits, by_engine=True)
@@ -118,7 +125,7 @@ def summary(plan: Plan) -> str | None:
     gpus = ", ".join(f"{d.index} ({d.uuid})" for d in outcome.devices) or "none"
     mig = "".join(f", MIG {m.place} ({m.name})" for m in outcome.mig)
     controls = "".join(f", MIG {c}" for c in outcome.mig_controls)
-    caps = ",".join(outcome.capabilities)
+    caps = f", capabilities {','.join(outcome.capabilities)}" if outcome.capabilities else ""
     held = f", limits held by {' and '.join(plan.joined.mechanisms)}" if plan.joined else ""
     unchecked = f" (not checked here: {'; '.join(outcome.unchecked)})" if outcome.unchecked else ""
-    return f"{who}GPUs {gpus}{mig}{controls}, capabilities {caps}{held}: {verdict.basis}{unchecked}"
+    return f"{who}GPUs {gpus}{mig}{controls}{caps}{held}: {verdict.basis}{unchecked}"

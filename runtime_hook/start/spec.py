@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 
-from gpuwire import allocation, atomicfile, devices, lightjson, nvidia, requirements
+from gpuwire import allocation, atomicfile, devices, lightjson
+from gpuwire.vendor import VENDORS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
     from typing import Any
 
     from gpuwire.edits import Edits
@@ -71,22 +71,13 @@ def conflicting_env(spec: Spec, keys: tuple[str, ...]) -> dict[str, list[str]]:
     return {k: v for k, v in seen.items() if len(set(v)) > 1}
 
 
-def visible_request(environment: Mapping[str, str]) -> devices.Request:
-    """What the environment asks for: NVIDIA_VISIBLE_DEVICES, or for a legacy CUDA image that
-    does not set it, every GPU (as NVIDIA's toolkit: `CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA`
-    not)."""
-    visible = environment.get(nvidia.VISIBLE_DEVICES_ENV)
-    if visible is None and requirements.is_legacy(environment):
-        return devices.Request(devices.Kind.ALL)
-    return devices.parse_request(visible)
-
-
 def asks_for_gpu(spec: Spec) -> bool:
-    """Whether a container could get a GPU at all: NVIDIA_VISIBLE_DEVICES not void (for a
-    legacy CUDA image, not set either), or a device-plugin allocation mounted. Every other
-    container is left alone at once, without reading the node config (most containers on a
-    node that runs the hook for all)."""
-    if visible_request(env(spec)).kind is not devices.Kind.VOID:
+    """Whether a container could get a GPU at all: any vendor's request not void
+    (`Vendor.visible_request`: for NVIDIA a legacy CUDA image that does not set one), or a
+    device-plugin allocation mounted. Every other container is left alone at once, without
+    reading the node config (most containers on a node that runs the hook for all)."""
+    environment = env(spec)
+    if any(v.visible_request(environment).kind is not devices.Kind.VOID for v in VENDORS):
         return True
     prefix = allocation.CONTAINER_DIR + "/"
     return any(str(m.get("destination", "")).startswith(prefix) for m in mounts(spec))

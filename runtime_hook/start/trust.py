@@ -35,21 +35,17 @@ from __future__ import annotations
 
 from gpuwire import allocation, claimtoken, devices, grant, nvidia, requirements
 from gpuwire.devices import Device, MigDevice
+from gpuwire.vendor import NVIDIA, VENDORS, Vendor, VendorError
 from runtime_hook.start import spec as ocispec
 from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from gpuwire.driver import Driver
+    from gpuwire.vendor import Found
     from runtime_hook.start.spec import Spec
 
 PRIVILEGED_CAPABILITY = "CAP_SYS_ADMIN"
-REQUEST_ENV = (
-    nvidia.VISIBLE_DEVICES_ENV,
-    nvidia.CAPABILITIES_ENV,
-    grant.ENV,
-    *nvidia.MIG_CONTROL_ENV.values(),
-)
+REQUEST_ENV = (*(name for v in VENDORS for name in v.request_env), grant.ENV)
 
 # Verdict statuses
 NOT_GPU = "not a GPU container"
@@ -70,6 +66,7 @@ class ContainerRequest:
         "stray_claims",
         "stray_tokens",
         "tokens",
+        "vendor",
     )
 
     def __init__(
@@ -83,6 +80,7 @@ class ContainerRequest:
         conflicts: dict[str, list[str]] | None = None,
         claims: tuple[tuple[str, str], ...] = (),
         stray_claims: tuple[tuple[str, str], ...] = (),
+        vendor: Vendor = NVIDIA,
     ) -> None:
         self.env = env  # the whole environment, last values
         self.names = names  # (namespace, container name) from the CRI annotations
@@ -93,14 +91,16 @@ class ContainerRequest:
         self.conflicts = conflicts or {}  # request keys set more than once, differently
         self.claims = claims  # (claim UID, device) of claim mounts from the allocation dir
         self.stray_claims = stray_claims  # claim-looking mounts from anywhere else
+        self.vendor = vendor  # whose request env is read: the node's vendor
 
     @property
     def visible(self) -> str | None:
-        return self.env.get(nvidia.VISIBLE_DEVICES_ENV)
+        return self.env.get(self.vendor.visible_env)
 
     @property
     def capabilities(self) -> str | None:
-        return self.env.get(nvidia.CAPABILITIES_ENV)
+        name = self.vendor.capabilities_env
+        return self.env.get(name) if name else None
 
     @property
     def grant(self) -> str | None:
@@ -109,21 +109,25 @@ class ContainerRequest:
     @property
     def mig_controls(self) -> dict[str, str]:
         """config, monitor → the NVIDIA_MIG_*_DEVICES value that asks for it."""
-        env = self.env
-        return {c: env[name] for c, name in nvidia.MIG_CONTROL_ENV.items() if env.get(name)}
+        env, own = self.env, self.vendor.request_env
+        return {
+            c: env[name]
+            for c, name in nvidia.MIG_CONTROL_ENV.items()
+            if name in own and env.get(name)
+        }
 
     @property
     def device_request(self) -> devices.Request:
-        return ocispec.visible_request(self.env)
+        return self.vendor.visible_request(self.env)
 
     def describe(self) -> str:
-        return (
-            f"{nvidia.VISIBLE_DEVICES_ENV}={self.visible or ''} "
-            f"{nvidia.CAPABILITIES_ENV}={self.capabilities or ''}"
+        caps = self.vendor.capabilities_env
+        return f"{self.vendor.visible_env}={self.visible or ''}" + (
+            f" {caps}={self.capabilities or ''}" if caps else ""
         )
 
 
-def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
+def read_request(spec: Spec, allocation_dir: str, vendor: Vendor = NVIDIA) -> ContainerRequest:
     env = ocispec.env(spec)
     notes = ocispec.annotations_of(spec)
     tokens: list[str] = []
@@ -148,6 +152,7 @@ def read_request(spec: Spec, allocation_dir: str) -> ContainerRequest:
         conflicts=ocispec.conflicting_env(spec, REQUEST_ENV),
         claims=tuple(dict.fromkeys(claims)),
         stray_claims=tuple(stray_claims),
+        vendor=vendor,
     )
 
 
@@ -244,7 +249,8 @@ def check_claims(
 
 
 def _beyond(wanted: devices.Request, proved: set[str]) -> str:
-    """What of an NVIDIA_VISIBLE_DEVICES request the proved devices do not cover."""
+    """What of a request (NVIDIA_VISIBLE_DEVICES, AMD_VISIBLE_DEVICES) the proved devices do
+    not cover."""
     if wanted.kind is devices.Kind.ALL:
         return "all"
     if wanted.kind is devices.Kind.LIST:
@@ -281,7 +287,9 @@ def grant_holds(request: ContainerRequest, keys: grant.KeyRing | None) -> tuple[
     if request.names is None:
         return False, "the spec has no CRI namespace and container-name annotations to check it"
     try:
-        subject = grant.Subject.of(*request.names, request.visible, request.capabilities)
+        subject = grant.Subject.of(
+            *request.names, request.visible, request.capabilities, request.vendor
+        )
     except nvidia.CapabilityError as exc:
         return False, f"invalid: {exc}"
     ring = keys or grant.KeyRing({})
@@ -299,7 +307,7 @@ def authorise(
     and claims."""
     wanted = request.device_request
     if wanted.kind is devices.Kind.VOID and not request.tokens and not request.claims:
-        return Verdict(NOT_GPU, f"{nvidia.VISIBLE_DEVICES_ENV} is unset, empty or void")
+        return Verdict(NOT_GPU, f"{request.vendor.visible_env} is unset, empty or void")
     caps = request.capabilities
     if request.privileged and wanted.kind is not devices.Kind.VOID:
         return Verdict(GRANTED, "the container is privileged", "privileged", wanted, caps)
@@ -317,7 +325,7 @@ def authorise(
         if beyond:
             return Verdict(
                 REFUSED,
-                f"{nvidia.VISIBLE_DEVICES_ENV}={request.visible} reaches beyond the devices "
+                f"{request.vendor.visible_env}={request.visible} reaches beyond the devices "
                 f"of {', '.join(str(c.token) for c in claims)}: {beyond}",
             )
         proofs = [f"device-plugin allocation {', '.join(request.tokens)}"] if tokens else []
@@ -382,7 +390,7 @@ class Outcome:
         self.claims = claims
         self.grant_explanation = grant_explanation
         self.verdict = verdict
-        self.driver: Driver | None = None
+        self.driver: Found | None = None  # what the vendor's discovery found
         self.devices: tuple[Device, ...] = ()  # whole GPUs
         self.mig: tuple[MigDevice, ...] = ()  # MIG devices selected on their own
         self.mig_controls: tuple[str, ...] = ()  # config, monitor
@@ -399,7 +407,8 @@ class Outcome:
 
 def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     """Decide on `spec` under `config`; when granted, discover and select the devices."""
-    request = read_request(spec, config.allocation_dir)
+    vendor = config.vendor
+    request = read_request(spec, config.allocation_dir, vendor)
     keys = None
     if request.grant is not None or request.tokens or request.claims:
         keys = grant.KeyRing.load(config.grant_key_dir)
@@ -427,31 +436,16 @@ def evaluate(spec: Spec, config: Config, *, claim: bool) -> Outcome:
     caps = verdict.capabilities
     if caps is None and requirements.is_legacy(env):
         caps = "all"  # a legacy CUDA image naming none gets every capability, as the toolkit
-    from gpuwire.driver import DiscoveryError, discover  # _ctypes, ELF: when granted
-
     try:
         outcome.mig_controls = mig_controls(request)
-        outcome.capabilities = nvidia.parse_capabilities(caps)
-        driver = outcome.driver = discover(config.roots, outcome.capabilities)
-        problem = ""
-        if driver.mig and any(devices.is_mig_entry(e) for e in verdict.request.entries):
-            from gpuwire import mig
-
-            try:
-                driver.mig = mig.identify(driver.mig, mig.read_map(config.mig_map))
-            except mig.MigError as exc:
-                problem = f" ({exc})"
-        try:
-            chosen = devices.select(verdict.request, driver.devices, driver.mig)
-        except devices.UnknownDevice as exc:
-            raise devices.UnknownDevice(f"{exc}{problem}") from None
+        outcome.capabilities = vendor.capabilities(caps)
+        found = outcome.driver = vendor.discover(config.roots, outcome.capabilities)
+        chosen = vendor.select(verdict.request, found, config.mig_map)
         outcome.devices, outcome.mig = chosen.gpus, chosen.mig
-        if requirements.requirements(env):  # the facts file only where something needs it
-            facts = requirements.read_facts(config.driver_facts, driver.version)
-            outcome.unchecked = requirements.check(env, driver.version, facts, outcome.devices)
+        outcome.unchecked = vendor.unchecked(env, found, outcome.devices, config.driver_facts)
     except (
         nvidia.CapabilityError,
-        DiscoveryError,
+        VendorError,
         devices.UnknownDevice,
         MigControlError,
         requirements.RequirementError,

@@ -25,7 +25,7 @@ from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import cli, driver, migprofiles, sim
 from gpuwire.claimtoken import ClaimToken
 from gpuwire.dra import DRIVER
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from testbed.waiting import until
 from tests.deviceplugin.test_dra_plugin import HOOK, Cluster, cluster_of, put_claim
 from tests.deviceplugin.test_dra_slices import (

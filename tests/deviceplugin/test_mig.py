@@ -19,7 +19,7 @@ from deviceplugin.gpus.simulated import SimDiscovery
 from deviceplugin.plugin import migstrategy
 from gpuwire import cli, mig, sim
 from gpuwire.driver import discover
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from testbed.kubelet import Kubelet
 from testbed.nvml import StandIn
 from tests.deviceplugin.test_kubelet import serving

@@ -18,7 +18,7 @@ from gpuwire import cdi, exits, sim
 from gpuwire import cli as gpuwire_cli
 from gpuwire.driver import Driver, discover
 from gpuwire.edits import HOOK_ENV
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.setup import cli
 
 HOOK, LDCONFIG = "/usr/local/bin/gpuwire-hook", "/sbin/ldconfig"

@@ -12,7 +12,7 @@ from gpuwire import nvidia, sim
 from gpuwire.devices import Device
 from gpuwire.driver import DiscoveryError, discover, parse_proc_devices, parse_version
 from gpuwire.elfstub import shared_object
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 VERSION = sim.DEFAULT_DRIVER
 

@@ -11,7 +11,7 @@ from gpuwire import sim
 from gpuwire.cdi import hooks, to_cdi
 from gpuwire.driver import Driver, discover
 from gpuwire.edits import HOOK_ENV, Edits, Layout, container_edits, ldcache_args, parse_ldcache_args
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.start import spec as ocispec
 from testbed.lab import container_spec
 

@@ -11,7 +11,7 @@ from gpuwire import mig, migprofiles, sim
 from gpuwire.devices import MigDevice, UnknownDevice, parse_request, select
 from gpuwire.driver import DiscoveryError, Driver, discover
 from gpuwire.edits import Layout, container_edits
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from gpuwire import sim
 from gpuwire.grant import KeyRing
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.start.config import Config
 from testbed.lab import write_keys
 

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuwire import allocation, nvidia, records, requirements
+from gpuwire import allocation, records, requirements
+from gpuwire.vendor import VENDORS
 from runtime_hook.setup import launcher
 from runtime_hook.start import config, recording, shim
 from testbed.lab import container_spec
@@ -125,7 +126,7 @@ def script_words() -> list[str]:
     """What gpuwire-runtime.sh must spell as the shim and the config do, each a line of it."""
     flags, creating = " | ".join(shim.BUNDLE_FLAGS), " | ".join(shim.CREATING)
     markers = (
-        nvidia.VISIBLE_DEVICES_ENV,
+        *(v.visible_env for v in VENDORS),
         requirements.CUDA_VERSION,
         allocation.CONTAINER_DIR + "/",
     )
@@ -133,7 +134,13 @@ def script_words() -> list[str]:
     # JSON escapes that could spell a character of the markers (`\/`, `\u002f`, `\u0041`
     # ... `\u007f`); Go's own escapes (`\u0026` for `&`, `\u003c`, `\u003e`) are not among them.
     escapes = r"\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])"
-    own = {"trust": " | ".join(config.TRUST_MODES), "log": "stderr | /*", "runtime": "?*"}
+    own = {
+        "trust": " | ".join(config.TRUST_MODES),
+        "log": "stderr | /*",
+        "runtime": "?*",
+        "vendor": " | ".join(v.name for v in VENDORS),
+        "amd-cards": "true | false",
+    }
     kept = {"runtime": "runtime", "records-dir": "records"}  # keys whose value it uses
     arms = [
         f"\t\t{key}) case $value in {own.get(key, '/*')}) "
@@ -243,6 +250,9 @@ VALID = {
     "hami-library": ["/usr/local/vgpu/libvgpu.so"],
     "hami-dir": ["/run/gpuwire/hami"],
     "driver-facts": ["/run/gpuwire/facts/driver.json"],
+    "vendor": ["nvidia", "amd"],
+    "sys-root": ["/"],
+    "amd-cards": ["true", "false"],
 }
 assert set(VALID) == set(config.KEYS)
 PLAIN = [f'{k} = "{v}"' for k, values in VALID.items() for v in values] + ["# comment", ""]

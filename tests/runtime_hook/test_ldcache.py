@@ -32,7 +32,7 @@ from gpuwire import elf, ldsocache, resolve, sim
 from gpuwire.driver import discover
 from gpuwire.edits import Edits, Layout, container_edits
 from gpuwire.elfstub import shared_object
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.injection import inroot, ldcache
 from testbed.rootfs import busybox_rootfs
 from tests.conftest import requires_binary

@@ -22,7 +22,7 @@ from deviceplugin.dra.shares import NOTHING, Holders
 from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import hamicore, sim
 from gpuwire.dra import DRIVER
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from testbed.image import NAME, write_layout_tar
 from testbed.lab import Lab
 from testbed.podman import Podman

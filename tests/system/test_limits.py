@@ -22,7 +22,7 @@ from gpuwire import allocation, claimtoken, mps
 from gpuwire.claimtoken import ClaimDevice, ClaimToken
 from gpuwire.driver import discover
 from gpuwire.edits import container_edits, host_layout
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.start import spec as ocispec
 from testbed.lab import NAMESPACE, POD_UID, Lab
 from testbed.rootfs import Bundle

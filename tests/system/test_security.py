@@ -16,7 +16,7 @@ import pytest
 from gpuwire.cdi import hook_program, to_cdi
 from gpuwire.driver import discover
 from gpuwire.edits import Layout, container_edits
-from gpuwire.nvidia import Roots
+from gpuwire.roots import Roots
 from runtime_hook.injection import cgroup, ldcache
 from runtime_hook.injection.cgroup import CgroupError
 from runtime_hook.setup import launcher

@@ -1,0 +1,316 @@
+"""The vendor interface: what a GPU vendor's module set gives every component, in one place.
+
+A vendor is a set of sibling modules (NVIDIA: `nvidia`, `driver`, `edits`, `cdi`, `mig`,
+`requirements`; AMD: `amd`, `kfd`, `amdedits`) and one `Vendor` that the components go
+through, so that nothing else asks which vendor it has. What a vendor provides:
+
+- names: the extended resource, the label prefix, the CDI kind, the env that names a
+  container's GPUs and the one for driver capabilities (AMD has none), all request env;
+- visibility semantics: `visible_request` (a container's env → `devices.Request`), `select`
+  (a request against what discovery found → `Selection`), `capabilities`;
+- discovery: `discover(roots, capabilities)` (NVIDIA: procfs and the driver's files, no
+  NVML; AMD: KFD's topology and DRM in sysfs) → the found node, whose `devices` are the
+  contract's `Device`s and `mig` its MIG devices (none on AMD: a partition is a device);
+- edits: `container_edits` (device nodes per GPU or partition, the driver's files per
+  capability: none on AMD, ROCm's user space lives in the image) and `cdi_spec`;
+- `grant_tag`: what a grant for this vendor's env is signed under, so that one vendor's grant
+  never verifies as the other's.
+
+A node runs one vendor (its config's `vendor`); the webhook learns each node's from its
+labels and `gpuwire.io/gpus`. The modules are imported when first used: a start imports only
+its own vendor's. On the container-start path: no `typing`, `dataclasses` or `re`.
+"""
+
+from __future__ import annotations
+
+from gpuwire import amd, devices, nvidia
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpuwire.devices import Device, Request, Selection
+    from gpuwire.driver import Driver
+    from gpuwire.edits import Edits, Layout
+    from gpuwire.kfd import AmdNode
+    from gpuwire.roots import Roots
+
+    Found = Driver | AmdNode
+
+
+class VendorError(ValueError):
+    """A vendor's discovery or selection that cannot give a container its GPUs."""
+
+
+class Vendor:
+    """One vendor; `NVIDIA` and `AMD` are its two instances, compared by identity."""
+
+    __slots__ = ()
+    name: str
+    resource: str
+    label_prefix: str
+    cdi_kind: str
+    visible_env: str
+    capabilities_env: str | None  # None: the vendor has no driver capabilities
+    request_env: tuple[str, ...]  # every env a container's request is read from
+    grant_tag: str
+    files: bool  # whether containers get driver files (libraries, binaries) laid out per image
+
+    def __repr__(self) -> str:
+        return f"<vendor {self.name}>"
+
+    def visible_request(self, env: Mapping[str, str]) -> Request:
+        raise NotImplementedError
+
+    def capabilities(self, value: str | None) -> tuple[str, ...]:
+        """The driver capabilities a request's value selects (nvidia.CapabilityError)."""
+        raise NotImplementedError
+
+    def canonical_capabilities(self, value: str | None) -> str:
+        """The form a grant signs."""
+        raise NotImplementedError
+
+    def discover(self, roots: Roots, capabilities: tuple[str, ...]) -> Found:
+        """What this node has (VendorError: no driver, an unreadable one)."""
+        raise NotImplementedError
+
+    def select(self, request: Request, found: Found, mig_map: str = "") -> Selection:
+        """The devices `request` names (devices.UnknownDevice: one this node lacks);
+        `mig_map`: where NVIDIA's node agent names MIG devices."""
+        raise NotImplementedError
+
+    def unchecked(
+        self, env: Mapping[str, str], found: Found, chosen: tuple[Device, ...], facts: str
+    ) -> list[str]:
+        """What the image requires of the driver (NVIDIA_REQUIRE_*) that this node could
+        not check (requirements.RequirementError: what does not hold); `facts`: the node
+        agent's driver facts."""
+        raise NotImplementedError
+
+    def container_edits(
+        self,
+        found: Found,
+        selection: Selection,
+        capabilities: tuple[str, ...],
+        layout: Layout,
+        mig_controls: tuple[str, ...] = (),
+        cards: bool = False,
+    ) -> Edits:
+        raise NotImplementedError
+
+    def cdi_spec(
+        self,
+        found: Found,
+        hook: str,
+        ldconfig: str,
+        capabilities: tuple[str, ...],
+        kind: str,
+        cards: bool = False,
+        mig_map: str = "",
+    ) -> dict[str, Any]:
+        """The CDI spec for every device found (`cards`: AMD's card nodes too; `mig_map`:
+        where NVIDIA's node agent names MIG devices)."""
+        raise NotImplementedError
+
+
+class _Nvidia(Vendor):
+    __slots__ = ()
+    name = nvidia.VENDOR
+    resource = nvidia.RESOURCE
+    label_prefix = nvidia.LABEL_PREFIX
+    cdi_kind = nvidia.CDI_KIND
+    visible_env = nvidia.VISIBLE_DEVICES_ENV
+    capabilities_env = nvidia.CAPABILITIES_ENV
+    request_env = (
+        nvidia.VISIBLE_DEVICES_ENV,
+        nvidia.CAPABILITIES_ENV,
+        *nvidia.MIG_CONTROL_ENV.values(),
+    )
+    grant_tag = "gpuwire-grant-v1"
+    files = True
+
+    def visible_request(self, env: Mapping[str, str]) -> Request:
+        """NVIDIA_VISIBLE_DEVICES, or for a legacy CUDA image that does not set it, every GPU
+        (as NVIDIA's toolkit: `CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` not)."""
+        from gpuwire import requirements
+
+        visible = env.get(nvidia.VISIBLE_DEVICES_ENV)
+        if visible is None and requirements.is_legacy(env):
+            return devices.Request(devices.Kind.ALL)
+        return devices.parse_request(visible)
+
+    def capabilities(self, value: str | None) -> tuple[str, ...]:
+        return nvidia.parse_capabilities(value)
+
+    def canonical_capabilities(self, value: str | None) -> str:
+        return nvidia.canonical_capabilities(value)
+
+    def discover(self, roots: Roots, capabilities: tuple[str, ...]) -> Found:
+        from gpuwire.driver import DiscoveryError, discover
+
+        try:
+            return discover(roots, capabilities)
+        except DiscoveryError as exc:
+            raise VendorError(str(exc)) from None
+
+    def select(self, request: Request, found: Found, mig_map: str = "") -> Selection:
+        from gpuwire.driver import Driver
+
+        assert isinstance(found, Driver)
+        problem = ""
+        if found.mig and mig_map and any(devices.is_mig_entry(e) for e in request.entries):
+            from gpuwire import mig  # procfs does not name MIG devices: the node agent's map
+
+            try:
+                found.mig = mig.identify(found.mig, mig.read_map(mig_map))
+            except mig.MigError as exc:
+                problem = f" ({exc})"
+        try:
+            return devices.select(request, found.devices, found.mig)
+        except devices.UnknownDevice as exc:
+            raise devices.UnknownDevice(f"{exc}{problem}") from None
+
+    def unchecked(
+        self, env: Mapping[str, str], found: Found, chosen: tuple[Device, ...], facts: str
+    ) -> list[str]:
+        from gpuwire import requirements
+
+        if not requirements.requirements(env):  # the facts file only where something needs it
+            return []
+        known = requirements.read_facts(facts, found.version)
+        return requirements.check(env, found.version, known, chosen)
+
+    def container_edits(
+        self,
+        found: Found,
+        selection: Selection,
+        capabilities: tuple[str, ...],
+        layout: Layout,
+        mig_controls: tuple[str, ...] = (),
+        cards: bool = False,
+    ) -> Edits:
+        from gpuwire.driver import Driver
+        from gpuwire.edits import container_edits
+
+        assert isinstance(found, Driver)
+        return container_edits(
+            found, selection.gpus, capabilities, layout, selection.mig, mig_controls
+        )
+
+    def cdi_spec(
+        self,
+        found: Found,
+        hook: str,
+        ldconfig: str,
+        capabilities: tuple[str, ...],
+        kind: str,
+        cards: bool = False,
+        mig_map: str = "",
+    ) -> dict[str, Any]:
+        from gpuwire import cdi, mig
+        from gpuwire.driver import Driver
+
+        assert isinstance(found, Driver)
+        if found.mig and mig_map:
+            found.mig = mig.identify(found.mig, mig.read_map(mig_map))
+        return cdi.generate(found, hook, ldconfig, capabilities, kind)
+
+
+class _Amd(Vendor):
+    __slots__ = ()
+    name = amd.VENDOR
+    resource = amd.RESOURCE
+    label_prefix = amd.LABEL_PREFIX
+    cdi_kind = amd.CDI_KIND
+    visible_env = amd.VISIBLE_DEVICES_ENV
+    capabilities_env = None
+    request_env = (amd.VISIBLE_DEVICES_ENV,)
+    grant_tag = "gpuwire-grant-v1-amd"
+    files = False  # ROCm's user space lives in the image
+
+    def visible_request(self, env: Mapping[str, str]) -> Request:
+        return amd.parse_request(env.get(amd.VISIBLE_DEVICES_ENV))
+
+    def capabilities(self, value: str | None) -> tuple[str, ...]:
+        return ()
+
+    def canonical_capabilities(self, value: str | None) -> str:
+        return ""
+
+    def discover(self, roots: Roots, capabilities: tuple[str, ...]) -> Found:
+        from gpuwire import kfd
+
+        try:
+            found = kfd.discover(roots)
+        except kfd.KfdError as exc:
+            raise VendorError(str(exc)) from None
+        if found.kfd is None:
+            raise VendorError(
+                f"no AMD GPU driver: {roots.dev}/dev/{amd.KFD_NODE}, or the kfd major in "
+                f"{roots.proc}/proc/devices, is missing (is the amdgpu module loaded?)"
+            )
+        return found
+
+    def select(self, request: Request, found: Found, mig_map: str = "") -> Selection:
+        from gpuwire.kfd import AmdNode
+
+        assert isinstance(found, AmdNode)
+        chosen = amd.select(request, found.devices)
+        unusable = [
+            f"{d.index} ({d.uuid}): {found.gpu(d).problem}"
+            for d in chosen.gpus
+            if found.gpu(d).device.minor < amd.RENDER_MINOR_BASE
+        ]
+        if unusable:
+            raise VendorError(f"no render node to give: {'; '.join(unusable)}")
+        return chosen
+
+    def unchecked(
+        self, env: Mapping[str, str], found: Found, chosen: tuple[Device, ...], facts: str
+    ) -> list[str]:
+        return []  # ROCm images state no driver requirement gpuwire could check
+
+    def container_edits(
+        self,
+        found: Found,
+        selection: Selection,
+        capabilities: tuple[str, ...],
+        layout: Layout,
+        mig_controls: tuple[str, ...] = (),
+        cards: bool = False,
+    ) -> Edits:
+        from gpuwire import amdedits
+        from gpuwire.kfd import AmdNode
+
+        assert isinstance(found, AmdNode)
+        return amdedits.container_edits(found, selection.gpus, cards)
+
+    def cdi_spec(
+        self,
+        found: Found,
+        hook: str,
+        ldconfig: str,
+        capabilities: tuple[str, ...],
+        kind: str,
+        cards: bool = False,
+        mig_map: str = "",
+    ) -> dict[str, Any]:
+        from gpuwire import amdedits
+        from gpuwire.kfd import AmdNode
+
+        assert isinstance(found, AmdNode)
+        return amdedits.generate(found, kind, cards)
+
+
+NVIDIA: Vendor = _Nvidia()
+AMD: Vendor = _Amd()
+VENDORS = (NVIDIA, AMD)
+
+
+def of(name: str) -> Vendor:
+    """The vendor named `name`; ValueError naming what is accepted."""
+    for vendor in VENDORS:
+        if vendor.name == name:
+            return vendor
+    raise ValueError(f"unknown vendor {name!r}: accepted are {', '.join(v.name for v in VENDORS)}")
