@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gpuwire import logs
 from webhook import tls
 from webhook.server import run
 
@@ -27,6 +28,7 @@ def main() -> None:
         parser.add_argument(flag, required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
+    logs.setup("bench-bare")  # uvicorn's lines as the webhook's: its "running on" is read
     canned = Path(args.canned).read_bytes()
 
     async def mutate(request: Request) -> Response:

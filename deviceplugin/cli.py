@@ -436,7 +436,7 @@ def label(argv: list[str]) -> int:
     )
     args.log_level = args.log_level or ("info" if args.watch else "warning")
     logs.from_args("node-agent", args)
-    from deviceplugin.agent import holding, labeler, mps
+    from deviceplugin.agent import holding, labeler
     from deviceplugin.gpus.backend import open_discovery
     from deviceplugin.gpus.discovery import Latest
     from gpuwire.holders import ANNOTATION
@@ -469,14 +469,15 @@ def label(argv: list[str]) -> int:
             stop = _stop_on_signals()
             latest = Latest(discovery, node)
             jobs = []
+            daemons = holding.mps_job(config, latest, unreachable, holder_settings)
+            if daemons is not None:
+                jobs.append(threading.Thread(target=daemons.run, args=(stop,), name="mps"))
             if holder_settings is not None:
+                also = [daemons.supervisor] if daemons is not None else []
                 job = holding.job(
-                    holder_settings, config.node_name, config.kubeconfig, latest, unreachable
+                    holder_settings, config.node_name, config.kubeconfig, latest, unreachable, also
                 )
                 jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-            daemons = mps.job(config, latest, unreachable)
-            if daemons is not None:
-                jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
             for thread in jobs:
                 thread.start()
             try:

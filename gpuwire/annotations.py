@@ -31,6 +31,13 @@ LIMIT_PROFILE = PREFIX + "limit-profile"
 CONTAINERS = PREFIX + "containers"
 MIG_PROFILE = PREFIX + "mig-profile"
 
+# HAMi's resource names (per container; webhook/hami.py holds them as gpuwire's limits)
+HAMI_MEMORY = "nvidia.com/gpumem"
+HAMI_MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
+HAMI_CORES = "nvidia.com/gpucores"
+HAMI_PRIORITY = "nvidia.com/priority"
+HAMI_RESOURCES = frozenset((HAMI_MEMORY, HAMI_MEMORY_PERCENT, HAMI_CORES, HAMI_PRIORITY))
+
 HAMI_USE_TYPE = "nvidia.com/use-gputype"
 HAMI_NOUSE_TYPE = "nvidia.com/nouse-gputype"
 HAMI_USE_UUID = "nvidia.com/use-gpuuuid"
@@ -375,9 +382,9 @@ HAMI_UNREAD = {
 # HAMi's resource names, which belong in a container's resources, not in annotations
 MISPLACED = {
     "nvidia.com/gpu": COUNT,
-    "nvidia.com/gpumem": MEMORY_LIMIT,
-    "nvidia.com/gpumem-percentage": MEMORY_LIMIT,
-    "nvidia.com/gpucores": CORES_LIMIT,
+    HAMI_MEMORY: MEMORY_LIMIT,
+    HAMI_MEMORY_PERCENT: MEMORY_LIMIT,
+    HAMI_CORES: CORES_LIMIT,
 }
 _PREFIXES = ("gpuwire.io", "nvidia.com")
 _LOWER = {k.lower(): k for k in KNOWN}

@@ -3,19 +3,40 @@ supervises and the runtime joins containers to. What both must agree on is here,
 
 Each GPU has a directory `<root>/<uuid>` (root: the node config's `mps-root`, the node
 agent's `mps.root`) holding the daemon's `pipe/` (`CUDA_MPS_PIPE_DIRECTORY`: the control
-daemon, its server and every client must name the same one) and `log/`
-(`CUDA_MPS_LOG_DIRECTORY`), and `<root>/shm`, the `/dev/shm` the daemons and their clients
-share (NVIDIA's device plugin wires it the same way: `cmd/mps-control-daemon`,
-`internal/plugin/mps.go` of NVIDIA/k8s-device-plugin). When a daemon is up and has its
-defaults, the agent writes `<root>/<uuid>/ready`: the daemon's pid, its start time (so a
-reused pid is not taken for it) and the defaults applied. A client then needs the pipe
-directory mounted, `CUDA_MPS_PIPE_DIRECTORY` naming it, and the shared `/dev/shm`; the MPS
-server enforces its limits (docs.nvidia.com/deploy/mps: the client variables
-`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` can only lower
-the daemon's defaults). A client that finds no daemon runs without MPS and without limits
-(the `nvidia-cuda-mps-control` man page), so the runtime refuses to start one instead.
+daemon, its server and every client must name the same one), `log/`
+(`CUDA_MPS_LOG_DIRECTORY`) and `shm/`, the `/dev/shm` that daemon (run in a mount namespace
+of its own) and its clients share, and no other GPU's: NVIDIA's device plugin shares one
+`<root>/shm` among all (`cmd/mps-control-daemon`, `internal/plugin/mps.go` of
+NVIDIA/k8s-device-plugin), which lets a tenant of one GPU read another's. When a daemon is
+up and has its defaults, the agent writes `<root>/<uuid>/ready`: the daemon's pid, its
+start time (so a reused pid is not taken for it) and the defaults applied. A client then
+needs the pipe directory mounted, `CUDA_MPS_PIPE_DIRECTORY` naming it, and its GPU's
+`/dev/shm`; the MPS server enforces its limits (docs.nvidia.com/deploy/mps: the client
+variables `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` and `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` can only
+lower the daemon's defaults). A client that finds no daemon runs without MPS and without
+limits (the `nvidia-cuda-mps-control` man page), so the runtime refuses to start one instead.
 
-On the container-start path: `os`, `gpuwire.lightjson` and `gpuwire.records` only.
+What a client uses of the pipe directory is one socket, the daemon's `control`: "When CUDA
+is first initialized in a program, the CUDA driver attempts to connect to the MPS control
+daemon" (the man page), the daemon logs "Starting control daemon using socket
+<pipe dir>/control ... To connect CUDA applications to this daemon, set env
+CUDA_MPS_PIPE_DIRECTORY" (its log, quoted in NVIDIA/k8s-device-plugin#1614), and it hands
+each client its server's connection over that socket (`SCM_RIGHTS`, traced in
+google/gvisor#14594). So a client gets the directory read-only (`PIPE_OPTIONS`): it connects,
+it creates and removes nothing there (a read-only mount keeps a tenant from putting a socket
+of its own in the place of `control` for the next client), and it gets neither MPS program
+(`PROGRAMS`), which a client needs not (the daemon starts its servers on the host). That
+socket is also the one `nvidia-cuda-mps-control` sends its commands on: NVIDIA's MPS has no
+client-only door, so what a tenant could change through it, the daemon's defaults, is what
+the node agent checks (`Defaults.queries`) and puts back.
+
+The runtime holds `lock(root, uuid)` shared from the moment it finds the daemon ready until
+its process ends (after the container record names the GPU, `gpuwire.records`' `mps`); the
+agent takes it exclusively before it restarts an idle daemon to empty its `/dev/shm`, so a
+container being started is never left without its daemon.
+
+On the container-start path: `os`, `gpuwire.lightjson` and `gpuwire.records` only (and
+`fcntl` for a container that joins).
 """
 
 from __future__ import annotations
@@ -42,6 +63,9 @@ CLIENT_ENV = (MEMORY_ENV, THREADS_ENV)  # a container asks for MPS limits by the
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_SHM = "/dev/shm"
 READY = "ready"
+SERVER = "nvidia-cuda-mps-server"
+PROGRAMS = (CONTROL, SERVER)  # the driver's, which a client container is not given
+PIPE_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind")  # a client connects, and no more
 
 
 def gpu_dir(root: str, uuid: str) -> str:
@@ -56,8 +80,27 @@ def log_dir(root: str, uuid: str) -> str:
     return f"{root}/{uuid}/log"
 
 
-def shm_dir(root: str) -> str:
-    return f"{root}/shm"
+def shm_dir(root: str, uuid: str) -> str:
+    return f"{root}/{uuid}/shm"
+
+
+def lock(root: str, uuid: str, *, exclusive: bool = False) -> int | None:
+    """A lock on GPU `uuid`'s directory, held while the returned descriptor is open (closed
+    on exec); shared (the runtime, waiting for it), or exclusive and only if free (the
+    agent: None where it is not). The directory lives as long as `root`: the lock outlives
+    daemons, whose markers are replaced."""
+    import fcntl
+
+    fd = os.open(gpu_dir(root, uuid), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def limit_env(memory_mib: int | None, threads: int | None) -> dict[str, str]:
@@ -96,6 +139,41 @@ class Defaults(Value):
         if self.memory_mib is not None:
             out.append(f"set_default_device_pinned_mem_limit 0 {self.memory_mib}M")
         return out
+
+    @staticmethod
+    def queries() -> list[str]:
+        """The control commands that read a daemon's defaults back, in `live`'s order."""
+        return ["get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0"]
+
+    @classmethod
+    def live(cls, answer: str) -> Defaults | None:
+        """What a daemon answered to `queries`: its thread percentage (`25.0`) and device 0's
+        pinned memory limit (`20480M`, `20G`; `0` or nothing: none), as Defaults (100 %
+        reads as None, MPS's own); None where the answer is not that."""
+        words = answer.split()
+        try:
+            threads = float(words[0])
+        except (IndexError, ValueError):
+            return None
+        memory = words[1] if len(words) == 2 else "0"
+        scale = {"M": 1, "G": 1024}.get(memory[-1:], 0)
+        digits = memory[:-1] if scale else memory
+        if len(words) > 2 or not digits.isdigit() or not 0 < threads <= 100:
+            return None
+        if not scale and int(digits):  # a size without its unit
+            return None
+        return cls(None if threads == 100 else round(threads), int(digits) * scale or None)
+
+    def lifted_by(self, live: Defaults) -> list[str]:
+        """What `live` (a daemon's answer) allows beyond these: each default it has looser,
+        as `name: set → live`; a tighter one lifts nothing."""
+        lifted = []
+        if self.threads is not None and (live.threads or 100) > self.threads:
+            lifted.append(f"active thread percentage {self.threads} → {live.threads or 100}")
+        if self.memory_mib is not None and (live.memory_mib or 1 << 62) > self.memory_mib:
+            now = f"{live.memory_mib} MiB" if live.memory_mib else "none"
+            lifted.append(f"pinned memory limit {self.memory_mib} MiB → {now}")
+        return lifted
 
 
 class Daemon(Value):

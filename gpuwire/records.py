@@ -93,6 +93,7 @@ class ContainerRecord(Value):
         "state",
         "claims",
         "shares",
+        "mps",
     )
     id: str  # the runtime's container ID
     namespace: str  # "" for a container that is not a Kubernetes pod's
@@ -108,6 +109,7 @@ class ContainerRecord(Value):
     state: str | None  # the runtime's state directory of this container
     claims: tuple[str, ...]  # DRA: the claims, `namespace/name`, sorted
     shares: tuple[str, ...]  # DRA: the GPUs held as a share of a shared GPU
+    mps: tuple[str, ...]  # the GPUs whose MPS control daemon it is a client of
 
     def __init__(
         self,
@@ -125,6 +127,7 @@ class ContainerRecord(Value):
         state: str | None = None,
         claims: tuple[str, ...] = (),
         shares: tuple[str, ...] = (),
+        mps: tuple[str, ...] = (),
     ) -> None:
         self._set(
             id=id,
@@ -141,6 +144,7 @@ class ContainerRecord(Value):
             state=state,
             claims=claims,
             shares=shares,
+            mps=mps,
         )
 
 
@@ -178,6 +182,7 @@ def started(
     state: str | None = None,
     claims: Iterable[str] = (),
     shares: Iterable[str] = (),
+    mps: Iterable[str] = (),
 ) -> ContainerRecord:
     """The record of a container given `gpus`; with `pid`, its start time is read now."""
     if path not in PATHS:
@@ -194,6 +199,7 @@ def started(
         state,
         tuple(sorted(set(claims))),
         tuple(sorted(set(shares))),
+        tuple(sorted(set(mps))),
     )
 
 
@@ -213,7 +219,7 @@ def runtime_state(runtime_args: list[str], container: str) -> str:
 
 
 # Fields written only where they hold something: a record without them reads as before.
-OPTIONAL = ("claims", "shares")
+OPTIONAL = ("claims", "shares", "mps")
 
 
 def encode(record: ContainerRecord) -> str:
@@ -282,6 +288,7 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "state": lambda v: v is None or isinstance(v, str),
     "claims": _strings,
     "shares": _strings,
+    "mps": _strings,
 }
 
 

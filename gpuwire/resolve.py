@@ -9,7 +9,7 @@ Python 3.11's `os` has no `openat2`, and `import ctypes` costs ~3.5 ms of CPU on
 container start (its module body, `types`, and a libffi closure it makes at import); the C
 types and function pointers below are the few lines of it gpuwire uses, declared on
 `_ctypes`, the C module ctypes itself is built on, as ctypes declares them (~0.4 ms). The
-injection's mount and namespace calls (`runtime_hook.injection.syscalls`) are declared with
+mount and namespace calls (`gpuwire.syscalls`: the injection's, the node agent's) are declared with
 them too. Every failure raises `OSError` with the errno and the call that failed.
 """
 

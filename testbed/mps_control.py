@@ -11,6 +11,12 @@ answers, failing when no daemon runs there. The daemon answers the MPS v2 comman
 `set_default_device_pinned_mem_limit`, `get_default_device_pinned_mem_limit`,
 `get_server_list` and `quit`, and records every command in `control.log` ("CMD: ...").
 
+The getters answer as the setters left them (`25.0`, `20480M`; `100.0` and `0` before any
+was set). The daemon takes commands from anyone who reaches its socket, as NVIDIA's does (its
+CUDA clients and its command client share the one `control` socket): `tenant` builds a
+static client of that socket to put into an image, so a test can have a container connect
+through its read-only pipe directory and, as a tenant would, set the daemon's defaults.
+
 Left out: the real client/daemon protocol (this one is a line protocol on a unix socket
 `control` in the pipe directory), MPS servers and their per-user lifecycle, CUDA clients,
 GPUs, compute modes, and the limits themselves (nothing here runs a kernel). Standard
@@ -41,6 +47,56 @@ def install(root: str | os.PathLike[str], python: str = sys.executable) -> Path:
     target.write_text(f"#!{python} -I\n" + Path(__file__).read_text())
     target.chmod(0o755)
     return target
+
+
+TENANT_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* tenant [COMMAND]...: each COMMAND as a line to $CUDA_MPS_PIPE_DIRECTORY/control (default
+ * /tmp/nvidia-mps/control), the answer on stdout: what a process that reaches an MPS
+ * daemon's socket can send it */
+int main(int argc, char **argv)
+{
+	const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	char buf[4096];
+	ssize_t n;
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/control", dir ? dir : "/tmp/nvidia-mps");
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&addr, sizeof(addr))) {
+		perror(addr.sun_path);
+		return 1;
+	}
+	for (int i = 1; i < argc; i++)
+		if (write(fd, argv[i], strlen(argv[i])) < 0 || write(fd, "\n", 1) < 0)
+			return 1;
+	shutdown(fd, SHUT_WR);
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		fwrite(buf, 1, (size_t)n, stdout);
+	return 0;
+}
+"""
+
+
+def tenant(target: str | os.PathLike[str]) -> Path:
+    """A static client of the daemon's socket at `target` (for an image: no libraries)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp, "tenant.c")
+        source.write_text(TENANT_SOURCE)
+        subprocess.run(
+            ["cc", "-O2", "-static", "-o", str(target), str(source)],
+            check=True,
+            capture_output=True,
+        )
+    return Path(target)
 
 
 def _dirs() -> tuple[Path, Path]:

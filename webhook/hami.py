@@ -31,14 +31,13 @@ from gpuwire import annotations as keys
 from gpuwire import nvidia, quantity
 from gpuwire.annotations import MemoryLimit
 from webhook.patch import Op, pointer
-from webhook.pod import Container, Pod
+from webhook.pod import SECTIONS, Container, Pod
 
-MEMORY = "nvidia.com/gpumem"
-MEMORY_PERCENT = "nvidia.com/gpumem-percentage"
-CORES = "nvidia.com/gpucores"
-PRIORITY = "nvidia.com/priority"
+MEMORY = keys.HAMI_MEMORY
+MEMORY_PERCENT = keys.HAMI_MEMORY_PERCENT
+CORES = keys.HAMI_CORES
+PRIORITY = keys.HAMI_PRIORITY
 RESOURCES = (MEMORY, MEMORY_PERCENT, CORES, PRIORITY)
-SECTIONS = ("limits", "requests")
 
 
 class HamiError(ValueError):
@@ -155,7 +154,7 @@ def _at(pod: dict[str, Any], c: Container) -> dict[str, Any]:
 def translate(pod: Pod) -> Translated | None:
     """The pod as gpuwire reads HAMi's resources (None where it has none); HamiError for
     what it cannot hold, containers asking different limits included."""
-    found = {c.name: (c, a) for c in pod.containers if (a := asked(c)) is not None}
+    found = {c.name: (c, a) for c in pod.containers if c.hami and (a := asked(c)) is not None}
     if not found:
         return None
     wanted = {(a.memory, a.cores) for _, a in found.values()}

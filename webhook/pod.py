@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwire import nvidia
+from gpuwire.annotations import HAMI_RESOURCES
 
 CONTAINER_LISTS = ("initContainers", "containers")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -61,6 +62,7 @@ class Container:
     raw: Mapping[str, Any]
     mig: tuple[str, int] | None = None  # a nvidia.com/mig-<profile> resource and its count
     claims: tuple[str, ...] = ()  # resources.claims: the pod's claim entries it uses
+    hami: bool = False  # it names HAMi's resources (nvidia.com/gpumem, …): webhook/hami.py
 
     @property
     def path(self) -> str:
@@ -152,6 +154,7 @@ def _count(resources: dict[str, Any], where: str, wanted: str) -> tuple[str, int
 
 
 MIG_RESOURCE_PREFIX = nvidia.LABEL_PREFIX + "mig-"
+SECTIONS = ("limits", "requests")
 
 
 def _container(raw: object, field: str, index: int) -> Container:
@@ -171,7 +174,8 @@ def _container(raw: object, field: str, index: int) -> Container:
         )
         for i, c in enumerate(_list(resources.get("claims"), where, ".resources.claims"))
     )
-    return Container(field, index, name, env, named, count, body, mig, claims)
+    hami = any(not HAMI_RESOURCES.isdisjoint(resources.get(section) or ()) for section in SECTIONS)
+    return Container(field, index, name, env, named, count, body, mig, claims, hami)
 
 
 def _resource_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:

@@ -17,8 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.agent import labeler, metrics, podresources
+from prometheus_client.registry import Collector
+
+from deviceplugin.agent import labeler, metrics, mps, podresources
 from deviceplugin.agent.metrics import Metrics, Snapshot
+from deviceplugin.config import Config
 from deviceplugin.dra.devices import Sharing
 from deviceplugin.dra.devices import devices as dra_devices
 from deviceplugin.gpus.discovery import NodeGpus
@@ -171,10 +174,11 @@ def job(
     kubeconfig: str | None,
     found: Callable[[], NodeGpus],
     unhealthy: Callable[[], frozenset[str]],
+    also: Sequence[Collector] = (),
 ) -> Callable[[threading.Event], None]:
     """The agent as a background job of the node agent: `job(...)(stop)` runs it on the node
     `found()` gives (the process's `discovery.Latest`), with the metrics endpoint (if a port
-    is set) up until `stop`."""
+    is set, with the series of `also` too) up until `stop`."""
     api = labeler.core_api(kubeconfig) if settings.publish else None
     collector = Metrics() if settings.metrics_port is not None else None
     agent = of_node(settings, labeler.node_name(node_name), found, unhealthy, api, collector)
@@ -182,7 +186,7 @@ def job(
     def run(stop: threading.Event) -> None:
         server = None
         if collector is not None and settings.metrics_port is not None:
-            server = metrics.serve(collector, settings.metrics_port)
+            server = metrics.serve(collector, settings.metrics_port, also=also)
             log.info("metrics on :%d/metrics", settings.metrics_port)
         try:
             agent.run(stop)
@@ -192,3 +196,16 @@ def job(
                 server.server_close()
 
     return run
+
+
+def mps_job(
+    config: Config,
+    found: Callable[[], NodeGpus],
+    unhealthy: Callable[[], frozenset[str]],
+    settings: Settings | None,
+) -> mps.Job | None:
+    """The MPS daemons' job (`deviceplugin.agent.mps`), reading the container records where
+    this job reads them (who is joined to which daemon)."""
+    where = settings or Settings()
+    node = labeler.node_name(config.node_name)
+    return mps.job(config, found, unhealthy, where.records_dir, where.host_root, node)

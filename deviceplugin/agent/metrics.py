@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,9 +139,16 @@ def _family(name: str, documentation: str, labels: list[str]) -> GaugeMetricFami
     return GaugeMetricFamily(name, documentation, labels=labels)
 
 
-def serve(metrics: Metrics, port: int, address: str = "0.0.0.0") -> Any:  # noqa: S104
-    """Serve `/metrics` on `address:port` in a daemon thread; returns the server (to stop)."""
+def serve(
+    metrics: Metrics,
+    port: int,
+    address: str = "0.0.0.0",  # noqa: S104
+    also: Sequence[Collector] = (),
+) -> Any:
+    """Serve `/metrics` (and what the collectors `also` collect: the MPS daemons') on
+    `address:port` in a daemon thread; returns the server (to stop)."""
     registry = CollectorRegistry()
-    registry.register(metrics)
+    for collector in (metrics, *also):
+        registry.register(collector)
     server, _ = start_http_server(port, address, registry)
     return server

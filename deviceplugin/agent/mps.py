@@ -1,29 +1,44 @@
 """The node agent's MPS control daemons: one per GPU, started, watched, restarted, stopped.
 
 `nvidia-cuda-mps-control -f` (the driver's own program) runs as a child of the agent for
-each healthy GPU, with that GPU alone visible and its pipe and log directories
-(`gpuwire.mps`); the agent then sets the daemon's defaults (the share of threads and memory
-each client gets: a replica's share of a GPU shared through MPS, else none), checks that it
-answers, and writes the ready marker the runtime joins containers by. Each pass (`step`,
-every second) restarts a daemon that died (the marker goes first, so no container joins a
-dead one), restarts one whose defaults changed, starts one for a new or recovered GPU, and
-stops the daemons of GPUs gone or unhealthy (`quit`, as NVIDIA's device plugin stops them).
-A daemon that a previous agent left running with the same defaults is kept: its clients
-keep their server. Failures are retried with backoff, never fatal to the agent.
+each healthy GPU, with that GPU alone visible, its pipe and log directories, and in a mount
+namespace of its own whose `/dev/shm` is its GPU's (`gpuwire.mps`: what its servers share
+with its clients, and no other GPU's tenants); the agent then sets the daemon's defaults
+(the share of threads and memory each client gets: a replica's share of a GPU shared
+through MPS, else none), checks that it answers, and writes the ready marker the runtime
+joins containers by. Each pass (`step`, every second) restarts a daemon that died (the
+marker goes first, so no container joins a dead one), restarts one whose defaults changed,
+starts one for a new or recovered GPU, and stops the daemons of GPUs gone or unhealthy
+(`quit`, as NVIDIA's device plugin stops them). A daemon that a previous agent left running
+with the same defaults is kept: its clients keep their server. Failures are retried with
+backoff, never fatal to the agent.
+
+Every pass also reads each daemon's live defaults back (`get_default_active_thread_percentage`,
+`get_default_device_pinned_mem_limit 0`): a client reaches the daemon through the same
+socket its commands come on (`gpuwire.mps`), so a tenant can set them. What it lifted is set
+back (the next server gets the share again), logged and counted
+(`gpuwire_mps_defaults_restored_total`); a daemon that does not take them back is restarted.
+And a daemon whose last client is gone (no container record joins it: `gpuwire.records`'
+`mps`) but whose `/dev/shm` holds files is restarted on an empty one, under its GPU's lock
+(`mps.lock`), so nothing a tenant left there stays for the next.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import NodeGpus
-from gpuwire import mps
+from gpuwire import mps, records, syscalls
 from gpuwire.devices import Device
 from gpuwire.records import process_start
 
@@ -75,20 +90,60 @@ class _Running:
         self.process = process  # None: a daemon an earlier agent started
 
 
-class Supervisor:
+def clients(records_dir: str, host_root: str = "/") -> Callable[[str], bool]:
+    """Whether a container the runtime joined to GPU `uuid`'s daemon is still there: its
+    record names the GPU as an MPS client's and its container is not gone."""
+
+    def joined(uuid: str) -> bool:
+        found = (e.record for e in records.scan(records_dir) if e.record is not None)
+        return any(uuid in r.mps and records.status(r, host_root) != records.GONE for r in found)
+
+    return joined
+
+
+def _own_shm(shm: str) -> Callable[[], None]:
+    """For the daemon, between fork and exec: a mount namespace of its own whose /dev/shm is
+    `shm` (its servers', and its clients')."""
+
+    def enter() -> None:
+        syscalls.unshare(syscalls.CLONE_NEWNS)
+        syscalls.make_private("/")
+        syscalls.bind(shm, mps.CONTAINER_SHM)
+
+    return enter
+
+
+class Supervisor(Collector):
     def __init__(
         self,
         root: str,
         control: str,
         defaults: Callable[[Device], mps.Defaults],
         clock: Callable[[], float] = time.monotonic,
+        joined: Callable[[str], bool] | None = None,
+        node: str = "",
     ) -> None:
         self.root = root
         self.control = control  # the driver's nvidia-cuda-mps-control
         self.defaults = defaults
         self.clock = clock
+        self.joined = joined  # `clients`; None: never empty a daemon's /dev/shm
+        self.node = node
         self.running: dict[str, _Running] = {}
+        self.restored: dict[str, int] = {}  # uuid → how often its defaults were set back
         self._failures: dict[str, tuple[int, float]] = {}  # uuid → (count, retry at)
+        self._unread: set[int] = set()  # daemons whose answer was not read (logged once)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        restored = CounterMetricFamily(
+            "gpuwire_mps_defaults_restored",
+            "How often a GPU's MPS control daemon had defaults looser than the share the agent "
+            "set (a client can set them: the control socket is its own) and was set back.",
+            labels=["node", "uuid"],
+        )
+        for uuid, count in sorted(self.restored.items()):
+            restored.add_metric([self.node, uuid], count)
+        yield restored
 
     def step(self, gpus: Sequence[Device], unhealthy: frozenset[str]) -> None:
         """Make the daemons match the healthy GPUs and their defaults."""
@@ -108,8 +163,72 @@ class Supervisor:
             if current is not None and current.daemon.defaults != defaults:
                 self.stop(uuid, "its defaults changed")
                 current = None
-            if current is None:
+            if current is not None and not self._holds(uuid, current.daemon):
+                current = None
+            if current is not None and self._left(uuid):
+                self._empty(uuid, defaults)
+            elif current is None:
                 self._start(uuid, defaults)
+
+    def _holds(self, uuid: str, daemon: mps.Daemon) -> bool:
+        """Whether the daemon's live defaults are the ones it was given (or tighter): what
+        was lifted is set back and counted; False where it would not take them back (it is
+        stopped, to be started again)."""
+        try:
+            answer = send(self.control, self.root, uuid, mps.Defaults.queries())
+        except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("GPU %s: MPS control daemon %d not read: %s", uuid, daemon.pid, exc)
+            return True  # a daemon that died is restarted by the next pass
+        live = mps.Defaults.live(answer)
+        if live is None:
+            if daemon.pid not in self._unread:
+                self._unread.add(daemon.pid)
+                log.warning(
+                    "GPU %s: MPS control daemon %d answered %r to %s: not read, not checked",
+                    uuid, daemon.pid, answer.strip(), " ; ".join(mps.Defaults.queries()),
+                )  # fmt: skip
+            return True
+        lifted = daemon.defaults.lifted_by(live)
+        if not lifted:
+            return True
+        self.restored[uuid] = self.restored.get(uuid, 0) + 1
+        log.warning(
+            "GPU %s: MPS control daemon %d's defaults were lifted (%s): setting them back",
+            uuid, daemon.pid, "; ".join(lifted),
+        )  # fmt: skip
+        try:
+            send(self.control, self.root, uuid, daemon.defaults.commands())
+            again = mps.Defaults.live(send(self.control, self.root, uuid, mps.Defaults.queries()))
+        except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
+            again, why = None, str(exc)
+        else:
+            why = f"it answers {again}"
+        if again is not None and not daemon.defaults.lifted_by(again):
+            return True
+        self.stop(uuid, f"its defaults could not be set back ({why})")
+        return False
+
+    def _left(self, uuid: str) -> bool:
+        """Whether the daemon's /dev/shm holds files no client of it is left to use."""
+        try:
+            used = any(os.scandir(mps.shm_dir(self.root, uuid)))
+        except FileNotFoundError:
+            return False
+        return used and self.joined is not None and not self.joined(uuid)
+
+    def _empty(self, uuid: str, defaults: mps.Defaults) -> None:
+        """Restart the daemon on an empty /dev/shm (`_launch` empties it), under the GPU's
+        lock: a start that found it ready holds that until its record names the GPU."""
+        lock = mps.lock(self.root, uuid, exclusive=True)
+        if lock is None:
+            return  # a container is joining it now: it is not idle
+        try:
+            if self.joined is not None and self.joined(uuid):
+                return
+            self.stop(uuid, "its last client is gone, and its /dev/shm holds files")
+            self._start(uuid, defaults)
+        finally:
+            os.close(lock)
 
     def _adopt(self, uuid: str) -> _Running | None:
         daemon = mps.ready(self.root, uuid)
@@ -144,8 +263,9 @@ class Supervisor:
         mps.unmark(self.root, uuid)
         for directory in (mps.pipe_dir(self.root, uuid), mps.log_dir(self.root, uuid)):
             os.makedirs(directory, mode=0o755, exist_ok=True)
-        shm = mps.shm_dir(self.root)
-        os.makedirs(shm, exist_ok=True)
+        shm = mps.shm_dir(self.root, uuid)
+        shutil.rmtree(shm, ignore_errors=True)  # a new daemon: what its last clients left
+        os.makedirs(shm)
         os.chmod(shm, 0o1777)  # noqa: S103 - as /dev/shm: every client user writes it
         with open(os.path.join(mps.log_dir(self.root, uuid), "daemon.out"), "ab") as out:
             process = subprocess.Popen(
@@ -155,6 +275,7 @@ class Supervisor:
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
+                preexec_fn=_own_shm(shm),
             )
         try:
             self._answers(uuid, process)
@@ -229,12 +350,37 @@ def _end_adopted(daemon: mps.Daemon) -> None:
             return
 
 
+class Job:
+    """The daemons as a background job of the node agent: `run(stop)`; its supervisor is a
+    metrics collector."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        gpus: Callable[[], Sequence[Device]],
+        unhealthy: Callable[[], frozenset[str]],
+    ) -> None:
+        self.supervisor = supervisor
+        self.gpus = gpus
+        self.unhealthy = unhealthy
+
+    def run(self, stop: threading.Event) -> None:
+        run(self.supervisor, self.gpus, self.unhealthy, stop)
+
+
 def job(
-    config: Config, found: Callable[[], NodeGpus], unhealthy: Callable[[], frozenset[str]]
-) -> Callable[[threading.Event], None] | None:
-    """The daemons as a background job of the node agent (`job(...)(stop)` runs it), None
-    where the config asks for none. Each GPU's defaults are its replicas' share where it is
-    shared through MPS, else none (clients bring their own limits)."""
+    config: Config,
+    found: Callable[[], NodeGpus],
+    unhealthy: Callable[[], frozenset[str]],
+    records_dir: str = records.DEFAULT_DIR,
+    host_root: str = "/",
+    node: str = "",
+) -> Job | None:
+    """The daemons as a background job of the node agent, None where the config asks for
+    none. Each GPU's defaults are its replicas' share where it is shared through MPS, else
+    none (clients bring their own limits). `records_dir` (seen where `host_root` is the
+    host's): the runtime's container records, which say who is joined to which daemon;
+    `node`: the Node's name, on the metrics."""
     if config.mps_root is None:
         return None
     root = config.sim or "/"
@@ -242,11 +388,11 @@ def job(
     if control is None:
         log.error("mps.root is set, and the driver under %s has no %s: no MPS", root, mps.CONTROL)
         return None
-    node = found()
-    devices = node.devices
+    gpus = found()
+    devices = gpus.devices
     shares = {
         g.uuid: share
-        for r in config.resources(node)[0]
+        for r in config.resources(gpus)[0]
         for g in r.gpus
         if (share := r.share_of(g)) is not None and share.mechanism == "mps"
     }
@@ -255,8 +401,9 @@ def job(
         share = shares.get(gpu.uuid)
         return mps.Defaults(share.cores, share.memory_mib) if share else mps.Defaults()
 
-    supervisor = Supervisor(config.mps_root, control, defaults)
-    return lambda stop: run(supervisor, lambda: devices, unhealthy, stop)
+    joined = clients(records_dir, host_root)
+    supervisor = Supervisor(config.mps_root, control, defaults, joined=joined, node=node)
+    return Job(supervisor, lambda: devices, unhealthy)
 
 
 def run(

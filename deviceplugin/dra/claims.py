@@ -17,7 +17,11 @@ The opaque configuration gpuwire reads (`driver: gpu.gpuwire.io`):
     driverCapabilities: compute,utility    # NVIDIA_DRIVER_CAPABILITIES syntax; default
     limitProfile: hami                     # how a shared GPU's limits reach the container
 
-A later config for the same request overrides an earlier one, field by field.
+A later config for the same request overrides an earlier one, field by field, with one
+exception: an enforced `limitProfile` a DeviceClass's config sets (`source: FromClass`) is
+the cluster admin's, and no claim's config (`FromClaim`) replaces it: a claim that asked
+`hami` of its class and `pytorch` of itself would have its share prepared with no library,
+unlimited. Such a claim fails, naming both.
 """
 
 from __future__ import annotations
@@ -117,16 +121,51 @@ def _config(fields: Mapping[str, Any], where: str) -> GpuConfig:
     return config
 
 
-def _configs(allocation: Mapping[str, Any], driver: str, ref: ClaimRef) -> list[tuple[Any, Any]]:
-    """(requests it covers — empty for all, parameters) of each of this driver's configs."""
+FROM_CLASS = "FromClass"  # resource.k8s.io/v1 DeviceAllocationConfiguration.source
+
+
+@dataclass(frozen=True)
+class _Config:
+    requests: tuple[str, ...]  # those it covers; empty: all
+    params: dict[str, Any]
+    where: str
+    of_class: bool  # a DeviceClass's (the admin's), not the claim's own
+
+
+def _configs(allocation: Mapping[str, Any], driver: str, ref: ClaimRef) -> list[_Config]:
+    """Each of this driver's configs, in order (the classes' first)."""
     out = []
     for i, entry in enumerate(allocation.get("devices", {}).get("config") or ()):
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != driver:
             continue
-        where = f"claim {ref}: config {i} ({entry.get('source', 'FromClaim')})"
-        out.append((tuple(entry.get("requests") or ()), _parameters(opaque, where)))
+        source = entry.get("source", "FromClaim")
+        where = f"claim {ref}: config {i} ({source})"
+        requests = tuple(entry.get("requests") or ())
+        out.append(_Config(requests, _parameters(opaque, where), where, source == FROM_CLASS))
     return out
+
+
+def _merged(configs: list[_Config], request: str) -> dict[str, Any]:
+    """The fields of the configs that cover `request`, later over earlier; ClaimError where
+    a claim's config would replace its class's enforced limit profile."""
+    fields: dict[str, Any] = {}
+    enforced: _Config | None = None  # the class config that enforces the profile
+    for config in (c for c in configs if _covers(c.requests, request)):
+        profile = config.params.get(CONFIG_LIMIT_PROFILE)
+        if profile is not None and config.of_class:
+            enforced = config if profile in limits.ENFORCED else None
+        elif profile is not None and enforced is not None:
+            held = enforced.params[CONFIG_LIMIT_PROFILE]
+            if profile != held:
+                raise ClaimError(
+                    f"{config.where}: {CONFIG_LIMIT_PROFILE} {profile!r} would replace {held!r}, "
+                    f"which its DeviceClass enforces ({enforced.where}); a class's enforced "
+                    f"profile holds: drop the claim's {CONFIG_LIMIT_PROFILE}, or use a class "
+                    "that enforces none"
+                )
+        fields.update(config.params)
+    return fields
 
 
 def _covers(requests: tuple[str, ...], request: str) -> bool:
@@ -202,10 +241,7 @@ def results(
                     f"{taint['key']}={taint['value']}:{taint['effect']}, not tolerated"
                 )
         request = str(r.get("request", ""))
-        fields: dict[str, Any] = {}
-        for requests, params in configs:
-            if _covers(requests, request):
-                fields.update(params)
+        fields = _merged(configs, request)
         out.append(
             Result(
                 request=request.split("/")[0],

@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from deviceplugin.agent import holding, labeler, labels, mps
+from deviceplugin.agent import holding, labeler, labels
 from deviceplugin.config import Config
 from deviceplugin.gpus import state
 from deviceplugin.gpus.backend import open_discovery
@@ -166,13 +166,16 @@ def run(
                 target=labeler.run, args=(config, latest, stop, health.unhealthy), name="labels"
             )
         )
+    daemons = holding.mps_job(config, latest, health.unhealthy, holders)
+    if daemons is not None:
+        jobs.append(threading.Thread(target=daemons.run, args=(stop,), name="mps"))
     if holders is not None:
         inside = dataclasses.replace(holders, plugin=bool(endpoints.by_name))
-        watch = holding.job(inside, config.node_name, config.kubeconfig, latest, health.unhealthy)
+        also = [daemons.supervisor] if daemons is not None else []
+        watch = holding.job(
+            inside, config.node_name, config.kubeconfig, latest, health.unhealthy, also
+        )
         jobs.append(threading.Thread(target=watch, args=(stop,), name="holders"))
-    daemons = mps.job(config, latest, health.unhealthy)
-    if daemons is not None:
-        jobs.append(threading.Thread(target=daemons, args=(stop,), name="mps"))
     for job in jobs:
         job.daemon = True
         job.start()

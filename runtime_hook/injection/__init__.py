@@ -4,5 +4,5 @@
 ld cache before runc creates it (the shim); every path inside the root is resolved inside it
 (`inroot`, on `gpuwire.resolve`), the ld cache is written there (`ldcache`), device access is
 allowed in the cgroup (`cgroup`), and namespace work runs in a forked child (`child`) through
-the system calls `os` lacks (`syscalls`). Only the start path calls this.
+the system calls `os` lacks (`gpuwire.syscalls`). Only the start path calls this.
 """

@@ -48,7 +48,7 @@ class InjectionError(RuntimeError):
 def detached_mount(host_path: str, options: Sequence[str] = MOUNT_OPTIONS) -> int:
     """A nosuid, nodev clone of the regular file or directory at `host_path`, read-only and
     noexec where `options` say so, not yet attached."""
-    from runtime_hook.injection import syscalls
+    from gpuwire import syscalls
 
     attributes = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
     attributes |= syscalls.MOUNT_ATTR_RDONLY if "ro" in options else 0
@@ -73,7 +73,8 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str
     """Apply `edits` to the created container whose init process is `pid`; the mounts at
     `held` (those that hold its limits) only where no link of the image leads them."""
 
-    from runtime_hook.injection import cgroup, syscalls  # the prestart hook's alone
+    from gpuwire import syscalls  # the prestart hook's alone
+    from runtime_hook.injection import cgroup
 
     def steps(journal: inroot.Journal) -> None:
         directory = cgroup.container_dir(pid)
@@ -147,7 +148,7 @@ def _inside(
     leads them), links and the cache, which is left to `make_cache` (`ldcache.update`, or
     `ldcache.run` where `enter` already isolated) where gpuwire cannot write it; all or
     nothing."""
-    from runtime_hook.injection import syscalls
+    from gpuwire import syscalls
 
     enter()
     os.umask(0)

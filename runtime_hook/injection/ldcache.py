@@ -177,7 +177,7 @@ def replace(dir_fd: int, data: bytes) -> None:
 def isolate() -> None:
     """New mount, network, IPC and UTS namespaces for this process and a new PID namespace
     for its children, with no mount propagating out: where `run` runs ldconfig."""
-    from runtime_hook.injection import syscalls
+    from gpuwire import syscalls
 
     syscalls.unshare(
         syscalls.CLONE_NEWNS
@@ -225,13 +225,13 @@ def _exec(rootfs: str, folders: list[str], ldconfig_fd: int, out: int) -> None:
     import resource
     import signal
 
-    from runtime_hook.injection import syscalls
+    from gpuwire import syscalls
 
     syscalls.unshare(syscalls.CLONE_NEWNS)  # its own mounts: the caller's undo sees none of them
     for mountpoint in magic_mounts(_read("/proc/self/mountinfo"), rootfs):
         syscalls.umount(mountpoint, syscalls.MNT_DETACH | syscalls.UMOUNT_NOFOLLOW)
     last_cap = int(_read("/proc/sys/kernel/cap_last_cap"))
-    syscalls.bind_onto_itself(rootfs)
+    syscalls.bind(rootfs, rootfs)
     root_fd = resolve.open_root(rootfs)
     syscalls.mount_setattr(root_fd, syscalls.MOUNT_ATTR_NODEV, recursive=True)
     os.fchdir(root_fd)

@@ -6,9 +6,10 @@ profiles: MPS's client variables (`gpuwire.mps.CLIENT_ENV`) and HAMi-core's
 (`gpuwire.allocation.Share`), whatever its environment says. For each, this node must have
 the mechanism (`mps-root`, `hami-library` in the node config) and, for MPS, the GPU's
 control daemon must be up (its ready marker names a live process); then `join` gives the
-container what joins it to the mechanism: MPS's pipe directory of its GPU and the shared
-`/dev/shm`, or HAMi-core's library and the preload list naming it, and a share's variables
-(the tighter of the share and the container's own). Anything else fails the start with the
+container what joins it to the mechanism: its GPU's MPS pipe directory, read-only (a client
+connects to the daemon's socket and no more: `gpuwire.mps`), and its GPU's `/dev/shm`, but
+not the MPS programs; or HAMi-core's library and the preload list naming it; and a share's
+variables (the tighter of the share and the container's own). Anything else fails the start with the
 reason: a limit nothing holds would run as an unlimited GPU (an MPS client that finds no
 daemon runs without MPS). The prestart hook cannot change a created container's
 environment, so there a HAMi-core share must already be in it (the device plugin's
@@ -40,12 +41,14 @@ class EnforcementError(RuntimeError):
 class Joined:
     """What a container gets from the mechanisms that hold its limits."""
 
-    __slots__ = ("env", "mechanisms", "mounts")
+    __slots__ = ("env", "locks", "mechanisms", "mounts", "withheld")
 
     def __init__(self) -> None:
         self.mechanisms: list[str] = []
         self.mounts: list[Mount] = []
         self.env: dict[str, str] = {}
+        self.withheld: tuple[str, ...] = ()  # driver files it is not given (by name)
+        self.locks: list[int] = []  # held until the process ends (`gpuwire.mps.lock`)
 
 
 def join(
@@ -174,6 +177,12 @@ def _mps(
             f"which would lead its client away from GPU {gpu.index}'s control daemon "
             f"(it is at {mps.CONTAINER_PIPE_DIR})"
         )
+    try:  # held until this start is recorded: the agent empties no daemon it joins
+        lock = mps.lock(root, gpu.uuid)
+    except FileNotFoundError:
+        lock = None  # no directory: no daemon either
+    if lock is not None:
+        joined.locks.append(lock)
     if mps.ready(root, gpu.uuid) is None:
         raise EnforcementError(
             f"the container asks for MPS limits ({asked}) and GPU {gpu.index} ({gpu.uuid}) has "
@@ -181,10 +190,11 @@ def _mps(
             f"{mps.READY}); without one its client would run unlimited"
         )
     joined.mechanisms.append("mps")
-    joined.mounts += [
-        shared_mount(mps.pipe_dir(root, gpu.uuid), mps.CONTAINER_PIPE_DIR),
-        shared_mount(mps.shm_dir(root), mps.CONTAINER_SHM),
+    joined.mounts += [  # the daemon's socket to connect to, its GPU's /dev/shm
+        bind_mount(mps.pipe_dir(root, gpu.uuid), mps.CONTAINER_PIPE_DIR, mps.PIPE_OPTIONS),
+        shared_mount(mps.shm_dir(root, gpu.uuid), mps.CONTAINER_SHM),
     ]
+    joined.withheld += mps.PROGRAMS
     joined.env[mps.PIPE_ENV] = mps.CONTAINER_PIPE_DIR
 
 

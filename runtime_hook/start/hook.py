@@ -146,7 +146,7 @@ def _enter_mount_namespace_of(pid: int) -> None:
     here, there = os.stat("/proc/self/ns/mnt"), os.stat(f"/proc/{pid}/ns/mnt")
     if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
         return
-    from runtime_hook.injection import syscalls
+    from gpuwire import syscalls
 
     fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     try:

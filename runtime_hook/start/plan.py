@@ -27,6 +27,7 @@ from runtime_hook.start.config import Config
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from gpuwire.edits import Mount
     from runtime_hook.start.spec import Spec
 
 
@@ -46,6 +47,10 @@ class Plan:
         self.edits = edits  # None: nothing to inject
         self.joined = joined  # the mechanisms that hold its limits, if it asked for any
         self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
+
+    def joins(self, mechanism: str) -> bool:
+        """Whether the container is joined to `mechanism` (`mps`, `hami`)."""
+        return self.joined is not None and mechanism in self.joined.mechanisms
 
     @property
     def held(self) -> list[str]:
@@ -105,9 +110,14 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
         outcome.error = str(exc)
         return Plan(outcome, rootfs, None)
     if joined is not None:
+        edits.mounts = [m for m in edits.mounts if _name(m) not in joined.withheld]
         edits.mounts += joined.mounts
         edits.env.update(joined.env)
     return Plan(outcome, rootfs, edits, joined)
+
+
+def _name(mount: Mount) -> str:
+    return mount["containerPath"].rpartition("/")[2]
 
 
 def summary(plan: Plan) -> str | None:

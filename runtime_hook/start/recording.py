@@ -52,6 +52,7 @@ def keep(
             state=state,
             claims=[f"{c.token.namespace}/{c.token.name}" for c in claims if c.token],
             shares=[d.uuid for c in claims for d in c.devices if d.share],
+            mps=[d.uuid for d in outcome.devices] if decided.joins("mps") else (),
         )
         records.write(settings.records_dir, record)
     except (OSError, ValueError) as exc:

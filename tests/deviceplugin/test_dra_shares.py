@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.dra.claims import ClaimError, GpuConfig, Result
+from deviceplugin.dra.claims import ClaimError, ClaimRef, GpuConfig, Result, results
 from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.shares import NOTHING, Holders, hold
 from gpuwire import hamicore, sim
+from gpuwire.dra import CONFIG_API_VERSION, CONFIG_KIND, DRIVER
 from gpuwire.edits import bind_mount
 
 GPU = sim.make_machine(gpus=1).devices[0]  # an A100, 80 GiB
@@ -56,3 +57,55 @@ def test_an_informational_share_or_no_share_needs_no_holder() -> None:
     assert mounts == []
     whole = [Result("gpus", DraDevice("gpu-0", GPU, {}), config=GpuConfig())]
     assert hold(whole, NOTHING) == ({}, [])  # an exclusive GPU: no share, no limits
+
+
+def allocated(*configs: tuple[str, str]) -> dict[str, object]:
+    """A claim of a share of GPU 0, allocated with opaque configs (source, limitProfile)."""
+    return {
+        "metadata": {"uid": "u1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpus", "driver": DRIVER, "pool": "node-a",
+                         "device": "gpu-0", "shareID": "s1", "consumedCapacity": {"memory": "20Gi"}}
+                    ],
+                    "config": [
+                        {"source": source, "opaque": {"driver": DRIVER, "parameters": {
+                            "apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND,
+                            "limitProfile": profile}}}
+                        for source, profile in configs
+                    ],
+                }
+            }
+        },
+    }  # fmt: skip
+
+
+def test_a_claim_cannot_put_an_advisory_profile_over_its_classs_enforced_one(
+    tmp_path: Path,
+) -> None:
+    """Before: the claim's `pytorch` replaced its class's `hami`, and its share was prepared
+    with no library, unlimited."""
+    devices = {"gpu-0": DraDevice("gpu-0", GPU, {}, shared=True)}
+    ref = ClaimRef("team-a", "shared", "u1")
+    claim = allocated(("FromClass", "hami"), ("FromClaim", "pytorch"))
+    with pytest.raises(ClaimError) as caught:
+        results(claim, ref, DRIVER, "node-a", devices, {})
+    assert str(caught.value) == (
+        "claim team-a/shared: config 1 (FromClaim): limitProfile 'pytorch' would replace "
+        "'hami', which its DeviceClass enforces (claim team-a/shared: config 0 (FromClass)); "
+        "a class's enforced profile holds: drop the claim's limitProfile, or use a class that "
+        "enforces none"
+    )
+    # the class's own, or a class that enforces none: the claim's profile stands
+    for configs, profile in [
+        ((("FromClass", "hami"), ("FromClaim", "hami")), "hami"),
+        ((("FromClass", "pytorch"), ("FromClaim", "hami")), "hami"),
+        ((("FromClaim", "jax"),), "jax"),
+    ]:
+        (found,) = results(allocated(*configs), ref, DRIVER, "node-a", devices, {})
+        assert found.config.limit_profile == profile
+    holders = Holders("/usr/local/vgpu/libvgpu.so", str(tmp_path))
+    (held,) = results(allocated(("FromClass", "hami")), ref, DRIVER, "node-a", devices, {})
+    assert hold([held], holders)[1]  # the library is preloaded

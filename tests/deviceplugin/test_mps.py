@@ -1,6 +1,8 @@
 """The node agent's MPS control daemons, one per GPU, on a simulated node whose driver has the
 stand-in `nvidia-cuda-mps-control` (testbed/mps_control.py): started with their defaults and
-marked ready, restarted when they die or their defaults change, stopped with their GPU."""
+marked ready, restarted when they die or their defaults change, stopped with their GPU; each
+in a mount namespace whose /dev/shm is its GPU's; their live defaults checked against their
+shares; restarted on an empty /dev/shm when their last client is gone."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 from deviceplugin.agent import mps as daemons
 from deviceplugin.config import Config
 from deviceplugin.gpus.simulated import SimDiscovery
-from gpuwire import mps, sim
+from gpuwire import mps, records, sim
 from testbed import mps_control
 from testbed.waiting import until
 
@@ -73,7 +75,87 @@ def test_each_healthy_gpu_gets_a_daemon_with_its_defaults_marked_ready(
     environ = Path(f"/proc/{first.pid}/environ").read_bytes().split(b"\0")
     assert f"CUDA_VISIBLE_DEVICES={gpus[0].uuid}".encode() in environ
     assert f"CUDA_MPS_PIPE_DIRECTORY={mps.pipe_dir(root, gpus[0].uuid)}".encode() in environ
-    assert oct(os.stat(mps.shm_dir(root)).st_mode & 0o7777) == "0o1777"
+    for gpu, daemon in zip(gpus, (first, second), strict=True):  # /dev/shm: its GPU's alone
+        shm = os.stat(mps.shm_dir(root, gpu.uuid))
+        theirs = os.stat(f"/proc/{daemon.pid}/root/dev/shm")  # as the daemon sees it
+        assert (theirs.st_dev, theirs.st_ino) == (shm.st_dev, shm.st_ino)
+        assert oct(shm.st_mode & 0o7777) == "0o1777"
+    assert os.stat("/dev/shm").st_ino != shm.st_ino  # the agent's own is untouched
+
+
+def test_defaults_a_tenant_lifted_are_set_back_and_counted(
+    node: Path, supervisor: daemons.Supervisor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client reaches its daemon through the socket commands come on (gpuwire.mps): a
+    tenant of the 25 % share sets the defaults to the whole GPU. The next pass reads them
+    back, sets the share again, logs and counts it. Before: the marker said 25 while the
+    daemon answered 100."""
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    root, uuid = supervisor.root, gpus[0].uuid
+    queries = mps.Defaults.queries()
+    tenant = [
+        "set_default_active_thread_percentage 100",
+        "set_default_device_pinned_mem_limit 0 80G",
+    ]
+    daemons.send(supervisor.control, root, uuid, tenant)
+    assert daemons.send(supervisor.control, root, uuid, queries).split() == ["100.0", "80G"]
+    pid = supervisor.running[uuid].daemon.pid
+    supervisor.step(gpus, frozenset())
+    assert daemons.send(supervisor.control, root, uuid, queries).split() == ["25.0", "20480M"]
+    assert supervisor.running[uuid].daemon.pid == pid  # set back, not restarted
+    assert supervisor.restored == {uuid: 1}
+    assert (
+        f"GPU {uuid}: MPS control daemon {pid}'s defaults were lifted (active thread percentage "
+        "25 → 100; pinned memory limit 20480 MiB → 81920 MiB): setting them back"
+    ) in caplog.text
+    (family,) = supervisor.collect()
+    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+        ("gpuwire_mps_defaults_restored_total", {"node": "", "uuid": uuid}, 1.0)
+    ]
+    daemons.send(supervisor.control, root, uuid, ["set_default_active_thread_percentage 10"])
+    supervisor.step(gpus, frozenset())  # tighter: lifts nothing
+    assert supervisor.restored == {uuid: 1}
+
+
+def test_a_daemon_whose_last_client_is_gone_is_restarted_on_an_empty_shm(
+    node: Path, socket_dir: Path, tmp_path: Path
+) -> None:
+    """What a tenant left in its GPU's /dev/shm does not stay for the next: once no record
+    names a container joined to the daemon (and no start holds its lock), it is restarted
+    on an empty one."""
+    gpus = sim.load_machine(node).devices[:1]
+    uuid = gpus[0].uuid
+    control = daemons.control_binary(str(node))
+    assert control is not None
+    joined = daemons.clients(str(tmp_path / "containers"))
+    supervisor = daemons.Supervisor(
+        str(socket_dir / "mps"), control, lambda g: mps.Defaults(), Clock(), joined
+    )
+    try:
+        supervisor.step(gpus, frozenset())
+        first = supervisor.running[uuid].daemon.pid
+        left = Path(mps.shm_dir(supervisor.root, uuid), "team-a")
+        left.write_text("secret\n")
+        record = records.started("c1", {}, [uuid], path=records.PLUGIN, whole_node=False,
+                                 capabilities=(), pid=os.getpid(), mps=[uuid])  # fmt: skip
+        records.write(str(tmp_path / "containers"), record)
+        supervisor.step(gpus, frozenset())  # its client is there
+        assert (supervisor.running[uuid].daemon.pid, left.exists()) == (first, True)
+        records.remove(str(tmp_path / "containers"), "c1")
+        lock = mps.lock(supervisor.root, uuid)  # a start joining it now
+        supervisor.step(gpus, frozenset())
+        assert (supervisor.running[uuid].daemon.pid, left.exists()) == (first, True)
+        assert lock is not None
+        os.close(lock)
+        supervisor.step(gpus, frozenset())
+        assert not left.exists()
+        assert os.listdir(mps.shm_dir(supervisor.root, uuid)) == []
+        now = mps.ready(supervisor.root, uuid)
+        assert now is not None
+        assert now.pid != first
+    finally:
+        supervisor.close()
 
 
 def test_a_dead_daemon_is_restarted_and_its_marker_never_names_it(
@@ -178,7 +260,7 @@ def test_the_job_shares_a_gpu_through_its_daemon_as_the_config_says(
     import threading
 
     stop = threading.Event()
-    thread = threading.Thread(target=job, args=(stop,))
+    thread = threading.Thread(target=job.run, args=(stop,))
     thread.start()
     gpus = sim.load_machine(node).devices
     try:

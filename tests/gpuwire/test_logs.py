@@ -125,3 +125,14 @@ def test_a_server_s_fatal_error_is_a_log_line_with_its_exit_code(
     assert err
     assert [line for line in err if not LINE.match(line)] == []
     assert " ERROR device-plugin: device plugin stopped: " in err[-1]
+
+
+def test_lines_go_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's thread logging after its caller replaced stderr (a test harness closing
+    each test's capture) writes to the new one, not into a closed file."""
+    logs.setup("webhook", "info")
+    now = io.StringIO()
+    monkeypatch.setattr("sys.stderr", now)
+    logging.getLogger("x").warning("here")
+    assert " WARNING webhook: here" in now.getvalue()
+    logs.setup("test", "warning", stream=io.StringIO())

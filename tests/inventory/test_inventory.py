@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from deviceplugin.agent import holding, labeler
@@ -383,6 +384,33 @@ def test_an_unreachable_api_server_is_named(
         f"gpuwire inventory: --kubeconfig {tmp_path}/missing does not exist; give a kubeconfig "
         "file\n"
     )
+
+
+def test_files_stand_in_for_the_cluster(
+    cluster: ApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubectl get ... -o yaml` files give the inventory the cluster gives; before: no way
+    to run it without a cluster."""
+    kubeconfig = str(cluster.write_kubeconfig(tmp_path / "kubeconfig"))
+    assert cli.main(["inventory", "-o", "wide", "--kubeconfig", kubeconfig]) == 0
+    online = capsys.readouterr().out
+    files = []
+    for flag, resource in [
+        ("--nodes", "nodes"),
+        ("--pods", "pods"),
+        ("--claims", "resourceclaims"),
+        ("--slices", "resourceslices"),
+    ]:
+        path = tmp_path / f"{resource}.yaml"
+        listed = {"apiVersion": "v1", "kind": "List", "items": cluster.objects(resource)}
+        path.write_text(yaml.safe_dump(listed))
+        files += [flag, str(path)]
+    assert cli.main(["inventory", "-o", "wide", *files]) == 0
+    assert capsys.readouterr().out == online
+    assert "team-a/trainer-0" in online
+    with pytest.raises(SystemExit):
+        cli.main(["inventory", *files, "--kubeconfig", kubeconfig])  # one or the other
+    assert "--kubeconfig and --context name a cluster" in capsys.readouterr().err
 
 
 def test_gpuwire_and_kubectl_run_it(cluster: ApiServer, tmp_path: Path) -> None:

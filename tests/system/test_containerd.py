@@ -464,8 +464,8 @@ def test_an_mps_pod_is_joined_to_its_gpus_daemon_through_cri(
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
     }
-    shared = Path(mps.shm_dir(mps_daemons), "mark-cri")
-    shared.write_text("")  # what the daemons' /dev/shm holds
+    shared = Path(mps.shm_dir(mps_daemons, lab.uuid(1)), "mark-cri")
+    shared.write_text("")  # what GPU 1's daemon's /dev/shm holds
     seen, _ = run_view(kubelet, pod(**granted(lab, "1"), **limits))
     assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]  # GPU 1's daemon's pipes
     assert shared.name in seen["shm"]

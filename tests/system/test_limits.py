@@ -9,7 +9,10 @@ also served by a resident gpuwire.
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,10 @@ from gpuwire.driver import discover
 from gpuwire.edits import container_edits, host_layout
 from gpuwire.roots import Roots
 from runtime_hook.start import spec as ocispec
+from testbed import mps_control
 from testbed.lab import NAMESPACE, POD_UID, Lab
 from testbed.rootfs import Bundle
-from testbed.view import view
+from testbed.view import VIEW_SCRIPT, view
 from tests.conftest import requires_binary, requires_root
 from tests.system.test_runc import DELIVERIES, granted_env, make_bundle, run
 
@@ -50,7 +54,8 @@ def lab(tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch) -> It
     control = daemons.control_binary(str(lab.node))
     assert control is not None
     quarter = mps.Defaults(25, lab.machine.devices[0].memory_mib // 4)
-    supervisor = daemons.Supervisor(root, control, lambda gpu: quarter)
+    joined = daemons.clients(str(lab.records))
+    supervisor = daemons.Supervisor(root, control, lambda gpu: quarter, joined=joined)
     supervisor.step(lab.machine.devices[:2], frozenset())
     lab.mps = supervisor  # type: ignore[attr-defined]
     try:
@@ -68,8 +73,8 @@ def supervisor(lab: Lab) -> daemons.Supervisor:
 def test_an_mps_client_is_joined_to_its_gpus_daemon_with_its_limits(
     lab: Lab, delivery: str
 ) -> None:
-    shared = Path(mps.shm_dir(supervisor(lab).root), f"mark-{delivery}")
-    shared.write_text("")  # what the daemons' /dev/shm holds
+    shared = Path(mps.shm_dir(supervisor(lab).root, lab.uuid(1)), f"mark-{delivery}")
+    shared.write_text("")  # what GPU 1's daemon's /dev/shm holds
     out = run(make_bundle(lab, granted_env(lab, "1") | MPS_LIMITS, delivery=delivery), delivery)
     assert out.returncode == 0, out.stderr
     seen = view(out.stdout)
@@ -78,8 +83,9 @@ def test_an_mps_client_is_joined_to_its_gpus_daemon_with_its_limits(
     assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]
     assert shared.name in seen["shm"]
     on_top = dict(m.split() for m in seen["mounted"])  # the last mount of a path wins
+    assert on_top["/tmp/nvidia-mps"].startswith("ro,nosuid,nodev,noexec")
+    assert on_top["/dev/shm"].startswith("rw,nosuid,nodev,noexec")
     assert on_top.keys() == {"/dev/shm", "/tmp/nvidia-mps"}
-    assert all(o.startswith("rw,nosuid,nodev,noexec") for o in on_top.values())
     assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M" in seen["var"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in seen["var"]
     if delivery.startswith("shim"):  # where the env can still be set; else MPS's default
@@ -102,6 +108,71 @@ def test_an_mps_client_whose_daemon_is_down_does_not_start(lab: Lab, delivery: s
     ) in out.stderr
     asked = ", ".join(f"{k}={v}" for k, v in MPS_LIMITS.items())
     assert f"cannot start: the container asks for MPS limits ({asked})" in lab.log_lines()[-1]
+
+
+@functools.cache
+def tenant_program() -> Path:
+    """A static client of an MPS daemon's socket, for an image (testbed.mps_control.tenant)."""
+    return mps_control.tenant(Path(tempfile.mkdtemp(prefix="gpuwire-tenant-"), "tenant"))
+
+
+TENANT = """
+tenant 'set_default_active_thread_percentage 100' 'set_default_device_pinned_mem_limit 0 80G'
+tenant get_default_active_thread_percentage 'get_default_device_pinned_mem_limit 0' |
+  sed 's/^/now: /'
+rm /tmp/nvidia-mps/control 2>&1 | sed 's/^/rm: /'
+command -v nvidia-cuda-mps-control nvidia-cuda-mps-server | sed 's/^/program: /'
+true
+"""
+
+
+@pytest.mark.parametrize("delivery", ["shim", "prestart"])
+def test_a_tenant_keeps_neither_its_daemons_socket_nor_what_it_sets_there(
+    lab: Lab, delivery: str
+) -> None:
+    """A container of GPU 0's 25 % share reaches its daemon through the one socket NVIDIA's
+    MPS gives clients and commands alike (gpuwire.mps), and sets the defaults to the whole
+    GPU. It cannot remove or replace that socket (the pipe directory is read-only), has no
+    MPS program, and the agent's next pass sets the share back. Before: it could remove the
+    socket (the next client would find no daemon and run unlimited), had both programs, and
+    the daemon kept 100 %."""
+    bundle = make_bundle(lab, granted_env(lab, "0") | MPS_LIMITS, delivery=delivery, script=TENANT)
+    shutil.copy(tenant_program(), bundle.path / "rootfs/bin/tenant")
+    out = run(bundle, delivery)
+    assert out.returncode == 0, out.stderr
+    seen = view(out.stdout)
+    assert seen["now"] == ["100.0", "80G"]  # connected through the read-only directory
+    assert seen["rm"] == ["rm: can't remove '/tmp/nvidia-mps/control': Read-only file system"]
+    assert "program" not in seen
+    root, uuid = supervisor(lab).root, lab.uuid(0)
+    supervisor(lab).step(lab.machine.devices[:2], frozenset())
+    queries = mps.Defaults.queries()
+    answer = daemons.send(supervisor(lab).control, root, uuid, queries).split()
+    assert answer == ["25.0", f"{lab.machine.devices[0].memory_mib // 4}M"]
+    assert supervisor(lab).restored == {uuid: 1}
+
+
+WRITES = VIEW_SCRIPT + "echo secret > /dev/shm/team-a\n"
+
+
+def test_a_gpus_dev_shm_is_its_clients_alone_and_empty_once_they_are_gone(lab: Lab) -> None:
+    """team-a's container on GPU 0 leaves a file in its /dev/shm; team-b's on GPU 1 does not
+    see it (before: one /dev/shm for every daemon and client, namespace and GPU), and once
+    no container is joined to GPU 0's daemon the agent restarts it on an empty one (before:
+    the file outlived both)."""
+    a_env = granted_env(lab, "0") | MPS_LIMITS
+    first = run(make_bundle(lab, a_env, delivery="prestart", script=WRITES), "prestart")
+    assert first.returncode == 0, first.stderr
+    b_env = granted_env(lab, "1") | MPS_LIMITS
+    other = run(make_bundle(lab, b_env, delivery="prestart"), "prestart")
+    assert other.returncode == 0, other.stderr
+    assert "team-a" not in view(other.stdout).get("shm", [])
+    left = Path(mps.shm_dir(supervisor(lab).root, lab.uuid(0)), "team-a")
+    assert left.read_text() == "secret\n"  # until its daemon has no client
+    supervisor(lab).step(lab.machine.devices[:2], frozenset())
+    assert not left.exists()
+    assert os.listdir(left.parent) == []
+    assert mps.ready(supervisor(lab).root, lab.uuid(0)) is not None
 
 
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])

@@ -1,4 +1,6 @@
-"""The mount and namespace system calls injection needs, which Python 3.11's `os` lacks.
+"""The mount and namespace system calls the node side needs, which Python 3.11's `os` lacks:
+the injection's (`runtime_hook.injection`), and the node agent's for its MPS daemons (each in
+a mount namespace whose `/dev/shm` is its GPU's, `deviceplugin.agent.mps`).
 
 Mounts made from file descriptors (`open_tree`, `move_mount`, `mount_setattr`) and namespace
 calls (`setns`, `unshare`), declared on `_ctypes` with `gpuwire.resolve`'s C types (which
@@ -119,11 +121,11 @@ def make_private(path: str) -> None:
     check(result, "mount(MS_PRIVATE)", path)
 
 
-def bind_onto_itself(path: str) -> None:
-    """Make `path` (and what is mounted beneath it) a mount tree of its own: what mount
-    attributes set on it then change, and nothing around it."""
-    result = _mount(os.fsencode(path), os.fsencode(path), None, c_ulong(MS_BIND | MS_REC), None)
-    check(result, "mount(MS_BIND)", path)
+def bind(source: str, target: str) -> None:
+    """Bind `source` (and what is mounted beneath it) onto `target`; onto itself, it makes
+    `source` a mount tree of its own, whose attributes change nothing around it."""
+    result = _mount(os.fsencode(source), os.fsencode(target), None, c_ulong(MS_BIND | MS_REC), None)
+    check(result, "mount(MS_BIND)", target)
 
 
 def umount(path: str, flags: int = MNT_DETACH) -> None:
