@@ -15,7 +15,8 @@ from typing import Any
 import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.plugin.resources import resource_name_error
-from gpuwire import exits, logs, mig, records, sim
+from gpuwire import amdsim, exits, logs, mig, records, sim
+from gpuwire.kfd import KfdError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ def _number(text: str) -> float | str:
 def _add_source_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
     parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
+    _add_vendor_flags(parser)
     parser.add_argument(
         "--resource", type=_typed(settings.as_resource), help="default resource name"
     )
@@ -69,6 +71,20 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
         type=_typed(settings.as_text),
         metavar="FILE",
         help=f"where the node side learns the MIG devices' names (default {mig.DEFAULT_MAP})",
+    )
+
+
+def _add_vendor_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--vendor",
+        type=_typed(settings.as_vendor),
+        help="whose GPUs this node has: nvidia (default; NVML) or amd (sysfs)",
+    )
+    parser.add_argument(
+        "--amd-naming",
+        type=_typed(settings.as_amd_naming),
+        help="AMD's resource naming: single (default: amd.com/gpu) or mixed (a resource per "
+        "partition type, amd.com/cpx_nps4)",
     )
 
 
@@ -205,7 +221,7 @@ def _load(
     except settings.ConfigError as exc:
         raise exits.CommandError(str(exc)) from None
     if config.sim is not None:
-        sim.check_root(config.sim)
+        (amdsim.check_root if config.vendor == "amd" else sim.check_root)(config.sim)
     return config
 
 
@@ -232,6 +248,8 @@ def _serve(what: str, run: Callable[[threading.Event], None]) -> int:
 SERVE_FIELDS = (
     "kubelet_dir",
     "sim",
+    "vendor",
+    "amd_naming",
     "resource",
     "mig_strategy",
     "mig_map",
@@ -421,6 +439,8 @@ def label(argv: list[str]) -> int:
         args,
         (
             "sim",
+            "vendor",
+            "amd_naming",
             "resource",
             "mig_strategy",
             "mig_map",
@@ -442,7 +462,7 @@ def label(argv: list[str]) -> int:
     from gpuwire.holders import ANNOTATION
 
     try:
-        discovery = open_discovery(config.sim)
+        discovery = open_discovery(config.sim, config.vendor)
     except Exception as exc:  # NVML: no library (no driver), no GPU, a driver it cannot read
         raise exits.CommandError(
             f"cannot read this node's GPUs through NVML: {exc}; run it on a GPU node with the "
@@ -454,7 +474,10 @@ def label(argv: list[str]) -> int:
         return frozenset(d.uuid for d in node.devices if not discovery.alive(d.uuid))
 
     try:
-        node = discovery.discover()
+        try:
+            node = discovery.discover()
+        except KfdError as exc:  # AMD's: no amdgpu, no KFD topology
+            raise exits.CommandError(f"cannot read this node's AMD GPUs: {exc}") from None
         if config.driver_facts is not None and not args.dry_run:
             from deviceplugin.agent.labels import driver_facts
             from gpuwire import requirements

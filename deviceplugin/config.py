@@ -19,10 +19,12 @@ import yaml
 
 from deviceplugin.gpus.discovery import NodeGpus
 from deviceplugin.gpus.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
+from deviceplugin.plugin import amdresources
 from deviceplugin.plugin.allocate import CDI_NAMES
 from deviceplugin.plugin.migstrategy import STRATEGIES, Advertised
 from deviceplugin.plugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
 from gpuwire import allocation, grant, mig, nvidia, quantity
+from gpuwire.vendor import VENDORS
 
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_ROOT = "/var/lib/kubelet"
@@ -67,6 +69,8 @@ class Config:
     mps_root: str | None = None  # the node agent runs an MPS control daemon per GPU there
     hami_library: str | None = None  # HAMi-core's libvgpu.so on this node
     driver_facts: str | None = None  # where to write what NVML knows for NVIDIA_REQUIRE_*
+    vendor: str = "nvidia"  # whose GPUs this node has (gpuwire.vendor): nvidia or amd
+    amd_naming: str = "single"  # AMD's resource naming: single or mixed (amdresources)
 
     # the DRA plugin's (gpuwire dra serve)
     kubelet_root: str = KUBELET_ROOT
@@ -94,6 +98,8 @@ class Config:
         holds each replica to its share, a request for more than one replica is refused
         (NVIDIA's plugin forces it for MPS): a share is one replica's of one GPU, and an MPS
         client joins one daemon."""
+        if node.amd is not None:  # AMD's naming; no MIG, no sharing
+            return amdresources.of_node(node.amd, self.amd_naming), Advertised()
         refuse_many = self.fail_requests_greater_than_one or self.sharing.limits != "none"
         return of_node(
             node,
@@ -210,6 +216,19 @@ def as_mig_strategy(value: Any) -> str:
     return str(value)
 
 
+def as_vendor(value: Any) -> str:
+    names = [v.name for v in VENDORS]
+    if value not in names:
+        raise ValueError(f"expected one of {', '.join(names)}")
+    return str(value)
+
+
+def as_amd_naming(value: Any) -> str:
+    if value not in amdresources.NAMINGS:
+        raise ValueError(f"expected one of {', '.join(amdresources.NAMINGS)}")
+    return str(value)
+
+
 def as_rules(value: Any) -> tuple[Rule, ...]:
     if not isinstance(value, list):
         raise ValueError("expected a list of {pattern, name[, replicas]}")
@@ -241,6 +260,8 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "hami.library": ("hami_library", as_path),
     "driverFacts": ("driver_facts", as_path),
     "migStrategy": ("mig_strategy", as_mig_strategy),
+    "vendor": ("vendor", as_vendor),
+    "amd.resourceNaming": ("amd_naming", as_amd_naming),
     "migMap": ("mig_map", as_text),
     "allocate.deviceSpecs": ("device_specs", as_flag),
     "allocate.cdi": ("cdi", as_cdi),

@@ -482,6 +482,15 @@ def write_node(root: str | os.PathLike[str], machine: AmdMachine) -> None:
 MACHINE = "var/lib/gpuwire-sim/amd.json"
 
 
+def check_root(root: str | os.PathLike[str]) -> None:
+    """exits.CommandError, saying what to do, unless `root` holds a simulated AMD node."""
+    if not Path(root, MACHINE).is_file():
+        raise exits.CommandError(
+            f"{root}: no simulated AMD node there ({MACHINE} is missing); "
+            f"write one with gpuwire sim node {root} --vendor amd"
+        )
+
+
 def load_machine(root: str | os.PathLike[str]) -> AmdMachine:
     return AmdMachine.from_json(Path(root, MACHINE).read_text())
 

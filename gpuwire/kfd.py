@@ -168,6 +168,16 @@ class AmdNode:
     def devices(self) -> tuple[Device, ...]:
         return tuple(g.device for g in self.gpus)
 
+    def _key(self) -> tuple[object, ...]:
+        return self.version, self.gpus, tuple(sorted(self.modes.items()))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when they found the same (where they were read from aside)."""
+        return isinstance(other, AmdNode) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     def gpu(self, device: Device) -> AmdGpu:
         return next(g for g in self.gpus if g.device == device)
 

@@ -60,6 +60,12 @@ class Vendor:
     grant_tag: str
     files: bool  # whether containers get driver files (libraries, binaries) laid out per image
     product_label: str  # the node label its labeller names a node's GPU model by
+    control_nodes: tuple[str, ...]  # names under /dev every GPU container of it gets
+
+    def gpu_node_names(self, device: Device) -> tuple[str, ...]:
+        """A GPU's or partition's own device nodes, as names under /dev."""
+        raise NotImplementedError
+
     memory_label: str | None  # its labeller's node label of GPU memory in MiB, if it has one
 
     def label_product(self, name: str) -> str:
@@ -147,6 +153,13 @@ class _Nvidia(Vendor):
     grant_tag = "gpuwire-grant-v1"
     files = True
     product_label = nvidia.LABEL_PREFIX + "gpu.product"
+    control_nodes = tuple(
+        name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
+    )
+
+    def gpu_node_names(self, device: Device) -> tuple[str, ...]:
+        return (f"nvidia{device.minor}",)
+
     memory_label = nvidia.LABEL_PREFIX + "gpu.memory"
 
     def label_product(self, name: str) -> str:
@@ -257,6 +270,11 @@ class _Amd(Vendor):
     grant_tag = "gpuwire-grant-v1-amd"
     files = False  # ROCm's user space lives in the image
     product_label = amd.LABEL_PREFIX + "gpu.product-name"
+    control_nodes = (amd.KFD_NODE,)
+
+    def gpu_node_names(self, device: Device) -> tuple[str, ...]:
+        return (f"dri/renderD{device.minor}",)
+
     memory_label = None  # `amd.com/gpu.vram` is `192G`: no number node affinity compares
 
     def label_product(self, name: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin.agent import labels, mps
+from deviceplugin.agent import amdlabels, labels, mps
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import REDISCOVER, Latest, NodeGpus
 from gpuwire import mig
@@ -22,6 +22,7 @@ from gpuwire import mig
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+OWNED = (*labels.OWNED, *amdlabels.OWNED)  # every vendor's: a node's keys of another go
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -49,7 +50,10 @@ def enforced(config: Config) -> tuple[str, ...]:
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
     """The node's labels. A plugin that answers Allocate with CDI devices promises no limits:
-    containerd applies those without gpuwire's runtime, which joins a container to them."""
+    containerd applies those without gpuwire's runtime, which joins a container to them.
+    An AMD node's are AMD's labeller's (`amdlabels`)."""
+    if node.amd is not None:
+        return amdlabels.labels(node.amd)
     resources, advertised = config.resources(node)
     return labels.labels(
         node,
@@ -67,6 +71,10 @@ def node_annotations(
     """`gpuwire.io/gpus` (none for a node without GPUs)."""
     if not node.gpus:
         return {}
+    if node.amd is not None:
+        names = {g.uuid: r.name for r in config.resources(node)[0] for g in r.gpus}
+        value = amdlabels.gpus_annotation(node.amd, names, unhealthy)
+        return {labels.GPUS_ANNOTATION: value}
     value = labels.gpus_annotation(node, config.resources(node)[0], unhealthy)
     return {labels.GPUS_ANNOTATION: value}
 
@@ -78,7 +86,7 @@ def apply(
     (None: nothing to change)."""
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
-    label_changes = labels.changes(meta.labels or {}, new_labels, labels.OWNED)
+    label_changes = labels.changes(meta.labels or {}, new_labels, OWNED)
     annotation_changes = labels.changes(
         meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
     )

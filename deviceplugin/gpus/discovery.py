@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwire.devices import Device, MigDevice
+from gpuwire.kfd import AmdNode
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class NodeGpus:
     cuda_version: str  # 12.4: the newest CUDA the driver supports
     gpus: tuple[Gpu, ...]
     mig: tuple[Mig, ...] = ()
+    amd: AmdNode | None = None  # an AMD node's KFD facts (`gpus/amd.py`); None: NVIDIA's
 
     @property
     def devices(self) -> tuple[Device, ...]:

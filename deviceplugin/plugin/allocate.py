@@ -21,6 +21,7 @@ from deviceplugin.plugin.resources import REPLICA_SEPARATOR, Resource
 from gpuwire import allocation, hamicore, mig, mps, nvidia
 from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice
+from gpuwire.vendor import NVIDIA, Vendor
 
 CDI_NAMES = ("none", "uuid", "index")
 
@@ -89,6 +90,7 @@ def response(
     control_nodes: Sequence[str] = (),
     mig_devices: Sequence[MigDevice] = (),
     share: Share | None = None,
+    vendor: Vendor = NVIDIA,
 ) -> api_pb2.ContainerAllocateResponse:
     """The answer for one container. `control_nodes`: names under /dev that exist on the host
     (nvidiactl, nvidia-uvm, ...), passed through as DeviceSpecs with the GPUs' own nodes.
@@ -96,7 +98,7 @@ def response(
     mechanism holds it."""
     of = {m.uuid: m for m in mig_devices}
     answer = api_pb2.ContainerAllocateResponse(
-        envs={nvidia.VISIBLE_DEVICES_ENV: ",".join(g.uuid for g in gpus), **share_env(share)},
+        envs={vendor.visible_env: ",".join(g.uuid for g in gpus), **share_env(share)},
         mounts=[
             api_pb2.Mount(
                 container_path=allocation.container_path(token),
@@ -106,7 +108,7 @@ def response(
         ],
     )
     if strategies.device_specs:
-        own = [f"nvidia{g.minor}" for g in gpus]
+        own = [name for g in gpus for name in vendor.gpu_node_names(g)]
         own += [mig.cap_name(c) for g in gpus if g.uuid in of for c in _caps(of[g.uuid])]
         for name in [*control_nodes, *dict.fromkeys(own)]:
             answer.devices.append(

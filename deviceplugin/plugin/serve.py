@@ -31,14 +31,10 @@ from deviceplugin.plugin.endpoint import Endpoint
 from deviceplugin.plugin.resources import Resource
 from deviceplugin.plugin.service import DevicePluginService
 from deviceplugin.plugin.supervisor import Supervisor
-from gpuwire import nvidia, requirements
+from gpuwire import requirements
+from gpuwire.vendor import NVIDIA, of
 
 log = logging.getLogger(__name__)
-
-# Control devices passed as DeviceSpecs when they exist on the host.
-CONTROL_NODES = tuple(
-    name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
-)
 
 
 def resources(config: Config, node: NodeGpus) -> list[Resource]:
@@ -56,8 +52,11 @@ class Endpoints:
         self.config = config
         self.health = health
         dev_root = config.dev_root or config.sim or "/"
-        self.strategies = Strategies(config.device_specs, config.cdi, config.cdi_kind, dev_root)
-        self.control = [n for n in CONTROL_NODES if os.path.exists(f"{dev_root}/dev/{n}")]
+        vendor = of(config.vendor)
+        kind = vendor.cdi_kind if config.cdi_kind == NVIDIA.cdi_kind else config.cdi_kind
+        self.strategies = Strategies(config.device_specs, config.cdi, kind, dev_root)
+        # control devices passed as DeviceSpecs when they exist on the host
+        self.control = [n for n in vendor.control_nodes if os.path.exists(f"{dev_root}/dev/{n}")]
         self.by_name: dict[str, Endpoint] = {}
 
     def update(self, wanted: list[Resource]) -> list[Endpoint]:
@@ -134,7 +133,7 @@ def run(
     """Serve until `stop` is set; the sockets are gone when this returns. With `holders`,
     also keep the node's GPU holders (annotation, metrics) up to date; with `mps.root`, an
     MPS control daemon per healthy GPU."""
-    discovery = discovery or open_discovery(config.sim)
+    discovery = discovery or open_discovery(config.sim, config.vendor)
     endpoints, health, node = build(config, discovery)
     latest = Latest(discovery, node)
     supervisor = Supervisor(list(endpoints.by_name.values()), config.kubelet_dir)

@@ -12,6 +12,7 @@ import grpc
 
 from deviceplugin.api import api_pb2
 from deviceplugin.gpus.state import HealthState
+from deviceplugin.plugin import amdpreferred
 from deviceplugin.plugin import preferred as preference
 from deviceplugin.plugin.allocate import AllocateError, Strategies, granted, response
 from deviceplugin.plugin.resources import Resource
@@ -86,11 +87,20 @@ class DevicePluginService:
         answers = []
         for req in request.container_requests:
             try:
-                ids = preference.preferred(
-                    resource,
-                    req.available_deviceIDs,
-                    req.must_include_deviceIDs,
-                    req.allocation_size,
+                ids = (
+                    amdpreferred.preferred(
+                        resource.amd,
+                        req.available_deviceIDs,
+                        req.must_include_deviceIDs,
+                        req.allocation_size,
+                    )
+                    if resource.amd  # an AMD node's: AMD's best-effort rules
+                    else preference.preferred(
+                        resource,
+                        req.available_deviceIDs,
+                        req.must_include_deviceIDs,
+                        req.allocation_size,
+                    )
                 )
             except preference.PreferenceError as exc:
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{resource.name}: {exc}")
@@ -122,6 +132,7 @@ class DevicePluginService:
                         self.control_nodes,
                         resource.mig,
                         share,
+                        resource.vendor,
                     )
                 )
                 log.info(

@@ -1,0 +1,82 @@
+"""AMD discovery for the device plugin, the DRA plugin and the node agent: sysfs, no library.
+
+`gpuwire.kfd` reads the node (the same on a real node and on `gpuwire sim node --vendor amd`);
+this puts it behind `deviceplugin.gpus.discovery.Discovery`. Health is what the kernel shows:
+a device that KFD lists with its render node and no uncorrectable RAS error is healthy; an
+event is a device that turns unhealthy (`HealthEvent` with no XID: always critical), looked for
+every second; a device answers (`alive`) while it is healthy. The layout that makes the node be
+discovered again is KFD's topology generation and each GPU's partition modes (a repartition).
+AMD's own plugin reads per-device health from its metrics exporter's socket, which gpuwire
+does not (docs/amd.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from deviceplugin.gpus.discovery import Gpu, HealthEvent, NodeGpus, pcie_root
+from gpuwire import amd, kfd
+from gpuwire.roots import Roots
+
+POLL = 1.0  # seconds between looks at the devices' health
+
+
+class AmdDiscovery:
+    def __init__(self, root: str = "/") -> None:
+        self.roots = Roots(root)
+        self.problems: dict[str, str] = {}  # uuid → the problem last seen
+
+    def discover(self) -> NodeGpus:
+        found = kfd.discover(self.roots)
+        sysfs = os.path.join(self.roots.sys, "sys")
+        gpus = tuple(
+            Gpu(g.device, (0, 0), pcie_root=pcie_root(sysfs, g.device.pci_bus_id))
+            for g in found.gpus
+        )
+        self.problems = {g.device.uuid: g.problem for g in found.gpus}
+        return NodeGpus(found.version, "", gpus, amd=found)
+
+    def layout(self) -> object:
+        top = f"{self.roots.sys}/{amd.KFD_TOPOLOGY}"
+        modes = []
+        for bus in sorted(os.listdir(f"{self.roots.sys}/{amd.PCI_DEVICES}")):
+            path = f"{self.roots.sys}/{amd.PCI_DEVICES}/{bus}/current_compute_partition"
+            modes.append((bus, _read(path), _read(path.replace("compute", "memory"))))
+        return _read(f"{top}/generation_id"), tuple(modes)
+
+    def wait_events(self, timeout: float) -> list[HealthEvent]:
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self._changed()
+            left = deadline - time.monotonic()
+            if events or left <= 0:
+                return events
+            time.sleep(min(POLL, left))
+
+    def _changed(self) -> list[HealthEvent]:
+        try:
+            found = kfd.discover(self.roots)
+        except kfd.KfdError as exc:
+            return [HealthEvent(None, None, str(exc))]
+        events = [
+            HealthEvent(g.device.uuid, None, g.problem)
+            for g in found.gpus
+            if g.problem and self.problems.get(g.device.uuid) != g.problem
+        ]
+        self.problems = {g.device.uuid: g.problem for g in found.gpus}
+        return events
+
+    def alive(self, uuid: str) -> bool:
+        return self.problems.get(uuid) == ""
+
+    def close(self) -> None:
+        pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
