@@ -222,8 +222,8 @@ model_word = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,12}", fullmatch=True)
 def test_model_lists_parse_to_their_normalised_words(
     items: list[tuple[bool, str]], pad: str
 ) -> None:
-    included = {w.lower().replace("_", "-") for neg, w in items if not neg}  # AMD's labels
-    excluded = {w.lower().replace("_", "-") for neg, w in items if neg}
+    included = {a.normalise_model(w) for neg, w in items if not neg}  # `_` as a space
+    excluded = {a.normalise_model(w) for neg, w in items if neg}
     text = ",".join(f"{pad}{'!' if neg else ''}{w}{pad}" for neg, w in items)
     if included & excluded:
         assert "both asks for and excludes" in problems({a.MODEL: text})
