@@ -31,9 +31,9 @@ baseline is plain runc; the others add gpuwire:
 Goal: at most 15 ms added median for a GPU container on runc. What one call costs is
 printed as well: `/bin/true`, the interpreter's own start (`python -IS -c pass`), and a
 call the resident serves that does nothing. `--python` picks the interpreter the
-launchers and the resident run (default: this one). It matters: a node runs the image's
-python-build-standalone (static, PGO), which starts faster than a shared-library build such
-as pyenv's; Debian's /usr/bin/python3 is built the same way and stands in for it here.
+launchers and the resident run (default: this one). It matters: a node's resident runs the
+image's Python, Debian 12's /usr/bin/python3, which starts faster than a shared-library
+build such as pyenv's.
 
 containerd: a private containerd (testbed.containerd) starts the image through
 containerd's runc shim, `ctr run` with runc as the baseline (the grant env present, nobody
@@ -65,12 +65,13 @@ from typing import Any
 
 from bench.common import Summary, report, summarise, timed
 from gpuwire.elfstub import shared_object
+from gpuwire.grant import POD_ANNOTATION
 from runtime_hook.setup import launcher
 from runtime_hook.start import resident
 from testbed.containerd import CRI_NAMESPACE, Container, Containerd
 from testbed.image import NAME, layout_files, write_tar
 from testbed.kuberuntime import KubeRuntime, Sandbox
-from testbed.lab import CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
+from testbed.lab import ADMISSION, CONTAINER, NAMESPACE, Lab, cri_annotations, grant_for
 from testbed.resident import Resident
 from testbed.rootfs import Bundle, busybox_rootfs
 
@@ -338,11 +339,11 @@ def cri_half(runs: int, python: str) -> None:
 
 def bench_pod(env: dict[str, str]) -> dict[str, Any]:
     """A pod whose one container (in the lab's namespace, under the lab's container name,
-    which the grant names) runs `true`."""
+    of the admission the grant names) runs `true`."""
     container = {"name": CONTAINER, "image": NAME, "command": ["true"],
                  "env": [{"name": k, "value": v} for k, v in env.items()]}  # fmt: skip
     meta = {"name": f"bench-{uuid.uuid4().hex[:8]}", "namespace": NAMESPACE,
-            "uid": str(uuid.uuid4())}  # fmt: skip
+            "uid": str(uuid.uuid4()), "annotations": {POD_ANNOTATION: ADMISSION}}  # fmt: skip
     return {"metadata": meta, "spec": {"containers": [container]}}
 
 

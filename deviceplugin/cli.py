@@ -89,8 +89,16 @@ def _add_vendor_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_node_side_flags(parser: argparse.ArgumentParser) -> None:
-    """What this node's runtime shares with its agent (the node config says the same)."""
+    """What this node's runtime shares with its agent (the node config says the same), and
+    where the agent keeps its state."""
     absolute = _typed(settings.as_path)
+    parser.add_argument(
+        "--state-dir",
+        type=absolute,
+        metavar="DIR",
+        help=f"where the node agent keeps the GPUs' health across restarts (default "
+        f"{settings.STATE_DIR}; the DRA plugin's: its plugin directory)",
+    )
     parser.add_argument(
         "--driver-facts",
         type=absolute,
@@ -136,6 +144,17 @@ def _add_plugin_flags(parser: argparse.ArgumentParser, recovered: str) -> None:
     )
 
 
+def _add_runtime_ready_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runtime-ready",
+        type=_typed(settings.as_path),
+        metavar="FILE",
+        help="label the node gpuwire.io/runtime-ready=true while FILE (the installer's ready "
+        "file) exists: this agent runs with gpuwire's runtime handler, so the node has it; the "
+        "RuntimeClass gpuwire schedules GPU pods on the label",
+    )
+
+
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
@@ -146,7 +165,8 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     kubeclient.add_kubeconfig_flag(parser)
 
 
-def _add_holder_flags(parser: argparse.ArgumentParser) -> None:
+def _add_holder_flags(parser: argparse.ArgumentParser, host_root: bool = True) -> None:
+    """`host_root`: add --host-root (the DRA plugin has its own, the same place)."""
     parser.add_argument(
         "--holders",
         action="store_true",
@@ -169,12 +189,13 @@ def _add_holder_flags(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the kubelet's pod-resources API (default: the kubelet's own socket)",
     )
-    parser.add_argument(
-        "--host-root",
-        default="/",
-        metavar="DIR",
-        help="where the host's files are seen, for runtime state dirs (default /)",
-    )
+    if host_root:
+        parser.add_argument(
+            "--host-root",
+            default="/",
+            metavar="DIR",
+            help="where the host's files are seen, for runtime state dirs (default /)",
+        )
     parser.add_argument(
         "--holders-interval",
         type=_typed(settings.as_seconds, float),
@@ -200,7 +221,7 @@ def _holder_settings(args: argparse.Namespace) -> holding.Settings | None:
     return holding.Settings(
         records_dir=args.records_dir,
         **socket,
-        host_root=args.host_root,
+        host_root=args.host_root or "/",
         interval=args.holders_interval,
         publish=args.holders,
         metrics_port=args.metrics_port,
@@ -269,11 +290,13 @@ SERVE_FIELDS = (
     "sweep_grace",
     "labels",
     "label_interval",
+    "runtime_ready",
     "node_name",
     "kubeconfig",
     "driver_facts",
     "mps_root",
     "hami_library",
+    "state_dir",
 )
 
 
@@ -307,6 +330,7 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--cdi-kind", help="CDI kind of those names (default nvidia.com/gpu)")
     parser.add_argument("--dev-root", help="host root of DeviceSpec paths (default: the host root)")
     _add_plugin_flags(parser, recovered="an unhealthy GPU is healthy again")
+    _add_runtime_ready_flag(parser)
     parser.add_argument(
         "--pre-start-check",
         action=argparse.BooleanOptionalAction,
@@ -345,6 +369,8 @@ def serve(argv: list[str]) -> int:
 
 DRA_FIELDS = (
     "sim",
+    "vendor",
+    "amd_naming",
     "kubelet_root",
     "cdi_dir",
     "shared_gpus",
@@ -358,8 +384,15 @@ DRA_FIELDS = (
     "recover_after",
     "labels",
     "label_interval",
+    "runtime_ready",
     "node_name",
     "kubeconfig",
+    "mig_map",
+    "mig_strategy",
+    "driver_facts",
+    "mps_root",
+    "hami_library",
+    "state_dir",
 )
 
 
@@ -375,6 +408,7 @@ def dra_serve(argv: list[str]) -> int:
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
     parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
+    _add_vendor_flags(parser)
     path = _typed(settings.as_path)
     parser.add_argument(
         "--kubelet-root",
@@ -402,15 +436,30 @@ def dra_serve(argv: list[str]) -> int:
         "--allocation-dir", type=path, help="where claim tokens go, under claims/ (as the node's)"
     )
     parser.add_argument("--grant-key-dir", type=path, help="keys that MAC the claim tokens")
+    parser.add_argument(
+        "--mig-map",
+        type=_typed(settings.as_text),
+        metavar="FILE",
+        help=f"where the node side learns the MIG devices' names (default {mig.DEFAULT_MAP})",
+    )
+    parser.add_argument(
+        "--mig-strategy",
+        type=_typed(settings.as_mig_strategy),
+        help="NVIDIA's MIG strategy the labels follow: none (default), single or mixed",
+    )
     _add_plugin_flags(parser, recovered="a tainted GPU is clean again")
+    _add_node_side_flags(parser)
     _add_node_flags(parser)
+    _add_runtime_ready_flag(parser)
+    _add_holder_flags(parser, host_root=False)
     logs.add_flags(parser)
     args = parser.parse_args(argv)
     logs.from_args("dra-plugin", args)
     config = _load(parser, args, DRA_FIELDS)
     from deviceplugin.dra.plugin import DraPlugin
 
-    return _serve("DRA plugin", lambda stop: DraPlugin(config).run(stop))
+    holders = _holder_settings(args)
+    return _serve("DRA plugin", lambda stop: DraPlugin(config, holders=holders).run(stop))
 
 
 def label(argv: list[str]) -> int:
@@ -420,6 +469,7 @@ def label(argv: list[str]) -> int:
     _add_source_flags(parser)
     _add_node_side_flags(parser)
     _add_node_flags(parser)
+    _add_runtime_ready_flag(parser)
     parser.add_argument("--watch", action="store_true", help="keep them up to date")
     parser.add_argument(
         "--interval",
@@ -449,18 +499,24 @@ def label(argv: list[str]) -> int:
             "node_name",
             "kubeconfig",
             "label_interval",
+            "runtime_ready",
             "driver_facts",
             "mps_root",
             "hami_library",
+            "state_dir",
+            "ignored_xids",
+            "recover_after",
         ),
     )
     args.log_level = args.log_level or ("info" if args.watch else "warning")
     logs.from_args("node-agent", args)
     from deviceplugin.agent import holding, labeler
     from deviceplugin.gpus.backend import open_discovery
-    from deviceplugin.gpus.discovery import Latest
     from gpuwire.holders import ANNOTATION
 
+    holder_settings = _holder_settings(args)
+    if args.watch and not args.dry_run:
+        return _serve("node agent", lambda stop: _watch(config, holder_settings, stop))
     try:
         discovery = open_discovery(config.sim, config.vendor)
     except Exception as exc:  # NVML: no library (no driver), no GPU, a driver it cannot read
@@ -487,29 +543,6 @@ def label(argv: list[str]) -> int:
             wanted = labeler.wanted(config, node) | labeler.node_annotations(config, node)
             print(json.dumps(wanted, indent=2, sort_keys=True))
             return 0
-        holder_settings = _holder_settings(args)
-        if args.watch:
-            stop = _stop_on_signals()
-            latest = Latest(discovery, node)
-            jobs = []
-            daemons = holding.mps_job(config, latest, unreachable, holder_settings)
-            if daemons is not None:
-                jobs.append(threading.Thread(target=daemons.run, args=(stop,), name="mps"))
-            if holder_settings is not None:
-                also = [daemons.supervisor] if daemons is not None else []
-                job = holding.job(
-                    holder_settings, config.node_name, config.kubeconfig, latest, unreachable, also
-                )
-                jobs.append(threading.Thread(target=job, args=(stop,), name="holders"))
-            for thread in jobs:
-                thread.start()
-            try:
-                labeler.run(config, latest, stop, unreachable)
-            finally:
-                stop.set()
-                for thread in jobs:
-                    thread.join(timeout=5)
-            return 0
         name = labeler.node_name(config.node_name)
         api = labeler.core_api(config.kubeconfig)
         with kubeclient.talking(api):
@@ -522,6 +555,44 @@ def label(argv: list[str]) -> int:
         return 0
     finally:
         discovery.close()
+
+
+def unlabel(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire node unlabel",
+        description="Remove every label and annotation gpuwire's node agent writes from a node "
+        "(uninstall).",
+    )
+    _add_node_flags(parser)
+    args = parser.parse_args(argv)
+    from deviceplugin.agent import labeler
+
+    name = labeler.node_name(args.node_name)
+    api = labeler.core_api(args.kubeconfig)
+    with kubeclient.talking(api):
+        patch = labeler.unlabel(api, name)
+    print(f"node {name}: " + ("no gpuwire labels" if patch is None else json.dumps(patch)))
+    return 0
+
+
+def _watch(
+    config: settings.Config, holders: holding.Settings | None, stop: threading.Event
+) -> None:
+    """The node agent with no plugin (plugin-less): labels, health, holders, MPS daemons."""
+    import dataclasses
+
+    from deviceplugin.agent.node import NodeAgent
+    from deviceplugin.gpus.backend import open_discovery
+
+    labelled = dataclasses.replace(config, labels=True)
+    discovery = open_discovery(config.sim, config.vendor)
+    agent = NodeAgent(labelled, discovery, config.node_state(), holders=holders)
+    agent.run(stop, _until, plugin=False)
+
+
+def _until(stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        pass
 
 
 def advertise(argv: list[str]) -> int:

@@ -29,6 +29,7 @@ from gpuwire.vendor import VENDORS
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_ROOT = "/var/lib/kubelet"
 DEFAULT_HOOK = "/opt/gpuwire/current/libexec/gpuwire-hook"  # the node installer's launcher
+STATE_DIR = "/var/lib/gpuwire/node"  # the node agent's state where a role has no place of its own
 MAX_REPLICAS = 1000  # keeps `<uuid>::<n>` within the kubelet's 63-character ID limit
 
 
@@ -60,6 +61,9 @@ class Config:
     sweep_grace: float = 300.0
     labels: bool = False
     label_interval: float = 60.0
+    # the installer's ready file: while it exists, and this agent runs under gpuwire's
+    # runtime handler, the node may take GPU pods (labels.RUNTIME_READY)
+    runtime_ready: str | None = None
     node_name: str | None = None
     kubeconfig: str | None = None
     share_limits: str = "none"  # what holds each time-sliced replica to its share
@@ -69,6 +73,7 @@ class Config:
     mps_root: str | None = None  # the node agent runs an MPS control daemon per GPU there
     hami_library: str | None = None  # HAMi-core's libvgpu.so on this node
     driver_facts: str | None = None  # where to write what NVML knows for NVIDIA_REQUIRE_*
+    state_dir: str | None = None  # the node agent's state (health.json); None: `node_state`
     vendor: str = "nvidia"  # whose GPUs this node has (gpuwire.vendor): nvidia or amd
     amd_naming: str = "single"  # AMD's resource naming: single or mixed (amdresources)
 
@@ -80,6 +85,16 @@ class Config:
     driver_root: str | None = None  # the driver's files; None: the simulated node or host root
     hook: str = DEFAULT_HOOK  # gpuwire-hook as the host runs it, for the claims' ld-cache hook
     ldconfig: str = "/sbin/ldconfig"  # the host's static ldconfig, the hook's fallback
+
+    def node_state(self, role_default: str = STATE_DIR) -> str:
+        """Where the node agent keeps its state: as set, else the role's place (the DRA
+        plugin's: its plugin directory), under the simulated node's root on one (each its
+        own, as on a real node)."""
+        if self.state_dir is not None:
+            return self.state_dir
+        if self.sim is not None and role_default == STATE_DIR:
+            return str(Path(self.sim) / STATE_DIR.lstrip("/"))
+        return role_default
 
     @property
     def sharing(self) -> Sharing:
@@ -259,6 +274,7 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "mps.root": ("mps_root", as_path),
     "hami.library": ("hami_library", as_path),
     "driverFacts": ("driver_facts", as_path),
+    "stateDir": ("state_dir", as_path),
     "migStrategy": ("mig_strategy", as_mig_strategy),
     "vendor": ("vendor", as_vendor),
     "amd.resourceNaming": ("amd_naming", as_amd_naming),
@@ -276,6 +292,7 @@ FILE_KEYS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "sweep.grace": ("sweep_grace", as_seconds),
     "labels.enabled": ("labels", as_flag),
     "labels.interval": ("label_interval", as_seconds),
+    "labels.runtimeReady": ("runtime_ready", as_path),
     "dra.kubeletRoot": ("kubelet_root", as_path),
     "dra.cdiDir": ("cdi_dir", as_path),
     "dra.sharedGpus": ("shared_gpus", as_gpus),

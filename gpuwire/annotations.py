@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuwire import limits, nvidia, quantity
+from gpuwire import amd, limits, nvidia, quantity
 
 PREFIX = "gpuwire.io/"
 MODEL = PREFIX + "gpu-model"
@@ -30,6 +30,7 @@ CORES_LIMIT = PREFIX + "gpu-cores-limit"
 LIMIT_PROFILE = PREFIX + "limit-profile"
 CONTAINERS = PREFIX + "containers"
 MIG_PROFILE = PREFIX + "mig-profile"
+PARTITION_PROFILE = PREFIX + "partition-profile"
 
 # HAMi's resource names (per container; webhook/hami.py holds them as gpuwire's limits)
 HAMI_MEMORY = "nvidia.com/gpumem"
@@ -54,6 +55,7 @@ KNOWN = (
     LIMIT_PROFILE,
     CONTAINERS,
     MIG_PROFILE,
+    PARTITION_PROFILE,
     HAMI_USE_TYPE,
     HAMI_NOUSE_TYPE,
     HAMI_USE_UUID,
@@ -76,6 +78,11 @@ ACCEPTED = {
     CONTAINERS: "comma-separated container names of this pod",
     MIG_PROFILE: "a MIG profile as nvidia-smi names it (1g.10gb, 3g.40gb, 1g.10gb+me, "
     "1c.3g.40gb); gpuwire.io/gpu-count then counts MIG devices",
+    PARTITION_PROFILE: "an AMD partition profile as AMD's device plugin names it, "
+    "<compute>_<memory> (spx_nps1, cpx_nps4; compute "
+    f"{', '.join(m.lower() for m in amd.COMPUTE_PARTITIONS)}, memory "
+    f"{', '.join(m.lower() for m in amd.MEMORY_PARTITIONS)}); gpuwire.io/gpu-count then "
+    "counts partitions",
 }
 ACCEPTED[HAMI_USE_TYPE] = ACCEPTED[HAMI_NOUSE_TYPE] = "comma-separated model names"
 ACCEPTED[HAMI_USE_UUID] = ACCEPTED[HAMI_NOUSE_UUID] = "comma-separated GPU UUIDs"
@@ -154,6 +161,7 @@ class GpuRequest:
     profiles: tuple[str, ...] = ()
     containers: tuple[str, ...] = ()
     mig_profile: str | None = None
+    partition: str | None = None  # an AMD partition profile, `cpx_nps4`
     # annotation → raw value, as asked; left out of the hash (a dict has none), not of equality
     given: Mapping[str, str] = field(default_factory=dict, hash=False)
 
@@ -301,12 +309,22 @@ class _Parser:
         self.fail(MIG_PROFILE, "is not a MIG profile")
         return None
 
+    def partition(self, value: str) -> str | None:
+        compute, _, memory = value.strip().upper().partition("_")
+        if compute in amd.COMPUTE_PARTITIONS and memory in amd.MEMORY_PARTITIONS:
+            return amd.partition_type(compute, memory)
+        self.fail(PARTITION_PROFILE, "is not a partition profile")
+        return None
+
     def consistent(self, fields: dict[str, Any]) -> None:
         """Explicit devices fix the count; a count that says otherwise is a mistake. A MIG
         profile asks for MIG devices, so it counts them and takes no memory or devices."""
         count, uuids = fields.get("count"), fields.get("uuids", ())
         if uuids and count is not None and count != len(uuids):
             self.fail(COUNT, f"disagrees with the {len(uuids)} GPU(s) named by {UUID}")
+        if MIG_PROFILE in self.given and PARTITION_PROFILE in self.given:
+            self.fail(PARTITION_PROFILE, f"cannot go with {MIG_PROFILE}: AMD partitions are "
+                      "no MIG devices")  # fmt: skip
         if MIG_PROFILE not in self.given:
             return
         if count in ("all", "none"):
@@ -328,6 +346,7 @@ _SINGLE: dict[str, tuple[str, Callable[[_Parser, str], object]]] = {
     LIMIT_PROFILE: ("profiles", _Parser.profiles),
     CONTAINERS: ("containers", _Parser.containers),
     MIG_PROFILE: ("mig_profile", _Parser.mig_profile),
+    PARTITION_PROFILE: ("partition", _Parser.partition),
 }
 
 

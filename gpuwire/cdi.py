@@ -209,7 +209,8 @@ def hook_program(launcher: str, host_root: str = "/") -> str:
     names it; `host_root`: where this process sees the host): the `gpuwire-call` beside it
     where the install built one (runtime_hook.setup.launcher), which is the launcher without
     /bin/sh in front when called as `gpuwire-hook` (the hook's args[0]), resident first and
-    the same Python fallback; the launcher itself where none was built."""
+    the same fallback (its Python, or none: then it waits for the resident); the launcher
+    itself where none was built."""
     call = os.path.join(os.path.dirname(launcher), CALL)
     seen = os.path.join(host_root, call.lstrip("/"))
     return call if os.path.isfile(seen) and os.access(seen, os.X_OK) else launcher

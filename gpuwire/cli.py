@@ -36,6 +36,11 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "runtime_hook.setup.cli:containerd_configure",
         "add the gpuwire runtime to containerd",
     ),
+    (
+        ("containerd", "unconfigure"),
+        "runtime_hook.setup.cli:containerd_unconfigure",
+        "take gpuwire's drop-in out of containerd's config",
+    ),
     (("device-plugin", "serve"), "deviceplugin.cli:serve", "run the kubelet device plugin"),
     (("dra", "serve"), "deviceplugin.cli:dra_serve", "run the kubelet DRA plugin (ResourceSlices)"),
     (
@@ -44,6 +49,11 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
         "patch GPU capacity into a node without a plugin",
     ),
     (("node", "label"), "deviceplugin.cli:label", "write GPU labels on this node"),
+    (
+        ("node", "unlabel"),
+        "deviceplugin.cli:unlabel",
+        "remove gpuwire's labels and annotations from this node",
+    ),
     (
         ("certs", "generate"),
         "certs.cli:generate",

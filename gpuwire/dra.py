@@ -13,6 +13,7 @@ DRIVER = "gpu.gpuwire.io"
 WHOLE_CLASS = "gpu.gpuwire.io"
 SHARED_CLASS = "shared.gpu.gpuwire.io"
 MIG_CLASS = "mig.gpu.gpuwire.io"
+AMD_CLASS = "amd.gpu.gpuwire.io"  # AMD GPUs and partitions (AMD's driver's class `gpu.amd.com`)
 
 # Device attributes.
 TYPE = "type"
@@ -25,9 +26,20 @@ ISLAND = "nvlinkIsland"
 SHARED = "shared"
 PROFILE = "profile"  # of a MIG device
 
+# An AMD node's devices, with AMD's DRA driver's names (ROCm/k8s-gpu-dra-driver
+# `docs/driver-attributes.md`): a whole GPU (SPX, or no partition modes) and a partition.
+AMD_GPU_TYPE = "amdgpu"
+AMD_PARTITION_TYPE = "amdgpu-partition"
+AMD_TYPES = (AMD_GPU_TYPE, AMD_PARTITION_TYPE)
+PARTITION_PROFILE = "partitionProfile"  # `cpx_nps4`; none on a GPU without partition modes
+DEVICE_ID = "deviceID"  # the PCI device id, `0x74a1`
+XGMI_ISLAND = "xgmiIsland"  # gpuwire's: as nvlinkIsland, over XGMI
+
 # Capacities: a GPU's memory; on a shared GPU also its cores, in percent of its SMs.
 MEMORY = "memory"
 CORES = "cores"
+COMPUTE_UNITS = "computeUnits"  # an AMD device's (AMD's DRA driver's)
+SIMD_UNITS = "simdUnits"
 # A shared GPU's memory is handed out in whole GiB: its request policy's step and minimum.
 MEMORY_STEP_MIB = 1024
 

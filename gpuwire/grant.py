@@ -2,8 +2,18 @@
 
 The webhook signs what it granted; the node side recomputes the MAC from the OCI spec.
 `GPUWIRE_GRANT=<key-id>:<hex HMAC-SHA256>` over namespace, container name, the canonical
-device request and the canonical capabilities. Namespace and container name come from the
-CRI annotations on the node, so a grant copied into another namespace or container is void.
+device request, the canonical capabilities, the pod and the limits. Namespace and container
+name come from the CRI annotations on the node, so a grant copied into another namespace or
+container is void. The pod is the admission that created it: the webhook writes its request
+UID into the pod as `gpuwire.io/grant-pod` (replacing any value the pod came with), and
+containerd passes that one pod annotation into the container's spec (`pod_annotations`,
+`gpuwire containerd configure`); the pod's UID itself is not known to a mutating webhook at
+CREATE (the API server assigns it after), and a pod's name often is not either
+(`generateName`). So a grant copied into another pod of the namespace (another admission,
+or none: a pod no webhook saw has no such annotation) is void, and so is one whose limits
+(`LIMITS`: the variables MPS and HAMi-core read, `bound_limits`) differ from what was
+signed: a copy without the limit env, or with a looser one added (`envFrom`, the image's
+`ENV`), grants nothing. Grants made before they bound a pod verify nowhere.
 Keys are files in a directory (a mounted Secret), one key each, named by key id; every key
 verifies, the newest-named one signs, which is how keys rotate without a failed start.
 Imports are kept to what the node side needs on every container start (see gpuwire.value):
@@ -16,7 +26,7 @@ from __future__ import annotations
 import os
 from _operator import _compare_digest as compare_digest  # what hmac.compare_digest falls back to
 
-from gpuwire import nvidia
+from gpuwire import hamicore, mps, nvidia
 from gpuwire.value import Value
 from gpuwire.vendor import NVIDIA, VENDORS, Vendor, of
 
@@ -30,6 +40,8 @@ DEFAULT_KEY_DIR = "/etc/gpuwire/keys"
 # The device field of a grant whose devices the device plugin chooses at Allocate.
 PLUGIN_DEVICES = "plugin"
 
+POD_ANNOTATION = "gpuwire.io/grant-pod"  # the admission a grant binds (module docstring)
+VERSION = "gpuwire-grant/2"  # what the message starts with: pod and limits bound
 # (namespace, container name) annotation keys: containerd CRI, then CRI-O.
 SUBJECT_ANNOTATIONS = (
     ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.container-name"),
@@ -86,16 +98,32 @@ class GrantError(ValueError):
     """A grant that cannot be made or read (no key, malformed value)."""
 
 
+def is_limit(name: str) -> bool:
+    """Whether a variable sets a limit something enforces (MPS's, HAMi-core's)."""
+    return name in mps.CLIENT_ENV or name == hamicore.POLICY_ENV or hamicore.asks((name,))
+
+
+def bound_limits(env: Mapping[str, str]) -> str:
+    """The variables of `env` that set a limit something enforces (MPS's client limits,
+    HAMi-core's, `_<n>` per device included), canonical: each `<len>:<name>=<value>`,
+    sorted, so no value can pass for another field."""
+    pairs = sorted(f"{name}={value}" for name, value in env.items() if is_limit(name))
+    return "".join(f"{len(p)}:{p}" for p in pairs)
+
+
 class Subject(Value):
     """What a grant binds, each field in canonical form, under its vendor's tag (a grant for
     one vendor's env never verifies as another's)."""
 
-    __slots__ = _fields = ("namespace", "container", "devices", "capabilities", "tag")
+    __slots__ = _fields = ("namespace", "container", "devices", "capabilities", "tag", "pod",
+                           "limits")  # fmt: skip
     namespace: str
     container: str
     devices: str
     capabilities: str
     tag: str
+    pod: str  # the admission that made the pod (POD_ANNOTATION)
+    limits: str  # bound_limits of the container's env
 
     def __init__(
         self,
@@ -104,6 +132,8 @@ class Subject(Value):
         devices: str,
         capabilities: str,
         tag: str = NVIDIA.grant_tag,
+        pod: str = "",
+        limits: str = "",
     ) -> None:
         self._set(
             namespace=namespace,
@@ -111,6 +141,8 @@ class Subject(Value):
             devices=devices,
             capabilities=capabilities,
             tag=tag,
+            pod=pod,
+            limits=limits,
         )
 
     @classmethod
@@ -121,9 +153,13 @@ class Subject(Value):
         visible: str | None,
         caps: str | None,
         vendor: Vendor = NVIDIA,
+        *,
+        pod: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> Subject:
         """From the raw env values of `vendor`'s request; `plugin` stays `plugin` (devices
-        chosen at Allocate)."""
+        chosen at Allocate); `pod`: the pod's POD_ANNOTATION, `env`: the container's whole
+        environment (its limits are bound)."""
         device_field = (
             PLUGIN_DEVICES
             if visible == PLUGIN_DEVICES
@@ -135,11 +171,20 @@ class Subject(Value):
             device_field,
             vendor.canonical_capabilities(caps),
             vendor.grant_tag,
+            pod,
+            bound_limits(env or {}),
         )
 
     def message(self) -> bytes:
-        fields = (self.tag, self.namespace, self.container, self.devices, self.capabilities)
+        fields = (VERSION, self.tag, self.namespace, self.container, self.devices,
+                  self.capabilities, self.pod, self.limits)  # fmt: skip
         return "\0".join(fields).encode()
+
+
+def pod_of(annotations: Mapping[str, str]) -> str:
+    """The admission a container's pod came from (its POD_ANNOTATION, passed through by the
+    runtime); "" where the spec has none."""
+    return annotations.get(POD_ANNOTATION, "")
 
 
 def subject_names(annotations: Mapping[str, str]) -> tuple[str, str] | None:
@@ -189,7 +234,10 @@ class KeyRing(Value):
 
     def verify(self, value: str, subject: Subject) -> bool:
         """True when `value` holds a grant for exactly `subject` under any key held. A pod
-        that may land on nodes of either vendor carries one grant per vendor: `,`-separated."""
+        that may land on nodes of either vendor carries one grant per vendor: `,`-separated.
+        A subject of no pod is no one's: it verifies nothing."""
+        if not subject.pod:
+            return False
         return any(self._verifies(part, subject) for part in value.split(","))
 
     def _verifies(self, value: str, subject: Subject) -> bool:
@@ -200,6 +248,13 @@ class KeyRing(Value):
 
     def explain(self, value: str, subject: Subject) -> str:
         """Why `value` does or does not grant `subject`, for an admin troubleshooting."""
+        if not subject.pod:
+            return (
+                f"the spec names no pod admission ({POD_ANNOTATION}): a pod the webhook did "
+                "not see, one admitted before grants bound their pod (recreate it), or a "
+                "runtime that does not pass the annotation through (gpuwire containerd "
+                "configure)"
+            )
         found = [self._explain(part, subject) for part in value.split(",")]
         return next((e for e in found if e.startswith("valid")), "; ".join(found))
 
@@ -217,9 +272,11 @@ class KeyRing(Value):
 
 def _describe(subject: Subject) -> str:
     under = "" if subject.tag == NVIDIA.grant_tag else f" (as {subject.tag})"
+    limits = f" limits={subject.limits}" if subject.limits else " and no limits"
     return (
         f"namespace={subject.namespace} container={subject.container} "
-        f"devices={subject.devices} capabilities={subject.capabilities}{under}"
+        f"devices={subject.devices} capabilities={subject.capabilities} pod={subject.pod}"
+        f"{limits}{under}"
     )
 
 
@@ -248,6 +305,20 @@ def main(argv: list[str]) -> int:
         help="NVIDIA_VISIBLE_DEVICES (AMD_VISIBLE_DEVICES) value, or 'plugin'",
     )
     parser.add_argument(
+        "--pod",
+        required=True,
+        metavar="ADMISSION",
+        help=f"the pod's {POD_ANNOTATION} annotation (the grant binds that pod alone)",
+    )
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a limit variable of the container's env (MPS's, HAMi-core's), repeated: the "
+        "grant binds them",
+    )
+    parser.add_argument(
         "--capabilities", default="",
         help="NVIDIA_DRIVER_CAPABILITIES value (NVIDIA only; default: none given, the "
         "runtime's default)",
@@ -255,8 +326,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     vendor = of(args.vendor)
     try:
+        env = dict(e.partition("=")[::2] for e in args.env)
         subject = Subject.of(
-            args.namespace, args.container, args.devices, args.capabilities, vendor
+            args.namespace,
+            args.container,
+            args.devices,
+            args.capabilities,
+            vendor,
+            pod=args.pod,
+            env=env,
         )
     except (GrantError, nvidia.CapabilityError) as exc:
         parser.exit(2, f"gpuwire grant: {exc}\n")  # gpuwire.exits.USAGE: a bad value

@@ -160,8 +160,8 @@ def from_records(records: Iterable[ContainerRecord]) -> list[Holder]:
             r.claims,
         )
         for r in records
-        if r.gpus and not set(r.capabilities) <= WATCH_ONLY
-    ]
+        if r.gpus and not (r.capabilities and set(r.capabilities) <= WATCH_ONLY)
+    ]  # a record without capabilities (AMD's: a vendor without them) holds its GPUs
 
 
 def from_assignments(

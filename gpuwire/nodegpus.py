@@ -17,8 +17,10 @@ import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwire import nvidia
+from gpuwire.devices import Device
 
 ANNOTATION = "gpuwire.io/gpus"
 
@@ -48,6 +50,19 @@ class NodeGpu:
     mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
     vendor: str = nvidia.VENDOR
     parent: str = ""  # an AMD partition's GPU (its uuid); "": a whole GPU
+
+
+def described(device: Device, **known: Any) -> NodeGpu:
+    """`device` as the annotation lists it (its index, UUID, product, memory, NUMA node),
+    with what its node agent `known` of it besides (health, resource, vendor, ...)."""
+    return NodeGpu(
+        index=device.index,
+        uuid=device.uuid,
+        product=device.product,
+        memory_mib=device.memory_mib,
+        numa_node=device.numa_node,
+        **known,
+    )
 
 
 def encode(gpus: Iterable[NodeGpu]) -> str:

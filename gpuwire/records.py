@@ -304,7 +304,9 @@ def write(root: str, record: ContainerRecord) -> None:
     """Write (or replace) `record` atomically in `root`, a directory only root can write."""
     path = _path(root, record.id)
     os.makedirs(root, mode=0o700, exist_ok=True)
-    atomicfile.replace(path, encode(record).encode(), 0o600)
+    atomicfile.replace(
+        path, encode(record).encode(), 0o600, durable=False
+    )  # lives as its container
 
 
 def remove(root: str, container: str) -> bool:

@@ -29,7 +29,7 @@ import uuid as uuidlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpuwire import amdsim, exits, migprofiles, nvidia
+from gpuwire import amdsim, atomicfile, exits, migprofiles, nvidia
 from gpuwire.devices import Device
 from gpuwire.elfstub import shared_object
 
@@ -262,18 +262,21 @@ def with_mig(machine: Machine, index: int, profiles: tuple[str, ...]) -> Machine
 
 
 def _write(path: Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Replaced whole: a part reading the node while it is rewritten (a MIG change, a fault)
+    sees the old file or the new, as on a real node, never none."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    if isinstance(data, str):
-        data = data.encode()
-    path.write_bytes(data)
-    path.chmod(mode)
+    if path.is_symlink():
+        path.unlink()
+    atomicfile.replace(str(path), data.encode() if isinstance(data, str) else data, mode,
+                       durable=False)  # fmt: skip
 
 
 def _symlink(path: Path, target: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    path.symlink_to(target)
+    staged = path.with_name(f".{path.name}.link")
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(target)
+    os.replace(staged, path)
 
 
 def _char_device(path: Path, major: int, minor: int, mode: int = 0o666) -> None:
@@ -317,6 +320,8 @@ def _capability(minor: int, mode: int) -> str:
 def _write_mig(root: Path, machine: Machine) -> None:
     """What the driver and nvidia-modprobe show of MIG: what exists now, nothing else."""
     caps, nodes = root / nvidia.PROC_CAPABILITIES, root / "dev/nvidia-caps"
+    final = caps
+    caps = caps.with_name(f".{caps.name}.new")  # made beside, then swapped in at once
     shutil.rmtree(caps, ignore_errors=True)
     shutil.rmtree(nodes, ignore_errors=True)
     made = [(1, CONFIG_MODE), (2, ACCESS_MODE)]
@@ -334,6 +339,12 @@ def _write_mig(root: Path, machine: Machine) -> None:
             made += [(gi_cap, ACCESS_MODE), (ci_cap, ACCESS_MODE)]
     for minor, mode in made:
         _char_device(nodes / f"nvidia-cap{minor}", CAPS_MAJOR, minor, mode)
+    gone = final.with_name(f".{final.name}.old")
+    shutil.rmtree(gone, ignore_errors=True)
+    if final.exists():
+        os.rename(final, gone)
+    os.rename(caps, final)
+    shutil.rmtree(gone, ignore_errors=True)
     _write(root / MIG_MINORS, _mig_minors())
 
 

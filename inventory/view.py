@@ -20,12 +20,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwire import amd, dra, nodegpus, records
 from gpuwire import annotations as gpu_annotations
-from gpuwire import dra, nodegpus, records
 from gpuwire import holders as holding
 from gpuwire.quantity import QuantityError, api_mib
+from gpuwire.vendor import VENDORS
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_DEVICES = tuple(v.visible_env for v in VENDORS)  # a hand-written device request
 GPU_TEMPLATES = "gpuwire-"  # the ResourceClaimTemplates gpuwire's webhook makes for GPU pods
 
 Obj = Mapping[str, Any]
@@ -113,9 +114,11 @@ class Inventory:
 
 def is_gpu_resource(name: str) -> bool:
     """An extended resource that counts GPUs: `nvidia.com/gpu`, `nvidia.com/gpu.shared`,
-    `amd.com/gpu`, per-model names such as `nvidia.com/gpu-a100`."""
+    `amd.com/gpu`, per-model names such as `nvidia.com/gpu-a100`, AMD's partition types under
+    its mixed naming (`amd.com/cpx_nps4`)."""
     domain, _, resource = name.partition("/")
-    return bool(domain) and "." in domain and resource.startswith("gpu")
+    partitions = name.startswith(amd.LABEL_PREFIX) and "_nps" in resource
+    return bool(domain) and "." in domain and (resource.startswith("gpu") or partitions)
 
 
 def build(
@@ -379,13 +382,13 @@ def _requests(pod: Obj) -> list[str]:
         return [f"claim from {t}" for t in templates]
     for c in containers:
         for e in c.get("env") or ():
-            if e.get("name") == VISIBLE_DEVICES and e.get("value") not in (
+            if e.get("name") in VISIBLE_DEVICES and e.get("value") not in (
                 None,
                 "",
                 "void",
                 "none",
             ):
-                return [f"{VISIBLE_DEVICES}={e['value']}"]
+                return [f"{e['name']}={e['value']}"]
     return []
 
 

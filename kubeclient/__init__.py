@@ -128,9 +128,16 @@ def explain(exc: Exception, server: str) -> str | None:
         said = f": {message}" if message else ""
         return f"{server} answered {exc.status} {exc.reason}{said}"
     if isinstance(exc, urllib3.exceptions.HTTPError):
-        reason = getattr(exc, "reason", None) or exc
-        return f"cannot reach {server}: {reason}"
+        return f"cannot reach {server}: {_first_cause(exc)}"
     return None
+
+
+def _first_cause(exc: BaseException) -> str:
+    """What went wrong under urllib3's wrappers (`Connection refused`, not the pool's and the
+    URL's retelling of it): the innermost reason or cause, an OSError by its own words."""
+    while isinstance(inner := getattr(exc, "reason", None) or exc.__cause__, BaseException):
+        exc = inner
+    return str(exc.strerror) if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _status_message(body: object) -> str:

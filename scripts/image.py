@@ -70,7 +70,8 @@ def package_version(repo: Path = REPO) -> str:
 class Store:
     """podman on this checkout's own storage (overlay, as root), its run root under /run."""
 
-    root: Path
+    root: Path  # resolved: podman keeps the path it was first given (a worktree's .cache may
+    # be a link to the main checkout's)
 
     def command(self, *args: str) -> list[str]:
         run_root = f"/run/gpuwire-image-{hashlib.sha256(bytes(self.root)).hexdigest()[:12]}"
@@ -196,7 +197,7 @@ def build(repo: Path = REPO, cache: Path = CACHE, version: str | None = None) ->
     archive = cache / f"gpuwire-{tag}.tar"
     stamp = cache / f"gpuwire-{tag}.inputs"
     with locked(cache):
-        store = Store(cache / "store")
+        store = Store((cache / "store").resolve())
         wanted = inputs(repo, base_loaded(store, cache))
         if archive.exists() and stamp.exists():
             last = json.loads(stamp.read_text())
@@ -216,8 +217,9 @@ def build(repo: Path = REPO, cache: Path = CACHE, version: str | None = None) ->
 
 
 def rebuilt_build_id(epoch: int, repo: Path = REPO, cache: Path = CACHE) -> str:
-    """The BUILD_ID of the tree built again with SOURCE_DATE_EPOCH=`epoch`: its dependencies
-    fetched and every step after them run anew (the reproducibility test)."""
+    """The BUILD_ID of the tree built again with SOURCE_DATE_EPOCH=`epoch`: every step after
+    the dependencies' download run anew, their install from the wheels fetched included (the
+    reproducibility test; the download is pinned files, and the first build's layer stays)."""
     with beside(cache) as (store, tag):
         args = ("--target", "build", f"--build-arg=SOURCE_DATE_EPOCH={epoch}", "--tag", tag)
         store.build(repo, *args, log=cache / "beside.log")
@@ -229,7 +231,7 @@ def beside(cache: Path = CACHE) -> Iterator[tuple[Store, str]]:
     """`build`'s store (its base loaded) and a name to build something else under in it:
     every image made meanwhile is removed again, `build`'s cache kept."""
     with locked(cache):
-        store = Store(cache / "store")
+        store = Store((cache / "store").resolve())
         base_loaded(store, cache)
         before = set(store.podman("images", "--all", "--quiet", "--no-trunc").split())
         try:

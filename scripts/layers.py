@@ -9,8 +9,9 @@ file, the line and the rule, where
   `scripts` (and a library, `kubeclient`, imports a component);
 - `testbed/` imports `tests`, `bench` or `scripts`;
 - the container-start path (everything `runtime_hook.start.shim` and `.hook` import, at
-  any depth, that runs) is not exactly `runtime_hook.start.MODULES`, or reaches a package
-  outside the standard library;
+  any depth, that runs) is not exactly `runtime_hook.start.MODULES`, the standard library
+  modules it imports (the codecs it names by a literal included) not exactly
+  `runtime_hook.start.STDLIB`, or it reaches a package outside the standard library;
 - modules of one package import each other in a cycle;
 - a value type is not written the one way: `@dataclass(frozen=True)`, except in the modules
   a start imports, where `dataclasses` costs too much and `gpuwire.value.Value` stands in;
@@ -24,6 +25,8 @@ Pure functions of the sources and files handed in, so that tests can hand in vio
 from __future__ import annotations
 
 import ast
+import encodings
+import encodings.aliases
 import subprocess
 import sys
 import tomllib
@@ -148,22 +151,40 @@ def layer_violations(tree: Tree) -> list[str]:
     return out
 
 
-def declared_start_modules(tree: Tree) -> tuple[str, ...]:
-    """`MODULES` of runtime_hook/start/__init__.py: a tuple of strings, read from the source."""
+def declared_start_modules(tree: Tree, name: str = "MODULES") -> tuple[str, ...]:
+    """`MODULES` (or `STDLIB`) of runtime_hook/start/__init__.py: a tuple of strings, read
+    from the source."""
     for node in ast.parse(tree.sources[START]).body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [
-            "MODULES"
-        ]:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == [name]:
             value = ast.literal_eval(node.value)
             if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
                 return value
-    raise ValueError(f"{tree.paths[START]}: no MODULES = (...) of module names")
+    raise ValueError(f"{tree.paths[START]}: no {name} = (...) of module names")
+
+
+def codecs_named(source: str) -> set[str]:
+    """The modules of the codecs `source` names by a literal (`encoding="ascii"`,
+    `.encode("latin-1")`): a codec's module is imported when it is first looked up."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        values = [k.value for k in node.keywords if k.arg == "encoding"]
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("encode", "decode"):
+            values += node.args[:1]
+        names |= {v.value for v in values if isinstance(v, ast.Constant) and type(v.value) is str}
+    modules = set()
+    for name in names:
+        normal = encodings.normalize_encoding(name).lower()
+        modules.add(f"encodings.{encodings.aliases.aliases.get(normal, normal)}")
+    return modules
 
 
 def start_violations(tree: Tree) -> list[str]:
     """What a start runs: the roots, what they import at any depth (not typing-only), and
     the packages those live in (their `__init__` runs too)."""
     reached: set[str] = set()
+    standard: set[str] = set()  # the standard library modules they import
     todo = list(START_ROOTS)
     out = []
     while todo:
@@ -179,17 +200,24 @@ def start_violations(tree: Tree) -> list[str]:
                 continue
             if i.target in tree.sources:
                 todo.append(i.target)
-            elif top(i.target) not in STDLIB:
+            elif top(i.target) in STDLIB:
+                standard.add(i.target)
+            else:
                 out.append(
                     f"{tree.where(i)}: imports {i.target} on the container-start path, "
                     "which imports the standard library and gpuwire only"
                 )
     declared = set(declared_start_modules(tree))
     modules = reached - tree.packages
+    standard |= {codec for name in modules for codec in codecs_named(tree.sources[name])}
     where = tree.paths[START]
     undeclared, unreached = sorted(modules - declared), sorted(declared - modules)
     out += [f"{where}: the start path imports {m}, not in MODULES" for m in undeclared]
     out += [f"{where}: MODULES names {m}, which no start imports" for m in unreached]
+    library = set(declared_start_modules(tree, "STDLIB"))
+    undeclared, unreached = sorted(standard - library), sorted(library - standard)
+    out += [f"{where}: the start path imports {m}, not in STDLIB" for m in undeclared]
+    out += [f"{where}: STDLIB names {m}, which no start imports" for m in unreached]
     return out
 
 

@@ -15,11 +15,18 @@ a list, `...;as=PartialObjectMetadata;...` for a get or watch: k8s.io/apiserver'
 endpoints/handlers/response.go), 406 where no Accept type can be served.
 Lists are assembled from each object's encoding, kept until it changes, so a 10,000-Node list
 costs the stand-in little of what a client spends reading it.
-Deliberate limits: no authn/authz or admission; server-side apply answers 415 and `dryRun` 400;
+Secure (`ApiServer(secure=True)`): service account tokens (testbed/tokens.py, TokenRequest on
+`serviceaccounts/<name>/token`), RBAC (testbed/rbac.py) and the admission chain
+(testbed/admission.py) as a cluster's API server applies them, and HTTPS for pods
+(`serve_tls`); graceful pod deletion (`graceful_delete=True`) as the kubelet finishes it.
+Deliberate limits: without `secure`, no authn/authz or admission; no other authenticator than
+service account tokens (the plain listener's callers are the admin, as the test harness is);
+server-side apply answers 415 and `dryRun` 400;
 strategic merge is merge patch plus merge-by-key of the lists in MERGE_KEYS, no `$` directives;
 list ignores `resourceVersion` (always the latest, then its snapshot), an expired `continue`
 gets no inconsistent-continuation token, no protobuf and no Table; finalizers and grace
-periods are ignored (delete is immediate, a namespace goes with its contents); no
+periods are ignored (delete is immediate but for `graceful_delete` pods, a namespace goes with
+its contents; no garbage collector: dependents stay); no
 deletecollection, no `sendInitialEvents` (watch-list); validation covers names and labels,
 not the schema (a wrongly typed field is stored as sent), except for `resource.k8s.io/v1`
 (ResourceSlices, DeviceClasses, ResourceClaims and their templates), whose writes validate
@@ -34,12 +41,16 @@ import base64
 import binascii
 import bisect
 import contextlib
+import dataclasses
+import datetime as dt
 import fnmatch
 import json
 import math
 import random
 import re
 import socket
+import ssl
+import tempfile
 import threading
 import time
 import uuid
@@ -54,6 +65,9 @@ from urllib.parse import parse_qs, urlsplit
 import jsonpatch
 import orjson
 from kubernetes import client as k8s
+
+from certs import pki
+from testbed import admission, rbac, tokens
 
 Obj = dict[str, Any]
 Match = Callable[[Obj], bool]
@@ -82,6 +96,7 @@ class Resource:
 
 ADMISSION = "admissionregistration.k8s.io"
 DRA = "resource.k8s.io"  # Dynamic Resource Allocation, v1 (GA in 1.34)
+VAP = "ValidatingAdmissionPolicy"
 SLICE_FIELDS = ("spec.driver", "spec.nodeName", "spec.pool.name")
 KIND_SLICE = "ResourceSlice"
 POD_FIELDS = ("spec.nodeName", "spec.schedulerName", "spec.serviceAccountName", "status.phase")
@@ -106,7 +121,20 @@ RESOURCES = (
     Resource(DRA, "v1", "deviceclasses", "DeviceClass", False),
     Resource(DRA, "v1", "resourceclaims", "ResourceClaim", True, True),
     Resource(DRA, "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
+    Resource("apps", "v1", "daemonsets", "DaemonSet", True, True),
+    Resource("apps", "v1", "deployments", "Deployment", True, True),
+    Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
+    Resource(rbac.API_GROUP, "v1", "roles", "Role", True),
+    Resource(rbac.API_GROUP, "v1", "rolebindings", "RoleBinding", True),
+    Resource(rbac.API_GROUP, "v1", "clusterroles", "ClusterRole", False),
+    Resource(rbac.API_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    Resource(ADMISSION, "v1", "validatingadmissionpolicies", VAP, False, True),
+    Resource(ADMISSION, "v1", "validatingadmissionpolicybindings", f"{VAP}Binding", False),
 )
+# Subresources besides status: a ServiceAccount's TokenRequest. Others (pods/eviction, ...)
+# are authorized like any request, then answered 404: nothing here serves them.
+SUBRESOURCES = {"serviceaccounts": ("token",)}
 NAMESPACES = RESOURCES[0]
 META = "meta.k8s.io/v1"
 TYPE_FIELDS = ("apiVersion", "kind")  # a typed list's items go without them
@@ -373,15 +401,41 @@ def metadata_only(accept: str, listing: bool) -> bool:
     raise StatusError(406, f"only the following media types are accepted: {accepted}")
 
 
+def _valid_name(res: Resource, name: str) -> bool:
+    """An RFC 1123 subdomain (a label for a Namespace); RBAC objects need only be a path
+    segment (`system:discovery`: ValidateRBACName is path.IsValidPathSegmentName)."""
+    if res.group == rbac.API_GROUP:
+        return bool(name) and name not in (".", "..") and not set(name) & {"/", "%"}
+    return bool(NAME.fullmatch(name)) and len(name) <= (63 if res is NAMESPACES else 253)
+
+
 def _spec(obj: Obj) -> Obj:
     """What a change to bumps metadata.generation: all but metadata and status."""
     return {k: v for k, v in obj.items() if k not in ("metadata", "status")}
 
 
+ADMIN = rbac.User("system:admin", groups=("system:masters", rbac.AUTHENTICATED))
+ROOT_CA_CONFIG_MAP = admission.ROOT_CA
+
+
+def _dial(host: str, port: int, timeout: float) -> socket.socket:
+    return socket.create_connection((host, port), timeout)
+
+
 class ApiServer:
     """A kube-apiserver stand-in on 127.0.0.1 with namespaces default, kube-system, kube-public
     and kube-node-lease; a context manager. `history` bounds the changes a watch can resume
-    from; `bookmark_interval` is how often watches that allow bookmarks get one."""
+    from; `bookmark_interval` is how often watches that allow bookmarks get one.
+
+    `secure`: as a cluster's API server, every request is authenticated (a service account
+    token, testbed/tokens.py; without one the admin on the plain listener, anonymous on the
+    HTTPS one `serve_tls` opens), authorized by RBAC over the stored Roles and bindings
+    (testbed/rbac.py, each decision kept in `authorizations`) and, for writes, admitted
+    (testbed/admission.py; `connect` dials a webhook's endpoint); every namespace gets its
+    `default` ServiceAccount and, once `serve_tls` ran, its `kube-root-ca.crt` ConfigMap (the
+    service account and root CA publisher controllers' work). `graceful_delete`: a pod bound
+    to a node is only marked for deletion (`deletionTimestamp`); it goes when its kubelet
+    deletes it again with grace period 0, as the kubelet does once its containers stopped."""
 
     def __init__(
         self,
@@ -389,7 +443,17 @@ class ApiServer:
         bookmark_interval: float = 60.0,
         schema: str | None = None,
         device_taints: bool = True,
+        secure: bool = False,
+        connect: admission.Connect | None = None,
+        graceful_delete: bool = False,
     ) -> None:
+        self.secure, self.graceful_delete = secure, graceful_delete
+        self.issuer = tokens.Issuer()
+        self.authorizations: list[tuple[rbac.Attributes, rbac.Decision]] = []
+        self.authentication_failures: list[str] = []
+        self.chain = admission.Chain(self, connect or _dial)
+        self.root_ca = ""  # the HTTPS listener's CA (PEM), once `serve_tls` ran
+        self._tls_servers: list[tuple[_HttpServer, threading.Thread]] = []
         self.requests: list[Request] = []
         self.bookmark_interval = bookmark_interval
         self.schema = schema  # a Kubernetes version: resource.k8s.io writes validate against it
@@ -406,6 +470,8 @@ class ApiServer:
         self._sockets: set[socket.socket] = set()
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        for obj in rbac.BOOTSTRAP if secure else ():
+            self.put(obj)
         self._http = _HttpServer(self)
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         fast_exit = {"poll_interval": 0.05}
@@ -418,6 +484,10 @@ class ApiServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for server, thread in self._tls_servers:
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)
         self._http.shutdown()
         self._http.server_close()  # a client that reconnects is refused, at once
         with self._lock:  # watches end cleanly, and so does any request being answered
@@ -442,13 +512,18 @@ class ApiServer:
 
     # Test hooks: no HTTP, no request log, no faults.
 
-    def put(self, obj: Obj) -> Obj:
-        """Create or overwrite `obj`, status included, as a controller would."""
+    def _resource_of(self, obj: Obj) -> Resource:
         api_version, kind = obj.get("apiVersion"), obj.get("kind")
         res = next((r for r in RESOURCES if (r.api_version, r.kind) == (api_version, kind)), None)
         if res is None:
             accepted = ", ".join(f"{r.api_version} {r.kind}" for r in RESOURCES)
-            raise ValueError(f"put: no resource serves {api_version} {kind}; accepted: {accepted}")
+            raise ValueError(f"no resource serves {api_version} {kind}; accepted: {accepted}")
+        return res
+
+    def put(self, obj: Obj) -> Obj:
+        """Create or overwrite `obj`, status included, as a controller would."""
+        res = self._resource_of(obj)
+        kind = res.kind
         new = _copy(obj)
         new.setdefault("metadata", {}).pop("resourceVersion", None)
         namespace, name = _key(new)
@@ -468,8 +543,43 @@ class ApiServer:
             items = sorted(self._store[self._resource(resource).plural].items())
         return [_copy(obj) for (ns, _), obj in items if namespace in (None, ns)]
 
-    def delete(self, resource: str, name: str, namespace: str = "") -> None:
-        self._delete(self._resource(resource), namespace, name, None)
+    def delete(
+        self, resource: str, name: str, namespace: str = "", grace_period: int | None = None
+    ) -> None:
+        """Delete, as a DELETE with `gracePeriodSeconds` when given (0: a pod goes at once,
+        as its kubelet's last delete makes it go)."""
+        options = None if grace_period is None else {"gracePeriodSeconds": grace_period}
+        self._delete(self._resource(resource), namespace, name, options)
+
+    def create(self, obj: Obj) -> Obj:
+        """Create `obj` as the admin's POST would: admitted (a secure server), then stored;
+        a controller's create."""
+        res = self._resource_of(obj)
+        namespace = obj["metadata"].get("namespace", "")
+        body = self._admitted("CREATE", res, namespace, "", _copy(obj), None, ADMIN)
+        with self._lock:
+            return _copy(self._create(res, namespace, body, check_namespace=True))
+
+    def patch(
+        self, resource: str, name: str, namespace: str, patch: Any, content_type: str = STRATEGIC
+    ) -> Obj:
+        """PATCH as the admin sends it: admitted (a secure server), then written."""
+        res = self._resource(resource)
+        return _copy(self._patch_admitted(res, namespace, name, content_type, patch, "", ADMIN))
+
+    def update_status(self, resource: str, name: str, namespace: str, status: Obj) -> Obj:
+        """Replace the object's status, as a PUT on its status subresource (the kubelet's
+        and the controllers' writes; no conflict: they own the status)."""
+        res = self._resource(resource)
+        with self._lock:
+            old = self._store[res.plural].get((namespace, name))
+            if old is None:
+                raise not_found(res, name)
+            return _copy(self._update(res, namespace, name, old | {"status": status}, "status"))
+
+    def request_token(self, namespace: str, account: str, body: Obj) -> Obj:
+        """TokenRequest for `account` (the kubelet's call for a pod's projected token)."""
+        return self._token_request(namespace, account, body)
 
     def fail(self, method: str, path: str, status: int, times: int = 1) -> None:
         """Answer the next `times` requests for `method` on `path` (a glob, no query) with a
@@ -491,6 +601,13 @@ class ApiServer:
     @property
     def resource_version(self) -> str:
         return str(self._rv)
+
+    def changed(self, since: int, timeout: float) -> int:
+        """Wait until something changed after resourceVersion `since` (or `timeout` passed);
+        the resourceVersion now. A controller's loop sleeps on it, not on a timer."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._rv > since or self._closing, timeout)
+            return self._rv
 
     def _resource(self, plural: str) -> Resource:
         found = [r for r in RESOURCES if r.plural == plural]
@@ -575,7 +692,7 @@ class ApiServer:
                 name = meta["generateName"] + "".join(random.choices(ALPHABET, k=5))
                 meta["name"] = None if (namespace, name) in store else name
             name = meta.get("name") or ""
-            if not NAME.fullmatch(name) or len(name) > (63 if res is NAMESPACES else 253):
+            if not _valid_name(res, name):
                 raise invalid(res, name, "metadata.name", name, NAME_RULE)
             if (namespace, name) in store:
                 message = f'{res.qualified} "{name}" already exists'
@@ -586,7 +703,10 @@ class ApiServer:
                 obj["status"] = {"phase": "Active"} | obj.get("status", {})
             if res.plural == "pods":
                 obj["status"] = {"phase": "Pending"} | obj.get("status", {})
-            return self._commit(res, obj, None)
+            created = self._commit(res, obj, None)
+            if res is NAMESPACES and self.secure:
+                self._namespace_defaults(name)
+            return created
 
     def _update(self, res: Resource, namespace: str, name: str, body: Any, sub: str) -> Obj:
         """PUT on the resource (sub "") or its status ("status"); "*" (`put`) writes both."""
@@ -626,6 +746,8 @@ class ApiServer:
             old = self._store[res.plural].get((namespace, name))
             if old is None:
                 raise not_found(res, name)
+            if res.plural == "pods" and self._graceful(old, options):
+                return self._mark_deleted(res, old, options)
             meta = old["metadata"]
             wanted = options.get("preconditions") if isinstance(options, dict) else None
             for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
@@ -657,6 +779,191 @@ class ApiServer:
         self._history.append(Event(self._rv, res.plural, kind, obj, old))
         self._lock.notify_all()
         return obj
+
+    def _graceful(self, pod: Obj, options: Any) -> bool:
+        """Whether deleting `pod` only marks it: bound to a node, still running, and the
+        delete not one with grace period 0 (the kubelet's final one, or a force delete)."""
+        grace = options.get("gracePeriodSeconds") if isinstance(options, dict) else None
+        done = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        return self.graceful_delete and bound and not done and grace != 0
+
+    def _mark_deleted(self, res: Resource, pod: Obj, options: Any) -> Obj:
+        meta = pod["metadata"]
+        if meta.get("deletionTimestamp"):
+            return pod
+        grace = options.get("gracePeriodSeconds") if isinstance(options, dict) else None
+        if grace is None:
+            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+        marked = pod | {"metadata": meta | {"deletionTimestamp": _now(),
+                                            "deletionGracePeriodSeconds": grace}}  # fmt: skip
+        return self._commit(res, marked, pod)
+
+    def _namespace_defaults(self, namespace: str) -> None:
+        """What the service account and root CA publisher controllers put in a namespace."""
+        account = {"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "default", "namespace": namespace}}  # fmt: skip
+        self._create(self._resource("serviceaccounts"), namespace, account, False)
+        if self.root_ca:
+            self._publish_root_ca(namespace)
+
+    def _publish_root_ca(self, namespace: str) -> None:
+        config_map = {"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": ROOT_CA_CONFIG_MAP, "namespace": namespace},
+                      "data": {"ca.crt": self.root_ca}}  # fmt: skip
+        res = self._resource("configmaps")
+        if (namespace, ROOT_CA_CONFIG_MAP) in self._store[res.plural]:
+            self._update(res, namespace, ROOT_CA_CONFIG_MAP, config_map, "*")
+        else:
+            self._create(res, namespace, config_map, False)
+
+    def serve_tls(self, sock: socket.socket) -> str:
+        """Serve HTTPS on `sock` (bound and listening, in whatever network the pods reach
+        it from) with a certificate for its address from a CA of this server, which every
+        namespace's `kube-root-ca.crt` ConfigMap then holds; returns the CA (PEM)."""
+        host = sock.getsockname()[0]
+        now = dt.datetime.now(dt.UTC)
+        ca = pki.new_ca(now, pki.CA_LIFETIME)
+        serving = pki.issue(ca, [host, "kubernetes.default.svc"], now, pki.SERVING_LIFETIME)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+            cert.write_bytes(serving.cert_pem())
+            key.write_bytes(serving.key_pem())
+            context.load_cert_chain(cert, key)
+        server = _HttpServer(self, sock, context)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  daemon=True)  # fmt: skip
+        thread.start()
+        self._tls_servers.append((server, thread))
+        with self._lock:
+            self.root_ca = ca.cert_pem().decode()
+            for _, namespace in list(self._store["namespaces"]):
+                self._publish_root_ca(namespace)
+        return self.root_ca
+
+    # Authentication, authorization, admission: what a secure server does with a request.
+
+    def authenticate(self, token: str) -> rbac.User:
+        """The user a bearer token names, its service account (and pod, node) still there
+        with the UIDs it was issued for; 401 otherwise."""
+        try:
+            claims = self.issuer.claims(token)
+            private = claims["kubernetes.io"]
+            namespace = private["namespace"]
+            found = {
+                "serviceaccount": self.get(
+                    "serviceaccounts", private["serviceaccount"]["name"], namespace
+                ),
+                "pod": self.get("pods", private.get("pod", {}).get("name", ""), namespace),
+                "node": self.get("nodes", private.get("node", {}).get("name", "")),
+            }
+            uids = {k: (o or {}).get("metadata", {}).get("uid") for k, o in found.items()}
+            return tokens.user_of(claims, uids)
+        except (tokens.TokenError, KeyError, TypeError) as exc:
+            with self._lock:
+                self.authentication_failures.append(str(exc))
+            raise StatusError(401, "Unauthorized", "Unauthorized") from None
+
+    def policy(self) -> rbac.Policy:
+        """The RBAC objects as stored now."""
+        return rbac.Policy(
+            self.objects("roles"),
+            self.objects("clusterroles"),
+            self.objects("rolebindings"),
+            self.objects("clusterrolebindings"),
+        )
+
+    def _authorize(self, attrs: rbac.Attributes) -> None:
+        """403 unless RBAC allows the request (a secure server; the admin always may)."""
+        if not self.secure or "system:masters" in attrs.user.groups:
+            return
+        decision = rbac.authorize(self.policy(), attrs)
+        with self._lock:
+            self.authorizations.append((attrs, decision))
+        if not decision.allowed:
+            details = {"name": attrs.name, "kind": attrs.resource} if attrs.name else {}
+            details |= {"group": attrs.api_group} if attrs.api_group else {}
+            raise StatusError(403, rbac.forbidden_message(attrs), "Forbidden", details or None)
+
+    def _admitted(
+        self,
+        operation: str,
+        res: Resource,
+        namespace: str,
+        name: str,
+        obj: Any,
+        old: Obj | None,
+        user: rbac.User,
+        sub: str = "",
+    ) -> Any:
+        """`obj` as the admission chain leaves it (a secure server), or refused."""
+        if not self.secure or (obj is not None and not isinstance(obj, dict)):
+            return obj
+        if obj is not None:
+            name = name or (obj.get("metadata") or {}).get("name", "")
+        request = admission.Request(operation, res.group, res.version, res.plural, res.kind,
+                                    namespace if res.namespaced else "", name, obj, old, user,
+                                    sub)  # fmt: skip
+        mutated = self.chain.mutate(request)
+        self.chain.validate(dataclasses.replace(request, obj=mutated))
+        return mutated
+
+    def _patch_admitted(
+        self, res: Resource, ns: str, name: str, ctype: str, patch: Any, sub: str, user: rbac.User
+    ) -> Obj:
+        """A patch as the API server applies it: to the stored object, then admitted, then
+        written if the object is still the one patched (else again, as GuaranteedUpdate)."""
+        while True:
+            old = self._store[res.plural].get((ns, name))
+            if old is None:
+                raise not_found(res, name)
+            new = self._admitted("UPDATE", res, ns, name, apply_patch(old, ctype, patch), old,
+                                 user, sub)  # fmt: skip
+            with self._lock:
+                if self._store[res.plural].get((ns, name)) is not old:
+                    continue
+                new = dict(new)
+                new["metadata"] = dict(new.get("metadata") or {})
+                new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                return self._update(res, ns, name, new, sub)
+
+    def _token_request(self, namespace: str, name: str, body: Any) -> Obj:
+        """TokenRequest (`serviceaccounts/<name>/token`): a token for the account, bound to
+        the pod `spec.boundObjectRef` names (and that pod's node) if it names one."""
+        account = self.get("serviceaccounts", name, namespace)
+        if account is None:
+            raise not_found(self._resource("serviceaccounts"), name)
+        spec = (body or {}).get("spec") or {}
+        ref = spec.get("boundObjectRef") or {}
+        pod = node = None
+        if ref:
+            if ref.get("kind") != "Pod":
+                raise StatusError(400, f"boundObjectRef.kind {ref.get('kind')!r}: only Pod here")
+            found = self.get("pods", ref.get("name", ""), namespace)
+            if found is None or found["metadata"]["uid"] != ref.get(
+                "uid", found["metadata"]["uid"]
+            ):
+                raise not_found(self._resource("pods"), ref.get("name", ""))
+            pod = tokens.Bound(found["metadata"]["name"], found["metadata"]["uid"])
+            node_name = found["spec"].get("nodeName")
+            node_obj = self.get("nodes", node_name) if node_name else None
+            if node_obj is not None:
+                node = tokens.Bound(node_name, node_obj["metadata"]["uid"])
+        audiences = tuple(spec.get("audiences") or (tokens.AUDIENCE,))
+        token, expires = self.issuer.issue(
+            namespace,
+            tokens.Bound(name, account["metadata"]["uid"]),
+            pod=pod,
+            node=node,
+            audiences=audiences,
+            seconds=int(spec.get("expirationSeconds") or 3607),
+        )
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": spec | {"audiences": list(audiences)},
+                "status": {"token": token, "expirationTimestamp": stamp}}  # fmt: skip
 
     def _list(self, res: Resource, namespace: str, query: dict[str, str], meta: bool) -> bytes:
         """A list, or one page of it: `limit` objects in key order, from the snapshot a
@@ -808,11 +1115,27 @@ def _number(query: dict[str, str], name: str) -> int:
 
 
 class _HttpServer(ThreadingHTTPServer):
+    """The plain listener on 127.0.0.1 (the admin's, as the test harness is), or, given a
+    listening socket and a TLS context, the HTTPS one pods reach."""
+
     daemon_threads = True
 
-    def __init__(self, api: ApiServer) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.api = api
+    def __init__(
+        self, api: ApiServer, sock: socket.socket | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler, bind_and_activate=sock is None)
+        if sock is not None:
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
+        self.api, self.tls = api, tls
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept; the TLS handshake happens in the request's thread, on its first read."""
+        conn, address = self.socket.accept()
+        if self.tls is not None:
+            conn = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, address
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -842,7 +1165,7 @@ class _Handler(BaseHTTPRequestHandler):
             accept = self.headers.get("Accept", "")
             self.api.requests.append(Request(self.command, url.path, query, content_type, accept))
         try:
-            self._answer(url.path, query, content_type)
+            self._answer(url.path, url.query, query, content_type)
         finally:
             with self.api._lock:
                 self.api._in_flight -= 1
@@ -851,15 +1174,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
-    def _answer(self, path: str, query: dict[str, str], content_type: str) -> None:
+    def _answer(self, path: str, raw_query: str, query: dict[str, str], content_type: str) -> None:
         try:
             raw = self._body()
+            user = self._user()
+            self.api._authorize(rbac.attributes(user, self.command, path, raw_query))
             self.api._fault(self.command, path, query)
             try:
                 body = json.loads(raw) if raw else None
             except ValueError as e:
                 raise StatusError(400, f"the request body is not valid JSON: {e}") from e
-            self._route(self.command, [p for p in path.split("/") if p], query, content_type, body)
+            parts = [p for p in path.split("/") if p]
+            self._route(self.command, parts, query, content_type, body, user)
+        except admission.Rejection as e:
+            self._send(e.code, StatusError(e.code, e.message, e.reason).status)
         except StatusError as e:
             self._send(e.code, e.status)
         except Exception as e:  # a bug here, not in the request: say so, keep serving
@@ -873,8 +1201,24 @@ class _Handler(BaseHTTPRequestHandler):
             raise StatusError(413, f"a request body needs a Content-Length of at most {MAX_BODY}")
         return self.rfile.read(int(length))
 
+    def _user(self) -> rbac.User:
+        """Who sent the request: a bearer token's user (401 if the token does not hold);
+        without one, the admin on the plain listener, anonymous on the TLS one."""
+        scheme, _, token = self.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() == "bearer":  # the scheme is case-insensitive (RFC 6750, 7235)
+            return self.api.authenticate(token.strip())
+        if cast(_HttpServer, self.server).tls is not None:
+            return rbac.User(rbac.ANONYMOUS, groups=(rbac.UNAUTHENTICATED,))
+        return ADMIN
+
     def _route(
-        self, method: str, parts: list[str], query: dict[str, str], ctype: str, body: Any
+        self,
+        method: str,
+        parts: list[str],
+        query: dict[str, str],
+        ctype: str,
+        body: Any,
+        user: rbac.User = ADMIN,
     ) -> None:
         api = self.api
         if parts in (["healthz"], ["livez"], ["readyz"]):
@@ -897,13 +1241,24 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET":
             meta = metadata_only(accept, listing=True)
             return self._send(200, api._list(res, namespace, query, meta))
+        if method == "POST" and sub == "token" and name:
+            return self._send(201, api._token_request(namespace, name, body))
         if method == "POST" and not name and (namespace or not res.namespaced):
+            body = api._admitted("CREATE", res, namespace, "", body, None, user)
             return self._send(201, api._create(res, namespace, body, check_namespace=True))
         if method == "PUT" and name:
+            old = api._store[res.plural].get((namespace, name))
+            body = api._admitted("UPDATE", res, namespace, name, body, old, user, sub)
             return self._send(200, api._update(res, namespace, name, body, sub))
         if method == "PATCH" and name:
-            return self._send(200, api._patch(res, namespace, name, ctype, body, sub))
+            if not api.secure:
+                return self._send(200, api._patch(res, namespace, name, ctype, body, sub))
+            return self._send(
+                200, api._patch_admitted(res, namespace, name, ctype, body, sub, user)
+            )
         if method == "DELETE" and name and not sub:
+            old = api._store[res.plural].get((namespace, name))
+            api._admitted("DELETE", res, namespace, name, None, old, user)
             return self._send(200, api._delete(res, namespace, name, body))
         raise StatusError(405, "the server does not allow this method on the requested resource")
 
@@ -984,11 +1339,12 @@ def _target(parts: list[str]) -> tuple[Resource, str, str, str]:
         namespace, rest = rest[1], rest[2:]
     plural, name, sub = [*rest, "", "", ""][:3]
     found = [r for r in RESOURCES if (r.group, r.version, r.plural) == (group, version, plural)]
-    if not found or len(rest) > 3 or sub not in ("", "status"):
+    if not found or len(rest) > 3:
         raise PATH_NOT_FOUND
     res = found[0]
     if (namespace and not res.namespaced) or (res.namespaced and name and not namespace):
         raise PATH_NOT_FOUND
-    if sub and not res.status:
+    served = ("status",) * res.status + SUBRESOURCES.get(res.plural, ())
+    if sub and sub not in served:
         raise PATH_NOT_FOUND
     return res, namespace, name, sub

@@ -133,6 +133,7 @@ class Containerd(Closing):
     cri: bool = False
     namespace: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
     process: subprocess.Popen[bytes] | None = None
+    _env: Mapping[str, str] | None = None  # what `start` was given, for `restart`
 
     @classmethod
     def create(cls, *, cri: bool = False, generation: Generation | None = None) -> Containerd:
@@ -164,6 +165,7 @@ class Containerd(Closing):
         place when the CRI plugin is on. Shims, and so the runtime binaries they run,
         inherit `env` (how gpuwire-runtime finds its config) and find their own generation's
         shim first on PATH."""
+        self._env = env
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [self.binary("containerd"), "--config", str(self.config)],
@@ -183,6 +185,15 @@ class Containerd(Closing):
                 return
             time.sleep(0.05)
         raise LabError(f"containerd did not answer within {timeout}s: {self._log_tail()}")
+
+    def restart(self) -> None:
+        """containerd itself killed (SIGKILL, as the OOM killer or a crash ends it) and started
+        again on the same root and state: running containers keep running under their shims,
+        which the new containerd finds again; CRI calls fail until it answers."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+        self.start(self._env)
 
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""

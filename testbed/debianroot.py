@@ -30,19 +30,22 @@ SLIM = (
     "--dpkgopt=path-exclude=/usr/share/locale/*",
     '--aptopt=Acquire::Languages "none"',
 )
-# /usr merged by mmdebstrap itself, as Debian 12 and later are (the `usrmerge` package
-# otherwise installed for it would bring perl); no device nodes (an engine makes /dev).
-OPTIONS = ("--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr", "--skip=output/dev")
+HOOKS = Path("/usr/share/mmdebstrap/hooks")
 
 
 @dataclass(frozen=True)
 class Root:
-    """A minbase root of `suite` with `packages` added; `options` are mmdebstrap's."""
+    """A minbase root of `suite` with `packages` added; `options` are mmdebstrap's. `usr`:
+    mmdebstrap's hook for /usr: `merged-usr`, merged by mmdebstrap itself as Debian 12 and
+    later have it (the `usrmerge` package otherwise installed for it would bring perl), or
+    `maybe-merged-usr` for a suite that may have no merged /usr (Debian 11). No device nodes
+    (an engine makes /dev)."""
 
     suite: str
     packages: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
     mirror: str = MIRROR
+    usr: str = "merged-usr"
 
     def argv(self, output: Path) -> list[str]:
         include = [f"--include={','.join(self.packages)}"] if self.packages else []
@@ -52,7 +55,8 @@ class Root:
             "--mode=root",
             "--variant=minbase",
             "--format=tar",
-            *OPTIONS,
+            f"--hook-dir={HOOKS / self.usr}",
+            "--skip=output/dev",
             *self.options,
             *include,
             self.suite,

@@ -81,6 +81,7 @@ class Kubelet:
         # GetPreferredAllocation's answers by (pod UID, container), before the kubelet's fill
         self.hints: dict[tuple[str, str], list[str]] = {}
         self._cond = threading.Condition()
+        self._admitting = threading.Lock()
         self._server: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -103,8 +104,9 @@ class Kubelet:
         self.socket.unlink(missing_ok=True)
 
     def restart(self) -> None:
-        """A new kubelet instance: it forgets its plugins, deletes every socket in the device
-        plugin directory (CleanupPluginDirectory), then serves a new `kubelet.sock`."""
+        """A new kubelet instance: it forgets its plugins (not the allocations its checkpoint
+        holds), deletes every socket in the device plugin directory (CleanupPluginDirectory),
+        then serves a new `kubelet.sock`."""
         self.stop()
         with self._cond:
             self.plugins = {}
@@ -134,24 +136,44 @@ class Kubelet:
             )
         with self._cond:
             self.registrations.append(request)
-        # like the device manager: answer first, dial the plugin back in the background
-        threading.Thread(target=self._connect, args=(request,), daemon=True).start()
-        return api_pb2.Empty()
-
-    def _connect(self, request: api_pb2.RegisterRequest) -> None:
+            number = len(self.registrations)
+        # like the device manager (plugin/v1beta1/server.go, Register → connectClient): dial
+        # the plugin back and ask its options before answering, so that a plugin it cannot
+        # reach hears the registration failed (and registers again); ListAndWatch then runs
+        # in the background
         channel = grpc.insecure_channel(f"unix://{self.directory / request.endpoint}")
         stub = api_pb2_grpc.DevicePluginStub(channel)
-        options = stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5)
+        try:
+            options = stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=10,
+                                                  wait_for_ready=True)  # fmt: skip
+        except grpc.RpcError as exc:
+            channel.close()
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot dial the plugin back: {exc}")
         plugin = Plugin(request.resource_name, request.endpoint, options, channel, stub)
+        threading.Thread(target=self._connect, args=(plugin, number), daemon=True).start()
+        return api_pb2.Empty()
+
+    def _connect(self, plugin: Plugin, number: int) -> None:
+        """Take on a registered plugin and follow its ListAndWatch; `number`: its
+        registration's, the newest of a resource's wins (not the one handled last)."""
+        resource = plugin.resource
         with self._cond:
-            old = self.plugins.get(request.resource_name)
+            if [r for r in self.registrations[number:] if r.resource_name == resource]:
+                plugin.channel.close()
+                return
+            old = self.plugins.get(resource)
             if old is not None:  # the newest registration replaces the old endpoint
                 plugin.allocated = old.allocated
                 old.channel.close()
-            self.plugins[request.resource_name] = plugin
+            else:  # a new kubelet: what its checkpoint holds stays allocated
+                plugin.allocated = {
+                    d for e in self.entries if e["ResourceName"] == resource
+                    for d in e["DeviceIDs"]["-1"]
+                }  # fmt: skip
+            self.plugins[resource] = plugin
             self._cond.notify_all()
         try:
-            for response in stub.ListAndWatch(api_pb2.Empty()):
+            for response in plugin.stub.ListAndWatch(api_pb2.Empty()):
                 with self._cond:
                     plugin.snapshots.append(list(response.devices))
                     self._cond.notify_all()
@@ -194,7 +216,14 @@ class Kubelet:
     def admit(
         self, resource: str, count: int, pod_uid: str = "pod-1", container: str = "main"
     ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
-        """Allocate `count` devices of `resource` to one container, the way the kubelet does."""
+        """Allocate `count` devices of `resource` to one container, the way the kubelet does:
+        one admission at a time (its pod workers admit pods one after another)."""
+        with self._admitting:
+            return self._admit(resource, count, pod_uid, container)
+
+    def _admit(
+        self, resource: str, count: int, pod_uid: str, container: str
+    ) -> tuple[list[str], api_pb2.ContainerAllocateResponse]:
         plugin = self.plugin(resource)
         with self._cond:
             available = sorted(plugin.healthy() - plugin.allocated)

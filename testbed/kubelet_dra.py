@@ -5,7 +5,7 @@ What it does as the kubelet does: watches `<root>/plugins_registry` for sockets 
 start with `.` are skipped), calls GetInfo on each new one, checks the type (`DRAPlugin`), the
 driver name and the supported versions — it takes the first `<version>.DRAPlugin` of the
 plugin's list that it supports itself (`versions`: a 1.34–1.37 kubelet supports v1 and
-v1beta1, a 1.33 one v1beta1 only) — dials `unix:<endpoint>`, and answers with
+v1beta1, a 1.33 one v1beta1 only) — dials `unix:<endpoint>` (on its host: `host`), and answers with
 NotifyRegistrationStatus; a refused registration is retried from scratch after a backoff; a
 removed socket deregisters that driver. `prepare` and `unprepare` are one call per driver with
 the claims' namespace, name and UID (45 s timeout), and the claims prepared are kept in
@@ -15,8 +15,9 @@ keeps a NodeWatchResources stream open, redialled every 5 s, and keeps each devi
 report with its own receive time (Unknown after the report's timeout, default 30 s). With an
 API client it deletes the node's ResourceSlices at start and a driver's slices once no
 instance of it has been registered for `wipe_delay` seconds (30 s in the kubelet).
-`restart` is a new kubelet process: streams and connections end, the state file is read back,
-and every socket already in the registry directory is registered again.
+`restart` is a new kubelet process: streams and connections end, the state file is read back
+(its claims prepared again on their next use, as the kubelet does), and every socket already
+in the registry directory is registered again.
 
 Left out: the plugin watcher's inotify (the directory is listed every 50 ms), rolling updates
 (several instances of one driver), the reconcile loop that unprepares for pods the kubelet
@@ -32,7 +33,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,10 @@ class DraKubelet:
         api: Any = None,
         wipe_delay: float = 30.0,
         retry: float = 0.2,
+        host: Callable[[str], Path] = Path,
     ) -> None:
         self.root = root
+        self.host = host  # where a path on the kubelet's host is seen from here (an endpoint)
         self.registry = root / "plugins_registry"
         self.node = node
         self.versions = versions
@@ -123,11 +126,12 @@ class DraKubelet:
         self.infos: list[pluginregistration_pb2.PluginInfo] = []
         self.refusals: list[str] = []
         self.prepared: dict[str, dict[str, Any]] = {}  # claim UID → claim and answer
+        self.fresh: set[str] = set()  # the claims this instance has prepared (not just read)
         self.starts = 0
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._sockets: dict[Path, tuple[int, int]] = {}  # registered socket → its identity
+        self._sockets: dict[Path, tuple[int, int, int]] = {}  # registered socket → its identity
         self._failed: dict[Path, float] = {}  # socket → when to try again
         self._gone: dict[str, float] = {}  # driver → when it deregistered
 
@@ -146,6 +150,7 @@ class DraKubelet:
         self._stop = threading.Event()
         state = self.root / STATE
         self.prepared = json.loads(state.read_text()) if state.exists() else {}
+        self.fresh = set()
         if self.api is not None:
             self._delete_slices(None)
         watcher = threading.Thread(target=self._watch, name="plugin-watcher", daemon=True)
@@ -177,7 +182,11 @@ class DraKubelet:
                     with contextlib.suppress(FileNotFoundError):
                         st = path.lstat()
                         if not path.name.startswith(".") and stat.S_ISSOCK(st.st_mode):
-                            present[path] = (st.st_dev, st.st_ino)
+                            present[path] = (
+                                st.st_dev,
+                                st.st_ino,
+                                st.st_ctime_ns,
+                            )  # a new socket, even at a reused inode
             with self._lock:
                 for path in [p for p in self._sockets if self._sockets[p] != present.get(p)]:
                     self._deregister(path)
@@ -187,7 +196,7 @@ class DraKubelet:
                 self._register(path, ident)
             self._wipe()
 
-    def _register(self, path: Path, ident: tuple[int, int]) -> None:
+    def _register(self, path: Path, ident: tuple[int, int, int]) -> None:
         try:
             with grpc.insecure_channel(f"unix:{path}") as channel:
                 registration = pluginregistration_pb2_grpc.RegistrationStub(channel)
@@ -242,7 +251,7 @@ class DraKubelet:
             endpoint=info.endpoint,
             socket=path,
             version=self._pick(info.supported_versions, "DRAPlugin") or "",
-            channel=grpc.insecure_channel(f"unix:{info.endpoint}"),
+            channel=grpc.insecure_channel(f"unix:{self.host(info.endpoint)}"),
             health_version=self._health_version(info.supported_versions),
         )
 
@@ -343,11 +352,14 @@ class DraKubelet:
         return plugin
 
     def prepare(self, driver: str, claims: list[tuple[str, str, str]]) -> dict[str, Any]:
-        """NodePrepareResources for the claims (namespace, name, UID) not prepared yet; the
-        answer per claim UID (a NodePrepareResourceResponse), prepared ones from the state.
-        A claim with an error or without an entry stays unprepared (retried on the next sync)."""
+        """NodePrepareResources for the claims (namespace, name, UID) not prepared yet by this
+        kubelet instance (one read back from the state after a restart is prepared again, as
+        `newClaimInfoFromState` in kubernetes `pkg/kubelet/cm/dra/claiminfo.go` marks it
+        unprepared); the answer per claim UID (a NodePrepareResourceResponse), prepared ones
+        from the state. A claim with an error or without an entry stays unprepared (retried on
+        the next sync)."""
         plugin = self._plugin(driver)
-        todo = [c for c in claims if c[2] not in self.prepared]
+        todo = [c for c in claims if c[2] not in self.fresh]
         answers: dict[str, Any] = {}
         if todo:
             request = plugin.pb.NodePrepareResourcesRequest(
@@ -368,6 +380,7 @@ class DraKubelet:
                 answer = response.claims[uid]
                 answers[uid] = answer
                 if not answer.error:
+                    self.fresh.add(uid)
                     self.prepared[uid] = {"driver": driver, "namespace": ns, "name": name,
                                           "answer": answer.SerializeToString().hex(),
                                           "version": plugin.version}  # fmt: skip
@@ -402,6 +415,7 @@ class DraKubelet:
                 errors[uid] = response.claims[uid].error
                 if not errors[uid]:
                     self.prepared.pop(uid, None)
+                    self.fresh.discard(uid)
         self._save()
         return errors
 

@@ -1,7 +1,9 @@
 """What the kubelet's runtime manager does with a pod bound to its node, over CRI v1 to a
 real containerd (kubernetes/kubernetes `pkg/kubelet/kuberuntime`, `kubelet_pods.go`).
 
-Faithful to, per pod: `RunPodSandbox` with the pod's metadata (name, namespace, UID: from
+Faithful to, per pod: its sandbox found by `ListPodSandbox` on the pod's UID label (a ready
+one is the pod's; others are removed and the next runs at the next attempt), else
+`RunPodSandbox` with the pod's metadata (name, namespace, UID: from
 them containerd's CRI plugin itself writes the `io.kubernetes.cri.sandbox-*` annotations that
 gpuwire's runtime trusts), its labels and annotations, a log directory
 `<ns>_<name>_<uid>`, a cgroup parent `…/pod<uid>` and the runtime handler of the pod's
@@ -60,10 +62,46 @@ def unconfined() -> cri.SecurityProfile:
     return cri.SecurityProfile(profile_type=cri.SecurityProfile.Unconfined)
 
 
-def namespaces() -> cri.NamespaceOption:
-    """The host network; IPC shared in the pod; a PID namespace per container (the kubelet
+def seccomp(context: Obj) -> cri.SecurityProfile:
+    """The seccomp profile a security context names (`RuntimeDefault`, `Localhost`), else
+    unconfined; a privileged container is always unconfined."""
+    profile = context.get("seccompProfile") or {}
+    kind = profile.get("type", "Unconfined")
+    if context.get("privileged") or kind == "Unconfined":
+        return unconfined()
+    if kind == "RuntimeDefault":
+        return cri.SecurityProfile(profile_type=cri.SecurityProfile.RuntimeDefault)
+    return cri.SecurityProfile(
+        profile_type=cri.SecurityProfile.Localhost, localhost_ref=profile["localhostProfile"]
+    )
+
+
+def namespaces(spec: Obj | None = None, pod_network: bool = False) -> cri.NamespaceOption:
+    """The pod's namespaces: with `pod_network`, its own network unless `hostNetwork`, else
+    (no CNI to give it one) the host's; the host's PID and IPC namespaces for `hostPID` and
+    `hostIPC`, else IPC shared in the pod and a PID namespace per container (the kubelet
     sets CONTAINER explicitly for a pod without shareProcessNamespace)."""
-    return cri.NamespaceOption(network=cri.NODE, pid=cri.CONTAINER, ipc=cri.POD)
+    spec = spec or {}
+    own = pod_network and not spec.get("hostNetwork")
+    pid = cri.POD if spec.get("shareProcessNamespace") else cri.CONTAINER
+    return cri.NamespaceOption(
+        network=cri.POD if own else cri.NODE,
+        pid=cri.NODE if spec.get("hostPID") else pid,
+        ipc=cri.NODE if spec.get("hostIPC") else cri.POD,
+    )
+
+
+def supplemental_groups(context: Obj) -> list[int]:
+    """A pod's supplemental groups: its own, then its fsGroup (the kubelet adds it)."""
+    fs_group = [context["fsGroup"]] if "fsGroup" in context else []
+    return [*context.get("supplementalGroups", []), *fs_group]
+
+
+def security_of(pod: Obj, spec: Obj) -> Obj:
+    """The container's security context over its pod's (the fields both have)."""
+    pod_level = {k: v for k, v in (pod["spec"].get("securityContext") or {}).items()
+                 if k in ("runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile")}  # fmt: skip
+    return pod_level | (spec.get("securityContext") or {})
 
 
 def pod_labels(pod: Obj) -> dict[str, str]:
@@ -80,25 +118,36 @@ def privileged(spec: Obj) -> bool:
     return bool((spec.get("securityContext") or {}).get("privileged"))
 
 
-def sandbox_config(pod: Obj, log_directory: str, cgroup_parent: str) -> cri.PodSandboxConfig:
-    """`generatePodSandboxConfig` for `pod` (a Kubernetes Pod object), on the host network:
-    so no hostname (the kubelet sets one only for pods with their own network)."""
-    meta = pod["metadata"]
+def sandbox_config(
+    pod: Obj, log_directory: str, cgroup_parent: str, pod_network: bool = False, attempt: int = 0
+) -> cri.PodSandboxConfig:
+    """`generatePodSandboxConfig` for `pod` (a Kubernetes Pod object), its `attempt`-th
+    sandbox. A hostname only for a pod with its own network (`pod_network` and not
+    `hostNetwork`), as the kubelet sets it."""
+    meta, spec = pod["metadata"], pod["spec"]
+    options = namespaces(spec, pod_network)
+    context = spec.get("securityContext") or {}
+    linux = cri.LinuxSandboxSecurityContext(
+        namespace_options=options,
+        privileged=any(
+            privileged(c) for c in [*spec.get("initContainers", []), *spec["containers"]]
+        ),
+        seccomp=seccomp(context),
+        supplemental_groups=supplemental_groups(context),
+    )
+    if "runAsUser" in context:
+        linux.run_as_user.value = context["runAsUser"]
+    if "runAsGroup" in context:
+        linux.run_as_group.value = context["runAsGroup"]
     return cri.PodSandboxConfig(
         metadata=cri.PodSandboxMetadata(
-            name=meta["name"], uid=meta["uid"], namespace=meta["namespace"], attempt=0
+            name=meta["name"], uid=meta["uid"], namespace=meta["namespace"], attempt=attempt
         ),
+        hostname=meta["name"] if options.network == cri.POD else "",
         log_directory=log_directory,
         labels=pod_labels(pod),
         annotations=meta.get("annotations", {}),
-        linux=cri.LinuxPodSandboxConfig(
-            cgroup_parent=cgroup_parent,
-            security_context=cri.LinuxSandboxSecurityContext(
-                namespace_options=namespaces(),
-                privileged=any(privileged(c) for c in pod["spec"]["containers"]),
-                seccomp=unconfined(),
-            ),
-        ),
+        linux=cri.LinuxPodSandboxConfig(cgroup_parent=cgroup_parent, security_context=linux),
     )
 
 
@@ -116,12 +165,16 @@ def container_config(
     termination_log: str,
     restarts: int = 0,
     claims: Sequence[str] = (),
+    *,
+    mounts: Sequence[cri.Mount] = (),
+    pod_network: bool = False,
 ) -> cri.ContainerConfig:
     """`generateContainerConfig` for container `spec` of `pod`: `answers` are the device
     plugins' Allocate answers for it (the kubelet's cached ones), `termination_log` the host
     file the kubelet made for its termination message, `claims` the CDI ids of its prepared
-    DRA claims (`resources.claims`)."""
-    security = spec.get("securityContext") or {}
+    DRA claims (`resources.claims`), `mounts` its volumes' (after the plugins'), its env and
+    args as the kubelet resolved them (`spec`'s literal values)."""
+    security = security_of(pod, spec)
     capabilities = security.get("capabilities") or {}
     escalation = security.get("allowPrivilegeEscalation")
     annotations: dict[str, str] = {}
@@ -136,6 +189,22 @@ def container_config(
             pod["spec"].get("terminationGracePeriodSeconds", GRACE_PERIOD)
         ),
     }
+    linux = cri.LinuxContainerSecurityContext(
+        capabilities=cri.Capability(
+            add_capabilities=capabilities.get("add", []),
+            drop_capabilities=capabilities.get("drop", []),
+        ),
+        privileged=privileged(spec),
+        namespace_options=namespaces(pod["spec"], pod_network),
+        readonly_rootfs=bool(security.get("readOnlyRootFilesystem")),
+        no_new_privs=escalation is False,
+        seccomp=seccomp(security),
+        supplemental_groups=supplemental_groups(pod["spec"].get("securityContext") or {}),
+    )
+    if "runAsUser" in security:
+        linux.run_as_user.value = security["runAsUser"]
+    if "runAsGroup" in security:
+        linux.run_as_group.value = security["runAsGroup"]
     return cri.ContainerConfig(
         metadata=cri.ContainerMetadata(name=spec["name"], attempt=restarts),
         image=cri.ImageSpec(image=image_id, user_specified_image=spec["image"]),
@@ -154,6 +223,7 @@ def container_config(
                 for a in answers
                 for m in a.mounts
             ),
+            *mounts,
             cri.Mount(container_path=TERMINATION_LOG, host_path=termination_log),
         ],
         devices=[
@@ -173,19 +243,7 @@ def container_config(
         },
         annotations=annotations,
         log_path=f"{spec['name']}/{restarts}.log",
-        linux=cri.LinuxContainerConfig(
-            security_context=cri.LinuxContainerSecurityContext(
-                capabilities=cri.Capability(
-                    add_capabilities=capabilities.get("add", []),
-                    drop_capabilities=capabilities.get("drop", []),
-                ),
-                privileged=privileged(spec),
-                namespace_options=namespaces(),
-                readonly_rootfs=bool(security.get("readOnlyRootFilesystem")),
-                no_new_privs=escalation is False,
-                seccomp=unconfined(),
-            )
-        ),
+        linux=cri.LinuxContainerConfig(security_context=linux),
     )
 
 
@@ -214,10 +272,24 @@ class Sandbox:
 class KubeRuntime:
     """A kubelet's runtime manager on a CRI socket. Its files (pod log directories,
     termination-log files) live under `home`; pod cgroups under `cgroup_root`; `close`
-    removes every sandbox it ran, as the kubelet removes a deleted pod's."""
+    removes every sandbox it ran, as the kubelet removes a deleted pod's.
 
-    def __init__(self, socket: Path, home: Path, cgroup_root: str, timeout: float = 60) -> None:
+    On a testbed node (testbed/node.py) the runtime sees another root: `home` is then a
+    node path, made here under `root` (where the node's `/` is seen), and pods get their own
+    network (`pod_network`: the node has CNI) unless they ask for the host's."""
+
+    def __init__(
+        self,
+        socket: Path,
+        home: Path,
+        cgroup_root: str,
+        timeout: float = 60,
+        *,
+        root: Path = Path("/"),
+    ) -> None:
         self.home, self.cgroup_root, self.timeout = home, cgroup_root, timeout
+        self.root = root
+        self.pod_network = root != Path("/")
         self.sandboxes: list[Sandbox] = []
         self.channel = grpc.insecure_channel(f"unix://{socket}")
         self.runtime = cri_grpc.RuntimeServiceStub(self.channel)
@@ -236,27 +308,57 @@ class KubeRuntime:
         return answer
 
     def run_sandbox(self, pod: Obj, handler: str = "") -> Sandbox:
-        """RunPodSandbox for `pod` with runtime handler `handler` ("" = containerd's default)."""
+        """The pod's sandbox with runtime handler `handler` ("" = containerd's default), as
+        the kubelet's SyncPod finds or makes it from what the runtime lists for the pod's
+        UID: a ready one is the pod's (a RunPodSandbox whose answer was lost, containerd
+        restarting, made it); others are stopped and removed (what the kubelet's kill and
+        garbage collection do) and a new one is run, its attempt one past theirs (their
+        names stay reserved in the runtime until then)."""
         meta = pod["metadata"]
         logs = self.home / "pods" / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-        logs.mkdir(parents=True, exist_ok=True)
-        config = sandbox_config(pod, str(logs), f"{self.cgroup_root}/pod{meta['uid']}")
+        self.seen(logs).mkdir(parents=True, exist_ok=True)
+        cgroup = f"{self.cgroup_root}/pod{meta['uid']}"
+        listed = self.call(
+            self.runtime.ListPodSandbox,
+            cri.ListPodSandboxRequest(
+                filter=cri.PodSandboxFilter(label_selector={POD_UID: meta["uid"]})
+            ),
+        ).items
+        for found in listed:
+            if found.state == cri.SANDBOX_READY:
+                config = sandbox_config(
+                    pod, str(logs), cgroup, self.pod_network, found.metadata.attempt
+                )
+                return self.known(Sandbox(found.id, config))
+        for found in listed:
+            self.remove_sandbox(Sandbox(found.id, cri.PodSandboxConfig()))
+        attempt = max((found.metadata.attempt + 1 for found in listed), default=0)
+        config = sandbox_config(pod, str(logs), cgroup, self.pod_network, attempt)
         answer = self.call(
             self.runtime.RunPodSandbox,
             cri.RunPodSandboxRequest(config=config, runtime_handler=handler),
         )
-        sandbox = Sandbox(answer.pod_sandbox_id, config)
-        self.sandboxes.append(sandbox)
+        return self.known(Sandbox(answer.pod_sandbox_id, config))
+
+    def known(self, sandbox: Sandbox) -> Sandbox:
+        """`sandbox`, among those `close` removes."""
+        if all(s.id != sandbox.id for s in self.sandboxes):
+            self.sandboxes.append(sandbox)
         return sandbox
 
-    def image_id(self, image: str) -> str:
-        """ImageStatus: the ID the kubelet puts in ContainerConfig (the image is local)."""
+    def image(self, image: str) -> cri.Image:
+        """ImageStatus: the image as the runtime has it (it is local: CRIError if not)."""
         answer = self.call(
             self.images.ImageStatus, cri.ImageStatusRequest(image=cri.ImageSpec(image=image))
         )
         if not answer.image.id:
             raise CRIError(f"image {image!r} is not present (the testbed pulls nothing)")
-        return str(answer.image.id)
+        found: cri.Image = answer.image
+        return found
+
+    def image_id(self, image: str) -> str:
+        """The ID the kubelet puts in ContainerConfig."""
+        return str(self.image(image).id)
 
     def create(
         self,
@@ -265,20 +367,40 @@ class KubeRuntime:
         spec: Obj,
         answers: Sequence[dp.ContainerAllocateResponse] = (),
         claims: Sequence[str] = (),
+        mounts: Sequence[cri.Mount] = (),
+        restarts: int = 0,
     ) -> str:
         """CreateContainer for container `spec` of `pod` in `sandbox` (`claims`: the CDI ids
-        of its prepared DRA claims); its ID."""
+        of its prepared DRA claims; `mounts`: its volumes'; `restarts`: its attempt); its ID."""
         directory = self.home / "kubelet-pods" / pod["metadata"]["uid"] / spec["name"]
-        directory.mkdir(parents=True, exist_ok=True)
+        self.seen(directory).mkdir(parents=True, exist_ok=True)
         termination = directory / secrets.token_hex(4)
-        termination.touch()
+        self.seen(termination).touch()
         config = container_config(
-            pod, spec, self.image_id(spec["image"]), answers, str(termination), claims=claims
-        )
+            pod, spec, self.image_id(spec["image"]), answers, str(termination), restarts,
+            claims, mounts=mounts, pod_network=self.pod_network,
+        )  # fmt: skip
         request = cri.CreateContainerRequest(
             pod_sandbox_id=sandbox.id, config=config, sandbox_config=sandbox.config
         )
         return str(self.call(self.runtime.CreateContainer, request).container_id)
+
+    def seen(self, path: Path) -> Path:
+        """Where the runtime's path `path` is from here."""
+        return self.root / path.relative_to("/") if path.is_absolute() else path
+
+    def sandbox_ip(self, sandbox: Sandbox) -> str:
+        """The pod's address (PodSandboxStatus; "" on the host network)."""
+        request = cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id)
+        return str(self.call(self.runtime.PodSandboxStatus, request).status.network.ip)
+
+    def exec_sync(
+        self, container_id: str, cmd: Sequence[str], timeout: int
+    ) -> cri.ExecSyncResponse:
+        """ExecSync: run `cmd` in the container, as an exec probe does (timeout in seconds)."""
+        request = cri.ExecSyncRequest(container_id=container_id, cmd=list(cmd), timeout=timeout)
+        answer: cri.ExecSyncResponse = self.call(self.runtime.ExecSync, request)
+        return answer
 
     def start(self, container_id: str) -> None:
         self.call(self.runtime.StartContainer, cri.StartContainerRequest(container_id=container_id))
@@ -296,7 +418,7 @@ class KubeRuntime:
         return spec
 
     def logs(self, container_id: str) -> str:
-        path = Path(self.status(container_id).log_path)
+        path = self.seen(Path(self.status(container_id).log_path))
         return log_text(path.read_text()) if path.exists() else ""
 
     def exited(self, container_id: str, timeout: float = 30) -> cri.ContainerStatus:
@@ -322,7 +444,7 @@ class KubeRuntime:
         self.call(
             self.runtime.RemovePodSandbox, cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id)
         )
-        self.sandboxes.remove(sandbox)
+        self.sandboxes = [s for s in self.sandboxes if s.id != sandbox.id]
 
     def close(self) -> None:
         try:

@@ -11,13 +11,14 @@ from typing import Any
 
 from gpuwire import amdsim, kfd, sim
 from gpuwire.devices import MigDevice
-from gpuwire.grant import KeyRing, Subject
+from gpuwire.grant import POD_ANNOTATION, KeyRing, Subject
 from gpuwire.roots import Roots
 from gpuwire.vendor import AMD, NVIDIA, Vendor
 from testbed import mps_control
 
 NAMESPACE, CONTAINER, SANDBOX = "team-a", "trainer", "5" * 64
 POD_UID = "4fe556a4-0bd7-45be-966f-46e2cbf4c4ac"
+ADMISSION = "7c1e0b52-3d8a-4f6e-9b21-5a4c3e2d1f00"  # the webhook's, as the pod carries it
 OTHER_POD = "0b0d1f4e-7f38-4c52-9a3c-1d2e3f4a5b6c"  # another pod's UID
 
 
@@ -26,15 +27,18 @@ def cri_annotations(
     container: str = CONTAINER,
     sandbox: str = SANDBOX,
     pod: str | None = POD_UID,
+    admission: str | None = ADMISSION,
 ) -> dict[str, str]:
     """The annotations containerd's CRI plugin puts on a Kubernetes container's spec; the
-    pod's UID since containerd 1.6.11 (`pod=None`: an older containerd)."""
+    pod's UID since containerd 1.6.11 (`pod=None`: an older containerd); the pod's grant
+    annotation, which `gpuwire containerd configure` passes through (None: a pod without)."""
     return {
         "io.kubernetes.cri.container-type": "container",
         "io.kubernetes.cri.sandbox-id": sandbox,
         "io.kubernetes.cri.sandbox-namespace": namespace,
         "io.kubernetes.cri.container-name": container,
         **({"io.kubernetes.cri.sandbox-uid": pod} if pod else {}),
+        **({POD_ANNOTATION: admission} if admission else {}),
     }
 
 
@@ -70,20 +74,31 @@ def grant_for(
     *,
     namespace: str = NAMESPACE,
     vendor: Vendor = NVIDIA,
+    env: dict[str, str] | None = None,
+    admission: str = ADMISSION,
 ) -> str:
-    return keys.sign(Subject.of(namespace, CONTAINER, visible, caps, vendor))
+    """The webhook's grant for the lab's container of the pod `admission` made, with the
+    limit variables of `env`."""
+    subject = Subject.of(namespace, CONTAINER, visible, caps, vendor, pod=admission, env=env)
+    return keys.sign(subject)
 
 
 class Lab:
     """A simulated GPU node (with the stand-in MPS control program and HAMi-core library,
     named in the config), grant keys and a gpuwire config file under one directory; with
     `mig` (GPU index → profiles, as `gpuwire sim node --mig`), MIG devices and the MIG map
-    the node agent writes of them."""
+    the node agent writes of them. `host`: the root of a host the lab lies in
+    (testbed/hostroot.py), whose paths the config names."""
 
     def __init__(
-        self, root: Path, gpus: int = 4, mig: dict[int, tuple[str, ...]] | None = None
+        self,
+        root: Path,
+        gpus: int = 4,
+        mig: dict[int, tuple[str, ...]] | None = None,
+        host: Path | None = None,
     ) -> None:
         self.root = root
+        self.host = host
         self.node = root / "node"
         self.machine = sim.make_machine(gpus=gpus)
         for index, profiles in (mig or {}).items():
@@ -111,6 +126,12 @@ class Lab:
             "hami-dir": str(self.root / "hami"),
             **extra,
         }
+        if self.host is not None:  # as the host names them
+            host = self.host
+            settings = {
+                k: f"/{Path(v).relative_to(host)}" if Path(v).is_relative_to(host) else v
+                for k, v in settings.items()
+            }
         self.config.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items()))
 
     def uuid(self, index: int) -> str:
@@ -161,9 +182,9 @@ class AmdLab(Lab):
     def uuid(self, index: int) -> str:
         return self.found.devices[index].uuid
 
-    def grant(self, visible: str, **kwargs: str) -> dict[str, str]:
+    def grant(self, visible: str, caps: str = "", namespace: str = NAMESPACE) -> dict[str, str]:
         """AMD_VISIBLE_DEVICES=`visible` with the webhook's grant for it."""
-        signed = grant_for(self.keys, visible, vendor=AMD, **kwargs)
+        signed = grant_for(self.keys, visible, caps, vendor=AMD, namespace=namespace)
         return {AMD.visible_env: visible, "GPUWIRE_GRANT": signed}
 
 

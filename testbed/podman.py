@@ -6,8 +6,8 @@ real spec, see each other's `nvidia.com/gpu` devices (a conflict drops the devic
 `podman run` goes into a private mount namespace in which this instance's spec directory is
 bound over both CDI directories: the host's contents never change; the only trace is an
 empty `/var/run/cdi` made as a mount point where the host has none. The settings are those
-a sandboxed CI machine accepts: vfs storage, runc (crun refuses hybrid cgroups),
-cgroupfs, no network, rlimits podman need not raise.
+a sandboxed CI machine accepts: vfs storage (overlay where asked), runc (crun refuses hybrid
+cgroups), cgroupfs, no network, rlimits podman need not raise.
 """
 
 from __future__ import annotations
@@ -39,13 +39,19 @@ shift; exec "$@"
 class Podman(Closing):
     home: Path
     cgroup_parent: str = field(default_factory=lambda: f"gpuwire-{uuid.uuid4().hex[:8]}")
+    storage: tuple[str, ...] = ("--storage-driver", "vfs")
 
     @classmethod
-    def create(cls) -> Podman:
+    def create(cls, *, overlay: bool = False) -> Podman:
+        """`overlay`: overlay storage (no private mount of its home left behind), for a
+        large image (vfs copies each layer whole: the gpuwire image's load takes minutes)."""
         home = Path(tempfile.mkdtemp(prefix="gwpod-", dir="/tmp"))
         (home / "cdi").mkdir()
         # The bind needs a mount point: the (empty) dynamic CDI dir, as a CDI host has.
         CDI_DIRS[-1].mkdir(parents=True, exist_ok=True)
+        if overlay:
+            options = ("--storage-opt", "overlay.skip_mount_home=true")
+            return cls(home, storage=("--storage-driver", "overlay", *options))
         return cls(home)
 
     @property
@@ -58,7 +64,8 @@ class Podman(Closing):
         return [
             "podman",
             *("--root", f"{h}/root", "--runroot", f"{h}/run", "--tmpdir", f"{h}/tmp"),
-            *("--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs"),
+            *self.storage,
+            *("--runtime", "runc", "--cgroup-manager", "cgroupfs"),
             *("--events-backend", "file", "--network-config-dir", f"{h}/net"),
             *args,
         ]

@@ -72,9 +72,10 @@ def test_an_import_across_a_layer_fails(
 def test_the_start_path_imports_exactly_what_it_declares(repo: layers.Repository) -> None:
     spec = "runtime_hook/start/spec.py"
     grown = changed(repo, spec, "\ndef f():\n    from gpuwire import holders\n")
-    assert grown == [
+    assert (
         "runtime_hook/start/__init__.py: the start path imports gpuwire.holders, not in MODULES"
-    ]
+        in grown
+    )  # with the standard modules holders imports, not in STDLIB
     heavy = changed(repo, spec, "\ndef f():\n    import yaml\n")
     assert heavy == [
         f"{spec}:{repo.sources[spec].count(chr(10)) + 3}: imports yaml on the container-start "
@@ -86,6 +87,19 @@ def test_the_start_path_imports_exactly_what_it_declares(repo: layers.Repository
     last = '    "runtime_hook.start.trust",\n'
     stale = changed(repo, init, last + '    "runtime_hook.setup.cli",\n', replacing=last)
     assert stale == [f"{init}: MODULES names runtime_hook.setup.cli, which no start imports"]
+
+
+def test_the_start_path_imports_exactly_the_standard_library_it_declares(
+    repo: layers.Repository,
+) -> None:
+    """The resident imports nothing once it has entered the host's namespaces: a standard
+    module a start imports, even in a function, must be one it preloads."""
+    grown = changed(repo, "runtime_hook/start/spec.py", "\ndef f():\n    import zlib\n")
+    init = "runtime_hook/start/__init__.py"
+    assert grown == [f"{init}: the start path imports zlib, not in STDLIB"]
+    last = '    "tomllib",\n'
+    stale = changed(repo, init, last + '    "uuid",\n', replacing=last)
+    assert stale == [f"{init}: STDLIB names uuid, which no start imports"]
 
 
 @pytest.mark.parametrize(
@@ -109,7 +123,8 @@ def test_a_value_type_is_written_one_way(repo: layers.Repository) -> None:
     assert "class Pair is a NamedTuple: off the start path a value type is a" in named[0]
     value = changed(repo, "gpuwire/holders.py", "\nclass Pair(Value):\n    pass\n")
     assert "class Pair is a Value: off the start path" in value[0]
-    (heavy,) = changed(repo, "gpuwire/devices.py", "\nfrom dataclasses import dataclass\n")
+    undeclared, heavy = changed(repo, "gpuwire/devices.py", "\nfrom dataclasses import dataclass\n")
+    assert undeclared.endswith("the start path imports dataclasses, not in STDLIB")
     assert "imports dataclasses on the start path" in heavy
 
 

@@ -26,7 +26,12 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
   GPUs whose node holds a share with it;
 * a MIG profile (`mig-profile`, or a container's `nvidia.com/mig-<profile>`) → the MIG class
   and a selector on `profile`, counted by the count; named MIG devices by their `uuid`;
-* capabilities and the limit profile → the claim's opaque `GpuConfig`.
+* capabilities and the limit profile → the claim's opaque `GpuConfig`;
+* AMD GPUs and partitions (AMD's DRA driver's names, `deviceplugin.dra.amddevices`): AMD's
+  class, the same model, memory and UUID selectors, `partition-profile` → a guarded selector
+  on `partitionProfile`, several devices on one `xgmiIsland`; a claim is one vendor's
+  (`one_vendor`): NVIDIA's options (capabilities, limits) on a request only AMD devices fit
+  are a denial, as on the device-plugin path.
 
 The template is named by its content (`gpuwire-<hash of its spec>`), so every pod of a
 namespace asking the same shares one, and a second admission finds the same name. A request
@@ -76,6 +81,7 @@ class Claimed:
     spec: Obj  # ResourceClaimTemplateSpec
     gpus: int
     warnings: tuple[str, ...] = ()
+    amd: bool = False  # of AMD devices: the claim's spec names them in AMD_VISIBLE_DEVICES
 
     def template(self, namespace: str) -> Obj:
         """The ResourceClaimTemplate object, as the webhook creates it."""
@@ -121,6 +127,12 @@ class _Translation:
         self.warnings: list[str] = []
         self.capacity: dict[str, str] = {}
         self.share_mib: int | None = None  # the memory share asked of each shared GPU
+        self.amd = False  # the claim is of AMD GPUs or partitions (`one_vendor`)
+
+    def of_kind(self, device: PoolDevice) -> bool:
+        """A device the claim may take: a MIG device for MIG; else a GPU, NVIDIA's or AMD's
+        (a GPU or partition), until `one_vendor` chooses."""
+        return device.kind == self.kind or (self.kind == dra.GPU_TYPE and device.amd)
 
     def _named_mig(self) -> bool:
         named = {u[:4].upper() for u in self.request.uuids}
@@ -208,6 +220,80 @@ class _Translation:
             excluded = {u.lower() for u in r.excluded_uuids}
             devices = [d for d in devices if d.uuid.lower() not in excluded]
         return devices
+
+    def one_vendor(self, devices: list[PoolDevice]) -> list[PoolDevice]:
+        """The GPUs of one vendor (a claim's class is one vendor's): AMD's for a partition
+        profile, NVIDIA's for NVIDIA's options (driver capabilities, limits: an AMD device is
+        given whole, ROCm is in the image), else the vendor more of them are, with a
+        warning; an NVIDIA option on a request only AMD devices fit is a denial."""
+        amd = [d for d in devices if d.amd]
+        nvidia = [d for d in devices if not d.amd]
+        nvidia_only = [k for k in (keys.CAPABILITIES, keys.MEMORY_LIMIT, keys.CORES_LIMIT)
+                       if k in self.request.given]  # fmt: skip
+        if self.request.partition is not None:
+            if nvidia_only:
+                raise self.fail(
+                    (nvidia_only[0],),
+                    f"is NVIDIA's, and {keys.PARTITION_PROFILE} asks for AMD partitions; "
+                    "accepted: one vendor's options",
+                )
+            if not amd:
+                raise self.fail(
+                    (keys.PARTITION_PROFILE,),
+                    "asks for AMD partitions, and no AMD device in the cluster's ResourceSlices "
+                    "fits the request",
+                )
+            self.amd = True
+            return amd
+        if nvidia and (nvidia_only or len(nvidia) >= len(amd)):
+            if amd and not nvidia_only:
+                self.warnings.append(
+                    f"the request fits NVIDIA and AMD GPUs and a claim takes one vendor's: "
+                    f"NVIDIA's, of which more fit; {keys.MODEL} chooses"
+                )
+            return nvidia
+        if nvidia_only:
+            key = nvidia_only[0]
+            what = (
+                "the driver capabilities NVIDIA's runtime mounts"
+                if key == keys.CAPABILITIES
+                else "a share of a GPU, which no AMD GPU gives: an AMD device is given whole"
+            )
+            products = listing(sorted({d.product for d in amd}))
+            raise self.fail(
+                (key,),
+                f"is NVIDIA's ({what}), and the GPUs in the cluster's ResourceSlices that fit "
+                f"the request are AMD's ({products}); accepted: no {key} for AMD GPUs (ROCm's "
+                "user space is in the image), or a model NVIDIA nodes have",
+            )
+        if nvidia:
+            self.warnings.append(
+                f"the request fits NVIDIA and AMD GPUs and a claim takes one vendor's: AMD's, "
+                f"of which more fit; {keys.MODEL} chooses"
+            )
+        self.amd = True
+        return amd
+
+    def partitions(self, devices: list[PoolDevice]) -> tuple[str, list[PoolDevice]]:
+        """AMD's class, and its devices of the partition profile asked, if one is: a selector
+        on `partitionProfile`, guarded (a GPU without partition modes has none, and a missing
+        attribute is a CEL error that fails the pod's scheduling)."""
+        profile = self.request.partition
+        if profile is None:
+            return dra.AMD_CLASS, devices
+        of = [d for d in devices if d.partition == profile]
+        if not of:
+            offered = sorted({d.partition for d in self.pools.devices if d.partition})
+            raise self.fail(
+                (keys.PARTITION_PROFILE,),
+                f"is offered by no AMD device in the cluster's ResourceSlices that fits the "
+                f"request; partition profiles present: {listing(offered) if offered else 'none'}",
+            )
+        name = dra.PARTITION_PROFILE
+        self.selectors.append(
+            f'"{name}" in {_ATTRIBUTES} && {_ATTRIBUTES}.{name} == {json.dumps(profile)}'
+        )
+        return dra.AMD_CLASS, of
 
     def sharing(self, devices: list[PoolDevice]) -> tuple[str, list[PoolDevice]]:
         """The class, and the GPUs of it: shared ones where the request has limits (their
@@ -319,13 +405,20 @@ class _Translation:
             )
             if island < want:
                 raise Unplaceable(
-                    f"{self.count_source()} asks for {want} GPUs on one NVLink island (policy "
-                    f"dra.nvlink: required); the most on one island that fit the request: {island}"
+                    f"{self.count_source()} asks for {want} GPUs on one {self.link()} island "
+                    f"(policy dra.nvlink: required); the most on one island that fit the "
+                    f"request: {island}"
                 )
         return want
 
     def what(self) -> str:
+        if self.request.partition is not None:
+            return "partition"
         return "MIG device" if self.kind == dra.MIG_TYPE else "GPU"
+
+    def link(self) -> str:
+        """The fast links a multi-GPU claim keeps together: AMD's XGMI, NVIDIA's NVLink."""
+        return "XGMI" if self.amd else "NVLink"
 
     def count_source(self) -> str:
         given = self.request.given.get(keys.COUNT)
@@ -382,7 +475,7 @@ class _Translation:
         return dra.MIG_CLASS, of
 
     def claim(self) -> Claimed:
-        gpus = [d for d in self.devices if d.kind == self.kind]
+        gpus = [d for d in self.devices if self.of_kind(d)]
         if not gpus:
             raise Unplaceable(
                 f"no {self.what()} is published for DRA in this cluster (no ResourceSlice of "
@@ -395,12 +488,13 @@ class _Translation:
         if self.kind == dra.MIG_TYPE:
             class_name, devices = self.mig(devices)
         else:
-            class_name, devices = self.sharing(devices)
+            devices = self.one_vendor(devices)
+            class_name, devices = self.partitions(devices) if self.amd else self.sharing(devices)
         most = self.count(devices)
         count = self.ask.count
         request: Obj = {"name": REQUEST}
         constraints: list[Obj] = []
-        island = {"matchAttribute": dra.qualified(dra.ISLAND)}
+        island = {"matchAttribute": dra.qualified(dra.XGMI_ISLAND if self.amd else dra.ISLAND)}
         linked = self.kind == dra.GPU_TYPE and isinstance(count, int) and count > 1
         if linked and self.ask.nvlink == "preferred":
             sub = self.exactly(class_name, count)
@@ -420,14 +514,15 @@ class _Translation:
         devices_spec: Obj = {"requests": [request]}
         if constraints:
             devices_spec["constraints"] = constraints
-        devices_spec["config"] = [{"opaque": {"driver": dra.DRIVER, "parameters": parameters}}]
+        if not self.amd:  # an AMD claim has no capabilities and no limit profile
+            devices_spec["config"] = [{"opaque": {"driver": dra.DRIVER, "parameters": parameters}}]
         spec: Obj = {
             "metadata": {"labels": {MANAGED_BY: MANAGER}},
             "spec": {"devices": devices_spec},
         }
         name = _content_name(spec)
         spec["metadata"]["labels"][TEMPLATE_LABEL] = name
-        return Claimed(name, spec, most, tuple(self.warnings))
+        return Claimed(name, spec, most, tuple(self.warnings), self.amd)
 
 
 def claim(ask: Ask, pools: Pools) -> Claimed:

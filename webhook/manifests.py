@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwire import grant
+
 Obj = dict[str, Any]
 # kind → the path of its pod template in the object
 TEMPLATES: dict[str, tuple[str, ...]] = {
@@ -54,9 +56,12 @@ class Workload:
             return pod
         out = copy.deepcopy(self.source)
         template = _at(out, TEMPLATES[self.kind])
-        template["metadata"] = {
-            k: v for k, v in (pod.get("metadata") or {}).items() if k not in _MADE
-        }
+        meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k not in _MADE}
+        if grant.POD_ANNOTATION in meta.get("annotations", {}):  # each pod gets its own
+            meta["annotations"] = {
+                k: v for k, v in meta["annotations"].items() if k != grant.POD_ANNOTATION
+            }
+        template["metadata"] = meta
         template["spec"] = pod["spec"]
         return out
 

@@ -37,7 +37,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
-from gpuwire.vendor import NVIDIA, VENDORS, Vendor, of_resource
+from gpuwire.vendor import AMD, NVIDIA, VENDORS, Vendor, of_resource
 from webhook import affinity, hami
 from webhook import claims as dra_claims
 from webhook.claims import Ask, Claimed
@@ -115,8 +115,10 @@ class _Mutation:
         keyring: grant.KeyRing,
         pools: Pools = NO_POOLS,
         translated: hami.Translated | None = None,
+        admission: str = "",
     ) -> None:
         self.pod = pod
+        self.admission = admission  # the grants' pod (gpuwire.grant.POD_ANNOTATION)
         self.hami = translated
         self.namespace = namespace
         self.policy = policy
@@ -160,6 +162,7 @@ class _Mutation:
         claimed = self.claims(gpu, request) if gpu and self.allocation != "devicePlugin" else {}
         placement = NOWHERE
         if rest := gpu - set(claimed):
+            self.claims_only(request)
             allow = self.policy.unknown_model == "allow"
             try:
                 named = self.named_mig(rest)
@@ -178,6 +181,7 @@ class _Mutation:
             else:
                 ops += self.other_container(c)
         ops += self.runtime_class(bool(claimed))
+        ops += self.grant_pod()
         ops += affinity.require(self.pod.spec, placement.expressions)
         ops += self.claim_entries(claimed)
         templates = {c.name: c.template(self.namespace) for c in claimed.values() if c}
@@ -208,7 +212,8 @@ class _Mutation:
         """Keys gpuwire does not read that look meant for it: a typo denies the pod (policy
         unknownAnnotations: deny) or is a warning; a key HAMi reads and gpuwire does not is a
         warning."""
-        found = keys.unknown(self.pod.annotations)
+        written = {k: v for k, v in self.pod.annotations.items() if k != grant.POD_ANNOTATION}
+        found = keys.unknown(written)  # the grant annotation is the webhook's own
         typos = [u for u in found if u.typo]
         if typos and self.policy.unknown_annotations == "deny":
             said = "; ".join(f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in typos)
@@ -230,6 +235,20 @@ class _Mutation:
         if not (self.granted or claimed) or not name or self.pod.spec.get("runtimeClassName"):
             return []
         return [{"op": "add", "path": "/spec/runtimeClassName", "value": name}]
+
+    def grant_pod(self) -> list[Op]:
+        """The pod's grant annotation: this admission, which every grant written binds; on
+        a pod granted nothing, none (a value a pod came with is never kept: a copy of another
+        pod's, with that pod's grants, would pass for it)."""
+        if self.granted and self.admission:
+            op = set_path(self.pod.raw, "", ("metadata", "annotations", grant.POD_ANNOTATION),
+                          self.admission)  # fmt: skip
+            return [op] if op else []
+        if grant.POD_ANNOTATION in self.pod.annotations:
+            return [
+                {"op": "remove", "path": pointer("/metadata/annotations", grant.POD_ANNOTATION)}
+            ]
+        return []
 
     def cdi_annotations(self) -> list[Op]:
         """containerd (>= 1.7) and CRI-O inject the CDI devices a pod annotation
@@ -391,7 +410,10 @@ class _Mutation:
                 ops += [op] if op else []
             elif entry["name"] not in c.claims:
                 ops.append({"op": "add", "path": c.path + "/resources/claims/-", "value": entry})
-        return ops + self.env(c, {VISIBLE: VOID, grant.ENV: None})
+        void: dict[str, str | None] = {VISIBLE: VOID, grant.ENV: None}
+        if claimed is not None and claimed.amd:  # no AMD runtime injects from the image's env
+            void[AMD.visible_env] = VOID
+        return ops + self.env(c, void)
 
     def claim_entries(self, claimed: dict[str, Claimed | None]) -> list[Op]:
         """The pod's claim entries, one per container that gets a claim, each made from its
@@ -477,7 +499,7 @@ class _Mutation:
                 env[vendor.capabilities_env] = caps
         if request.wants_limits:
             env.update(self.limits(c, request, placement, granted.devices))
-        env[grant.ENV] = self.sign(c.name, granted.visible, caps, vendors)
+        env[grant.ENV] = self.sign(c, granted.visible, caps, env, vendors)
         self.given.append(_given(c.name, granted, caps, env))
         return granted.ops + self.env(c, env)
 
@@ -722,7 +744,7 @@ class _Mutation:
                     caps_name = vendor.capabilities_env
                     caps = c.value(caps_name) if caps_name else None
                     try:
-                        signed += [g for g in [self.sign(c.name, value, caps, (vendor,))] if g]
+                        signed += [g for g in [self.sign(c, value, caps, {}, (vendor,))] if g]
                     except nvidia.CapabilityError as exc:
                         raise Denied(
                             400, f"container {c.name!r}: {caps_name}={caps!r}: {exc}"
@@ -741,6 +763,20 @@ class _Mutation:
         return tuple(v for v in VENDORS if v is NVIDIA or v in found)
 
     # --- shared steps
+
+    def claims_only(self, request: GpuRequest) -> None:
+        """A partition profile is selected by a claim (`partitionProfile`); the device
+        plugin's way has AMD's resource per partition type for it."""
+        if request.partition is None:
+            return
+        key, value = request.source(keys.PARTITION_PROFILE)
+        raise Denied(
+            400,
+            f"{key}: {value!r} selects AMD partitions by their profile, which a ResourceClaim "
+            "does (the policy's allocation: dra, or auto where the cluster's ResourceSlices "
+            f"have them); on the device plugin's way ask for {AMD.label_prefix}"
+            f"{request.partition}: N in the container's limits (AMD's mixed naming)",
+        )
 
     def nvidia_only(self, request: GpuRequest, placement: Placement) -> None:
         """Driver capabilities are what NVIDIA's runtime mounts: asked for a pod that can only
@@ -771,20 +807,37 @@ class _Mutation:
 
     def sign(
         self,
-        container: str,
+        c: Container,
         visible: str,
         caps: str | None,
+        desired: Mapping[str, str | None],
         vendors: tuple[Vendor, ...] = (NVIDIA,),
     ) -> str | None:
-        """GPUWIRE_GRANT: a grant for each vendor, comma-separated."""
+        """GPUWIRE_GRANT of container `c` for `visible` and `caps`: a grant for each vendor,
+        comma-separated, each bound to this admission and to the limit variables its env will
+        hold (its own, with `desired` written over them); Denied where one comes from
+        valueFrom (the grant must know its value)."""
         self.granted = True
-        if self.keyring.keys:
-            key_id = self.keyring.signing_id
-            key = self.keyring.keys[key_id]
-            return ",".join(
-                _grant(key_id, key, self.namespace, container, visible, caps, v) for v in vendors
+        hidden = [
+            n for n in c.named if grant.is_limit(n) and n not in desired and c.value(n) is None
+        ]
+        if hidden:
+            raise Denied(
+                400,
+                f"container {c.name!r}: {hidden[0]} from valueFrom: its GPU grant binds the "
+                "value of each limit variable; give it as a value",
             )
-        grant.Subject.of(self.namespace, container, visible, caps)  # unknown caps: still refused
+        env = {**c.values(), **desired}
+        limited = {k: v for k, v in env.items() if v is not None}
+        if self.keyring.keys:  # each vendor's grant binds the same pod and limits
+            subjects = (
+                grant.Subject.of(
+                    self.namespace, c.name, visible, caps, v, pod=self.admission, env=limited
+                )
+                for v in vendors
+            )
+            return ",".join(self.keyring.sign(s) for s in subjects)
+        grant.Subject.of(self.namespace, c.name, visible, caps)  # unknown caps: still refused
         warning = f"no grant key loaded: {grant.ENV} not written"
         if warning not in self.warnings:
             self.warn("no-grant-key", warning)
@@ -821,23 +874,6 @@ def _entry(container: str) -> str:
     return dra_claims.PREFIX + hashlib.sha256(container.encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=4096)
-def _grant(
-    key_id: str,
-    key: bytes,
-    namespace: str,
-    container: str,
-    visible: str,
-    caps: str | None,
-    vendor: Vendor = NVIDIA,
-) -> str:
-    """One vendor's GPUWIRE_GRANT for one container. Memoized: a Deployment's pods get the same
-    grants, and each costs two parses and two SHA-256 runs (errors, such as unknown
-    capabilities, are not kept: they raise afresh)."""
-    subject = grant.Subject.of(namespace, container, visible, caps, vendor)
-    return grant.KeyRing({key_id: key}).sign(subject)
-
-
 def mutate(
     raw_pod: Any,
     namespace: str,
@@ -845,9 +881,11 @@ def mutate(
     fleet: Fleet,
     keyring: grant.KeyRing,
     pools: Pools = NO_POOLS,
+    admission: str = "gpuwire-mutate",
 ) -> Outcome:
     """The JSON patch (or denial) the webhook answers for a pod being created in `namespace`;
-    `pools`: the cluster's DRA devices, for the policy's DRA path."""
+    `pools`: the cluster's DRA devices, for the policy's DRA path; `admission`: the
+    AdmissionReview's request UID, which the pod's grants bind (gpuwire.grant)."""
     if policy.excluded(namespace):
         return Outcome(skipped=f"namespace {namespace} is excluded by the policy")
     try:
@@ -856,10 +894,12 @@ def mutate(
             return Outcome(skipped="mirror pod")
         translated = hami.translate(pod)
         if translated is None:
-            return _Mutation(pod, namespace, policy, fleet, keyring, pools).run()
+            return _Mutation(pod, namespace, policy, fleet, keyring, pools, None, admission).run()
         # the mutation of the pod as gpuwire reads HAMi's resources, after the ops making it so
         view = Pod.read(translated.pod)
-        outcome = _Mutation(view, namespace, policy, fleet, keyring, pools, translated).run()
+        outcome = _Mutation(
+            view, namespace, policy, fleet, keyring, pools, translated, admission
+        ).run()
         return dataclasses.replace(outcome, patch=(*translated.ops, *outcome.patch))
     except hami.HamiError as exc:
         return Outcome(denial=Denial(400, str(exc)))

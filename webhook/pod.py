@@ -222,6 +222,13 @@ class Pod:
         return MIRROR_ANNOTATION in self.annotations
 
     @property
+    def ephemeral_containers(self) -> tuple[Container, ...]:
+        """spec.ephemeralContainers, which the `pods/ephemeralcontainers` subresource adds to
+        a running pod (`kubectl debug`)."""
+        found = _list(self.spec.get("ephemeralContainers"), "spec.", "ephemeralContainers")
+        return tuple(_container(raw, "ephemeralContainers", i) for i, raw in enumerate(found))
+
+    @property
     def app_containers(self) -> tuple[Container, ...]:
         return tuple(c for c in self.containers if c.field == "containers")
 

@@ -1,18 +1,18 @@
 """gpuwire's DRA devices in the cluster as the webhook sees them: plain data built from
-ResourceSlices (`resource.k8s.io/v1`), what the DRA path of the mutation checks requests
-against before it writes a claim.
+ResourceSlices (`resource.k8s.io/v1`), what the DRA path of the mutation checks requests against
+before it writes a claim.
 
-Only the driver `gpu.gpuwire.io`'s slices count, and of each pool only its slices at the
-highest `pool.generation`, and only once all `pool.resourceSliceCount` of them are there: the
+Only the driver `gpu.gpuwire.io`'s slices count, and of each pool only its slices at the highest
+`pool.generation`, and only once all `pool.resourceSliceCount` of them are there: the
 scheduler's allocator reads pools the same way (k8s.io/dynamic-resource-allocation
 `structured/pools.go`), so a pool being rewritten is neither half-seen nor seen twice. Of a
-device the webhook keeps what a request can ask about (product, UUID, memory, NVLink island,
-whether it is shared and its capacity consumable, which limit profiles hold a share of it,
-a MIG device's profile, a taint that keeps claims off it). A cluster has one per GPU and few
-kinds of them, so each device is its node, name, UUID and taint and a `Make` shared by every
-device alike (one object per distinct
-make-up, as `fleet.node_from_object` shares a node's groups): 80,000 GPUs take about 13 MB.
-Where the slices come from (a watch, a file) is `watch.py`'s and the CLI's business.
+device the webhook keeps what a request can ask about (product, UUID, memory, NVLink or XGMI
+island, whether it is shared and its capacity consumable, which limit profiles hold a share of
+it, a MIG device's profile, an AMD device's partition profile, a taint that keeps claims off
+it). A cluster has one per GPU and few kinds of them, so each device is its node, name, UUID and
+taint and a `Make` shared by every device alike (one object per distinct make-up, as
+`fleet.node_from_object` shares a node's groups): 80,000 GPUs take about 13 MB. Where the slices
+come from (a watch, a file) is `watch.py`'s and the CLI's business.
 """
 
 from __future__ import annotations
@@ -43,12 +43,18 @@ class Make:
 
     product: str  # productName
     memory_mib: int | None
-    island: int | None  # nvlinkIsland
+    island: int | None  # nvlinkIsland (an AMD device's xgmiIsland)
     shared: bool  # the shared attribute: selected by the shared class
     consumable: bool  # allowMultipleAllocations as stored: its capacity is handed out in shares
     kind: str = dra.GPU_TYPE  # the type attribute
     profile: str | None = None  # a MIG device's
     enforces: frozenset[str] = frozenset()  # limit profiles that hold a share here (hamiLimits)
+    partition: str | None = None  # an AMD device's partitionProfile (`cpx_nps4`)
+
+    @property
+    def amd(self) -> bool:
+        """An AMD GPU or partition (AMD's DRA driver's types)."""
+        return self.kind in dra.AMD_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,14 @@ class PoolDevice:
     def enforces(self) -> frozenset[str]:
         return self.make.enforces
 
+    @property
+    def partition(self) -> str | None:
+        return self.make.partition
+
+    @property
+    def amd(self) -> bool:
+        return self.make.amd
+
 
 def _value(attributes: Obj, name: str) -> Any:
     value = attributes.get(name)
@@ -105,8 +119,8 @@ def _mib(memory: Any) -> int | None:
 
 
 _ENFORCEMENT = tuple((p, limits.enforcement_attribute(p)) for p in limits.ENFORCED)
-_MADE_OF = (dra.PRODUCT, dra.ISLAND, dra.SHARED, dra.TYPE, dra.PROFILE,
-            *(a for _, a in _ENFORCEMENT))  # fmt: skip
+_MADE_OF = (dra.PRODUCT, dra.ISLAND, dra.XGMI_ISLAND, dra.SHARED, dra.TYPE, dra.PROFILE,
+            dra.PARTITION_PROFILE, *(a for _, a in _ENFORCEMENT))  # fmt: skip
 _MAKES: dict[bytes, Make] = {}  # what an entry says of its make-up, as JSON → its Make
 
 
@@ -121,6 +135,9 @@ def _make(attributes: Obj, entry: Obj) -> Make:
         if len(_MAKES) >= 4096:  # a few per model are expected: a bound, not a working size
             _MAKES.clear()
         island, profile = _value(attributes, dra.ISLAND), _value(attributes, dra.PROFILE)
+        if island is None:  # an AMD device's: XGMI's
+            island = _value(attributes, dra.XGMI_ISLAND)
+        partition = _value(attributes, dra.PARTITION_PROFILE)
         found = _MAKES[key] = Make(
             product=sys.intern(str(_value(attributes, dra.PRODUCT) or "")),
             memory_mib=_mib((memory or {}).get("value") if isinstance(memory, dict) else None),
@@ -130,6 +147,7 @@ def _make(attributes: Obj, entry: Obj) -> Make:
             kind=sys.intern(str(_value(attributes, dra.TYPE) or "")),
             profile=profile if isinstance(profile, str) else None,
             enforces=frozenset(p for p, a in _ENFORCEMENT if _value(attributes, a) is True),
+            partition=partition if isinstance(partition, str) else None,
         )
     return found
 

@@ -29,6 +29,10 @@ VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 WARNING_LENGTH = 120  # longer warnings may be truncated by clients
 # metav1.StatusReason of a denial's code (apimachinery `pkg/apis/meta/v1/types.go`)
 REASONS = {403: "Forbidden", 409: "Conflict", 503: "ServiceUnavailable"}
+EPHEMERAL = "ephemeralcontainers"  # the pods subresource `kubectl debug` updates
+# what the webhook decides on: pods being created, ephemeral containers being added, and
+# updates of a pod (its status too) that would move its grant admission (webhook.podupdate)
+HANDLED = (("CREATE", ""), ("UPDATE", EPHEMERAL), ("UPDATE", ""), ("UPDATE", "status"))
 
 
 class BadReview(ValueError):
@@ -44,6 +48,8 @@ class Review:
     kind: str
     pod: Any  # request.object, checked by the mutation
     dry_run: bool
+    subresource: str = ""  # EPHEMERAL: ephemeral containers being added to a running pod
+    old_pod: Any = None  # request.oldObject, on an UPDATE
 
 
 def encode(document: object) -> bytes:
@@ -73,8 +79,11 @@ def parse(body: bytes) -> Review:
     kind = request.get("kind")
     namespace = request.get("namespace") or ""
     operation = request.get("operation")
-    if not isinstance(namespace, str) or not isinstance(operation, str):
-        raise BadReview("request.namespace and request.operation must be strings")
+    subresource = request.get("subResource") or ""
+    if not (isinstance(namespace, str) and isinstance(operation, str)) or not isinstance(
+        subresource, str
+    ):
+        raise BadReview("request.namespace, operation and subResource must be strings")
     return Review(
         api_version=str(version),
         uid=uid,
@@ -83,6 +92,8 @@ def parse(body: bytes) -> Review:
         kind=str(kind.get("kind", "")) if isinstance(kind, dict) else "",
         pod=request.get("object"),
         dry_run=request.get("dryRun") is True,
+        subresource=subresource,
+        old_pod=request.get("oldObject"),
     )
 
 
@@ -166,10 +177,14 @@ def status(code: int, message: str) -> dict[str, Any]:
 
 
 def outcome_of(review: Review, decide: Callable[[Review], Outcome]) -> Outcome:
-    """The webhook's decision on a review: pods being created are its business, the rest
-    passes untouched."""
-    if review.kind != "Pod" or review.operation != "CREATE":
-        return Outcome(skipped=f"{review.operation} {review.kind or 'object'} is not handled")
+    """The webhook's decision on a review: pods being created, ephemeral containers being
+    added to one, and updates that would move a pod's grant admission are its business; the
+    rest passes untouched."""
+    if review.kind != "Pod" or (review.operation, review.subresource) not in HANDLED:
+        what = f"{review.kind or 'object'}" + (
+            f"/{review.subresource}" if review.subresource else ""
+        )
+        return Outcome(skipped=f"{review.operation} {what} is not handled")
     return decide(review)
 
 

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from gpuwire import grant
-from webhook import fleet, policy, pools
+from webhook import ephemeral, fleet, podupdate, policy, pools
 from webhook.fleet import Fleet
 from webhook.lease import Leader
 from webhook.mutation import Outcome, mutate
 from webhook.pools import NO_POOLS, Pools
 from webhook.reload import Watched
-from webhook.review import Review
+from webhook.review import EPHEMERAL, Review
 from webhook.templates import TemplateStore
 
 T = TypeVar("T", covariant=True)
@@ -115,6 +115,13 @@ class Sources:
         return found
 
     def decide(self, review: Review) -> Outcome:
+        if review.operation == "UPDATE":
+            kept = podupdate.decide(review.old_pod, review.pod)
+            if kept.denial is None and review.subresource == EPHEMERAL:
+                return ephemeral.mutate(
+                    review.pod, review.namespace, self.policy.value, review.old_pod
+                )
+            return kept
         return mutate(
             review.pod,
             review.namespace,
@@ -122,6 +129,7 @@ class Sources:
             self.fleet.current,
             self.keys.value,
             self.pools.current,
+            review.uid,
         )
 
     def refresh(self) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from kubernetes import client
 
+import kubeclient
 from webhook.claims import MANAGED_BY, MANAGER, TEMPLATE_LABEL
 from webhook.mutation import Denial
 
@@ -140,7 +141,8 @@ class TemplateStore:
             except _Conflict:
                 return _conflict(what)
             except Exception as exc:  # a timeout, a reset connection
-                return Denial(503, f"{what} could not be created: {exc}; try again")
+                why = kubeclient.explain(exc, kubeclient.host(self.api)) or str(exc)
+                return Denial(503, f"{what} could not be created: {why}; try again")
         return None
 
     def _make(self, template: Obj, marked: bool, timeout: float) -> None:

@@ -70,12 +70,8 @@ def gpus_annotation(
     """`gpuwire.io/gpus`: every device (GPU or partition), its health and the resource it is
     advertised under (`resources`: uuid → name)."""
     return nodegpus.encode(
-        nodegpus.NodeGpu(
-            index=g.device.index,
-            uuid=g.device.uuid,
-            product=g.device.product,
-            memory_mib=g.device.memory_mib,
-            numa_node=g.device.numa_node,
+        nodegpus.described(
+            g.device,
             healthy=g.healthy and g.device.uuid not in unhealthy,
             resource=resources.get(g.device.uuid, amd.RESOURCE),
             vendor=amd.VENDOR,

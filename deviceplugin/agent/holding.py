@@ -175,11 +175,14 @@ def job(
     found: Callable[[], NodeGpus],
     unhealthy: Callable[[], frozenset[str]],
     also: Sequence[Collector] = (),
+    api: Any = None,
 ) -> Callable[[threading.Event], None]:
     """The agent as a background job of the node agent: `job(...)(stop)` runs it on the node
     `found()` gives (the process's `discovery.Latest`), with the metrics endpoint (if a port
-    is set, with the series of `also` too) up until `stop`."""
-    api = labeler.core_api(kubeconfig) if settings.publish else None
+    is set, with the series of `also` too) up until `stop`; `api`: the CoreV1Api to publish
+    with (else one of `kubeconfig`)."""
+    if settings.publish:
+        api = api or labeler.core_api(kubeconfig)
     collector = Metrics() if settings.metrics_port is not None else None
     agent = of_node(settings, labeler.node_name(node_name), found, unhealthy, api, collector)
 

@@ -17,7 +17,7 @@ import kubeclient
 from deviceplugin.agent import amdlabels, labels, mps
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import REDISCOVER, Latest, NodeGpus
-from gpuwire import mig
+from gpuwire import holders, mig
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,15 @@ def enforced(config: Config) -> tuple[str, ...]:
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
     """The node's labels. A plugin that answers Allocate with CDI devices promises no limits:
     containerd applies those without gpuwire's runtime, which joins a container to them.
-    An AMD node's are AMD's labeller's (`amdlabels`)."""
+    An AMD node's are AMD's labeller's (`amdlabels`). `runtime_ready`: while the installer's
+    ready file is there (and this agent runs under gpuwire's runtime handler), the node can
+    run GPU pods."""
+    has_gpus = bool(node.gpus) or node.amd is not None
+    ready = {labels.RUNTIME_READY: "true"} if runtime_ready(config) and has_gpus else {}
     if node.amd is not None:
-        return amdlabels.labels(node.amd)
+        return ready | amdlabels.labels(node.amd)
     resources, advertised = config.resources(node)
-    return labels.labels(
+    return ready | labels.labels(
         node,
         resources,
         config.rename_by_default,
@@ -63,6 +67,10 @@ def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
         advertised,
         enforced(config) if config.cdi == "none" else (),
     )
+
+
+def runtime_ready(config: Config) -> bool:
+    return config.runtime_ready is not None and os.path.exists(config.runtime_ready)
 
 
 def node_annotations(
@@ -80,16 +88,18 @@ def node_annotations(
 
 
 def apply(
-    api: Any, name: str, new_labels: dict[str, str], new_annotations: dict[str, str]
+    api: Any,
+    name: str,
+    new_labels: dict[str, str],
+    new_annotations: dict[str, str],
+    annotations: tuple[str, ...] = (labels.GPUS_ANNOTATION,),
 ) -> dict[str, Any] | None:
-    """Patch the node's labels and annotations to the wanted ones; returns the patch sent
-    (None: nothing to change)."""
+    """Patch the node's labels and annotations (those named in `annotations`) to the
+    wanted ones; returns the patch sent (None: nothing to change)."""
     meta = api.read_node(name).metadata
     patch: dict[str, Any] = {}
     label_changes = labels.changes(meta.labels or {}, new_labels, OWNED)
-    annotation_changes = labels.changes(
-        meta.annotations or {}, new_annotations, (labels.GPUS_ANNOTATION,)
-    )
+    annotation_changes = labels.changes(meta.annotations or {}, new_annotations, annotations)
     if label_changes:
         patch["labels"] = label_changes
     if annotation_changes:
@@ -101,6 +111,12 @@ def apply(
         "node %s: patched %s", name, ", ".join(sorted({**label_changes, **annotation_changes}))
     )
     return {"metadata": patch}
+
+
+def unlabel(api: Any, name: str) -> dict[str, Any] | None:
+    """Remove every label and annotation the node agent writes (the uninstaller's last
+    step on a node); returns the patch sent (None: none was there)."""
+    return apply(api, name, {}, {}, annotations=(labels.GPUS_ANNOTATION, holders.ANNOTATION))
 
 
 def label_once(
@@ -118,23 +134,20 @@ def run(
 ) -> None:
     """Label now, again within a second of a health change or a change of the node, and
     every `label_interval` (looking at the node again, and putting back labels someone
-    removed) until `stop` is set. Where no device plugin runs, this is the node agent that
-    keeps the MIG map: written on a change and every `label_interval`."""
+    removed) until `stop` is set."""
     api = api or core_api(config.kubeconfig)
     name = node_name(config.node_name)
     node: NodeGpus | None = None
-    last: frozenset[str] | None = None
+    last: tuple[frozenset[str], bool] | None = None
     due = 0.0
     while not stop.is_set():
-        bad = unhealthy() if unhealthy else frozenset()
+        seen = (unhealthy() if unhealthy else frozenset(), runtime_ready(config))
         try:
             found = latest(config.label_interval)
             now = time.monotonic()
-            if found != node or now >= due:
-                write_mig_map(config.mig_map, found)
-            if bad != last or found != node or now >= due:
-                label_once(api, name, config, found, bad)
-                node, last, due = found, bad, now + config.label_interval
+            if seen != last or found != node or now >= due:
+                label_once(api, name, config, found, seen[0])
+                node, last, due = found, seen, now + config.label_interval
         except Exception as exc:  # the API server may be away; try again later
             log.warning("labeling node %s failed: %s", name, exc)
         stop.wait(1.0)

@@ -64,7 +64,10 @@ GFD_KEYS = tuple(
 MIG_PREFIX = NV + "mig-"  # GFD's per-profile keys of the mixed strategy
 OWN_PREFIX = GW + "gpu."  # every key under it is ours
 ENGINES = ("copy", "decoder", "encoder", "jpeg", "ofa")
-OWNED = (*GFD_KEYS, MIG_PREFIX, OWN_PREFIX, limits.LABEL_PREFIX)  # the keys the labeler manages
+# The node runs gpuwire's runtime handler: the RuntimeClass `gpuwire` schedules onto it, so no
+# GPU pod lands on a node whose containerd cannot run it yet (deploy/base/runtimeclass.yaml).
+RUNTIME_READY = GW + "runtime-ready"
+OWNED = (*GFD_KEYS, MIG_PREFIX, OWN_PREFIX, limits.LABEL_PREFIX, RUNTIME_READY)  # the labeler's
 
 _BRANDS = {"nvidia", "tesla", "geforce", "quadro", "amd", "instinct", "radeon"}
 
@@ -238,12 +241,8 @@ def gpus_annotation(
     unlisted = Resource("", ())
     advertised = {g.uuid: r for r in resources for g in r.gpus}
     return nodegpus.encode(
-        nodegpus.NodeGpu(
-            index=g.device.index,
-            uuid=g.device.uuid,
-            product=g.device.product,
-            memory_mib=g.device.memory_mib,
-            numa_node=g.device.numa_node,
+        nodegpus.described(
+            g.device,
             healthy=g.device.uuid not in unhealthy,
             resource=(r := advertised.get(g.device.uuid, unlisted)).name,
             replicas=r.replicas,

@@ -3,7 +3,8 @@
 `nvidia-cuda-mps-control -f` (the driver's own program) runs as a child of the agent for
 each healthy GPU, with that GPU alone visible, its pipe and log directories, and in a mount
 namespace of its own whose `/dev/shm` is its GPU's (`gpuwire.mps`: what its servers share
-with its clients, and no other GPU's tenants); the agent then sets the daemon's defaults
+with its clients, and no other GPU's tenants; made by `shmns` before the exec, never in a
+forked copy of the agent); the agent then sets the daemon's defaults
 (the share of threads and memory each client gets: a replica's share of a GPU shared
 through MPS, else none), checks that it answers, and writes the ready marker the runtime
 joins containers by. Each pass (`step`, every second) restarts a daemon that died (the
@@ -29,6 +30,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +40,7 @@ from prometheus_client.registry import Collector
 
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import NodeGpus
-from gpuwire import mps, records, syscalls
+from gpuwire import mps, records
 from gpuwire.devices import Device
 from gpuwire.records import process_start
 
@@ -47,6 +49,9 @@ log = logging.getLogger(__name__)
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 ANSWER_TIMEOUT = 10.0  # for a new daemon to answer its first command
 RETRY = (1.0, 5.0, 30.0)  # backoff after consecutive failures to start a GPU's daemon
+
+
+SHMNS = "deviceplugin.agent.shmns"  # what starts a daemon in its own /dev/shm
 
 
 class MpsError(RuntimeError):
@@ -99,18 +104,6 @@ def clients(records_dir: str, host_root: str = "/") -> Callable[[str], bool]:
         return any(uuid in r.mps and records.status(r, host_root) != records.GONE for r in found)
 
     return joined
-
-
-def _own_shm(shm: str) -> Callable[[], None]:
-    """For the daemon, between fork and exec: a mount namespace of its own whose /dev/shm is
-    `shm` (its servers', and its clients')."""
-
-    def enter() -> None:
-        syscalls.unshare(syscalls.CLONE_NEWNS)
-        syscalls.make_private("/")
-        syscalls.bind(shm, mps.CONTAINER_SHM)
-
-    return enter
 
 
 class Supervisor(Collector):
@@ -269,13 +262,12 @@ class Supervisor(Collector):
         os.chmod(shm, 0o1777)  # noqa: S103 - as /dev/shm: every client user writes it
         with open(os.path.join(mps.log_dir(self.root, uuid), "daemon.out"), "ab") as out:
             process = subprocess.Popen(
-                [self.control, "-f"],
+                [sys.executable, "-I", "-m", SHMNS, shm, self.control, "-f"],
                 env=mps.control_env(self.root, uuid, PATH),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
                 start_new_session=True,
-                preexec_fn=_own_shm(shm),
             )
         try:
             self._answers(uuid, process)

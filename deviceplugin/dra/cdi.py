@@ -18,6 +18,10 @@ that is not there; both are the prepared claim's files (what unprepare removes).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
 is discovered there, and every host path in the spec is written as the host sees it.
+
+The spec's edits are the node's vendor's (`deviceplugin.dra.vendors`): NVIDIA's here
+(`claim_spec`), AMD's in `amdcdi`; the writer discovers the node through the vendor
+(`gpuwire.vendor.Vendor.discover`) and hands what it found to that vendor's spec.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin.dra.claims import ClaimError, ClaimRef, Result
 from deviceplugin.dra.devices import DraDevice
@@ -37,6 +41,10 @@ from gpuwire.devices import CharDevice
 from gpuwire.dra import DRIVER
 from gpuwire.grant import KeyRing
 from gpuwire.roots import Roots
+from gpuwire.vendor import NVIDIA, Vendor, VendorError
+
+if TYPE_CHECKING:
+    from gpuwire.vendor import Found
 
 VENDOR = f"k8s.{DRIVER}"
 CLASS = "claim"
@@ -60,7 +68,7 @@ def on_host(path: str, host_root: str) -> str:
     return path if relative.startswith("..") else os.path.normpath("/" + relative)
 
 
-def _host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
+def host_paths(spec: dict[str, Any], host_root: str) -> dict[str, Any]:
     edits = [spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])]
     for e in edits:
         for item in (*e.get("deviceNodes", ()), *e.get("mounts", ())):
@@ -114,8 +122,13 @@ def _nodes(found: driver.Driver, ref: ClaimRef, device: DraDevice) -> list[CharD
     return edits.gpu_nodes(found, (), (instance,))
 
 
+def token_mount(token: str, ref: ClaimRef, device: str) -> dict[str, Any]:
+    """The claim's token, read-only at the device's place in the container."""
+    return dict(edits.bind_mount(token, claimtoken.container_path(ref.uid, device)))
+
+
 def claim_spec(
-    found: driver.Driver,
+    found: Found,
     ref: ClaimRef,
     results: Sequence[Result],
     capabilities: tuple[str, ...],
@@ -130,25 +143,32 @@ def claim_spec(
     `capabilities`); `named`: their `claim_devices`, in the allocation's order (the order
     NVIDIA_VISIBLE_DEVICES gives them to CUDA); `token`: where the claim's token is, as the
     host names it. ClaimError where nothing here holds the claim to its share."""
+    assert isinstance(found, driver.Driver)
     devices = []
     for r in unique(results):
         device = cdi.device(
             f"{ref.uid}-{r.device.name}", cdi.device_nodes(_nodes(found, ref, r.device))
         )
-        mount = edits.bind_mount(token, claimtoken.container_path(ref.uid, r.device.name))
-        device["containerEdits"]["mounts"] = [mount]
+        device["containerEdits"]["mounts"] = [token_mount(token, ref, r.device.name)]
         devices.append(device)
     common = cdi.common_edits(found, capabilities)
     common.env[nvidia.VISIBLE_DEVICES_ENV] = ",".join(d.uuid for d in named)
     env, mounts = hold(results, holders)
     common.env.update(env)
     common.mounts += mounts
-    return _host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
+    return host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
+
+
+# A vendor's spec for a claim: (what discovery found, the claim, its results, capabilities,
+# its devices as the token names them, hook, ldconfig, the token's host path, host root,
+# what holds shares) → the spec; `claim_spec` is NVIDIA's.
+ClaimSpec = Callable[..., dict[str, Any]]
 
 
 class CdiWriter:
     """Writes and removes claims' specs in `directory` and their tokens under
-    `allocation_dir`, signed with the keys in `key_dir` (the plugin's `Writer`)."""
+    `allocation_dir`, signed with the keys in `key_dir` (the plugin's `Writer`); the node is
+    discovered as `vendor`'s and the spec is `spec`'s."""
 
     def __init__(
         self,
@@ -160,7 +180,11 @@ class CdiWriter:
         key_dir: str,
         host_root: str = "/",
         holders: Holders = NOTHING,
+        vendor: Vendor = NVIDIA,
+        spec: ClaimSpec = claim_spec,
     ) -> None:
+        self.vendor = vendor
+        self.spec = spec
         self.directory = directory
         self.roots = roots
         self.hook = hook
@@ -175,13 +199,13 @@ class CdiWriter:
     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
         wanted = capabilities(results)
         try:
-            found = driver.discover(self.roots, wanted)
-        except driver.DiscoveryError as exc:
+            found = self.vendor.discover(self.roots, wanted)
+        except VendorError as exc:
             raise ClaimError(f"claim {ref}: {exc}") from None
         named = claim_devices(results)
         proof = claimtoken.ClaimToken(ref.uid, ref.namespace, ref.name, pods, named)
         token = claimtoken.path(self.allocation_dir, ref.uid)
-        spec = claim_spec(
+        spec = self.spec(
             found, ref, results, wanted, named, cdi.hook_program(self.hook, self.host_root),
             self.ldconfig, on_host(token, self.host_root), self.host_root, self.holders,
         )  # fmt: skip
@@ -219,6 +243,11 @@ class CdiWriter:
         for path in files:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(path)
+
+    def files_of(self, uid: str) -> tuple[str, ...]:
+        return os.path.join(self.directory, spec_file(uid)), claimtoken.path(
+            self.allocation_dir, uid
+        )
 
     def orphans(self, known: set[str]) -> list[str]:
         specs = Path(self.directory).glob(spec_file("*"))

@@ -31,8 +31,9 @@ device is allocated whole). A compute instance smaller than its GPU instance (`1
 is not published: NVIDIA's naming cannot tell two of them apart, and neither NVIDIA's DRA
 driver nor the mixed strategy offers them.
 
-Device kinds are data: `KINDS` lists the functions that turn the node into devices; the
-slice builder takes whatever they return.
+Device kinds are data: `KINDS` lists the functions that turn an NVIDIA node into devices; the
+slice builder takes whatever they return. An AMD node's kind is `amddevices` (AMD's DRA
+driver's names); which a node has is `vendors`'.
 """
 
 from __future__ import annotations

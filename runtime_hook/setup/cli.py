@@ -168,24 +168,56 @@ def _containerd_version(binary: str) -> tuple[int, ...] | None:
     return tuple(int(d) for d in digits) if all(d.isdigit() for d in digits) else None
 
 
+def _containerd_files(parser: argparse.ArgumentParser, created: str) -> None:
+    """--config and --drop-in, as configure and unconfigure both name them."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=containerd_config.DEFAULT_CONFIG,
+        help=f"containerd's main config (default %(default)s{created})",
+    )
+    parser.add_argument(
+        "--drop-in",
+        type=Path,
+        help=f"gpuwire's drop-in, which carries the handler (default {containerd_config.DROP_IN} "
+        "beside --config)",
+    )
+
+
+def containerd_unconfigure(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwire containerd unconfigure",
+        description="Take gpuwire's drop-in out of containerd's main config (its imports), the "
+        "rest as written; the uninstaller's step where it cannot give the file back byte for "
+        "byte. Restart containerd afterwards.",
+    )
+    _containerd_files(parser, "")
+    args = parser.parse_args(argv)
+    main = args.config.absolute()
+    drop_in = (args.drop_in or main.parent / containerd_config.DROP_IN).absolute()
+    try:
+        text = containerd_config.Disk().read(main)
+        if text is None:
+            print(f"no change: {main} does not exist")
+            return 0
+        new = containerd_config.without_import(main, text, drop_in)
+    except containerd_config.ContainerdConfigError as exc:
+        raise exits.CommandError(str(exc)) from None
+    if new == text:
+        print(f"no change: {main} does not import {drop_in}")
+        return 0
+    containerd_config.write([containerd_config.Change(main, text, new)])
+    print(f"wrote {main}")
+    return 0
+
+
 def containerd_configure(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gpuwire containerd configure",
         description="Add the gpuwire runtime handler to containerd's config, as a drop-in the "
         "main config imports. Restart containerd afterwards.",
     )
-    parser.add_argument(
-        "--config",
-        type=Path,
-        default=containerd_config.DEFAULT_CONFIG,
-        help="containerd's main config (default %(default)s; created if missing)",
-    )
-    parser.add_argument(
-        "--drop-in",
-        type=Path,
-        help=f"the file that carries the handler (default {containerd_config.DROP_IN} "
-        "beside --config)",
-    )
+    _containerd_files(parser, "; created if missing")
     parser.add_argument(
         "--config-source",
         choices=("file", "command"),

@@ -34,7 +34,7 @@ from tomlkit.exceptions import ParseError
 from gpuwire import atomicfile
 from gpuwire.allocation import OWNER_ANNOTATIONS
 from gpuwire.edits import HOOK_ENV
-from gpuwire.grant import SUBJECT_ANNOTATIONS
+from gpuwire.grant import POD_ANNOTATION, SUBJECT_ANNOTATIONS
 
 # Config version → the plugin whose `containerd.runtimes` table holds runtime handlers.
 CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
@@ -253,6 +253,10 @@ def runtime_entry(runtimes: dict[str, Any], runtime: Runtime, where: str) -> dic
     for key in ("pod_annotations", "container_annotations"):
         if key in entry:
             entry[key] = [p for p in entry[key] if not _exposes_protected(p)]
+    # the one pod annotation the runtime reads: the admission a grant binds (gpuwire.grant)
+    passed = entry.setdefault("pod_annotations", [])
+    if POD_ANNOTATION not in passed:
+        passed.append(POD_ANNOTATION)
     if runtime.hook:
         entry["base_runtime_spec"] = runtime.base_spec
     else:
@@ -310,6 +314,25 @@ def main_text(main: Path, text: str | None, drop_in: Path) -> str:
         doc["imports"] = [str(drop_in)]
     elif not any(_imported(main, entry, drop_in) for entry in imports):
         imports.append(str(drop_in))
+    return tomlkit.dumps(doc)
+
+
+def without_import(main: Path, text: str, drop_in: Path) -> str:
+    """The main file with `drop_in` taken out of its imports (the key too, if nothing else is
+    imported): what `main_text` added, undone, the rest as written."""
+    doc = parse(main, text)
+    imports = doc.get("imports")
+    if imports is None:
+        return text
+    kept = [entry for entry in imports if _is_glob(entry) or not _imported(main, entry, drop_in)]
+    if len(kept) == len(imports):
+        return text
+    if kept:
+        for index in reversed(range(len(imports))):
+            if imports[index] not in kept:
+                del imports[index]
+    else:
+        del doc["imports"]
     return tomlkit.dumps(doc)
 
 

@@ -5,27 +5,57 @@
 # the config as runtime_hook.start.shim and runtime_hook.start.config do (tests hold it to it).
 # Written by the install (runtime_hook/setup/launcher.py): the Python that runs the shim and
 # what it runs; gpuwire-call, the resident's socket and this build's token where gpuwire-call
-# was built (call empty: Python only).
+# was built (call empty: Python only; python empty: the resident only, no Python here).
 python=python3 code='' call='' socket='' token=''
 shim() {
+	if [ -z "$python" ]; then
+		# A create that may ask for a GPU waits for the resident (gpuwire-call without a
+		# fallback); anything else runs the runtime where no resident answers: a GPU
+		# container's delete (its record is swept later, records.sweep), a call under a
+		# config this script leaves to Python.
+		if [ -z "$asks" ] && find_runtime; then
+			# shellcheck disable=SC2016 # expanded by that shell: $0 the runtime, $1 ours
+			exec "$call" "$socket" "$token" runtime $(($# + 1)) \
+				/bin/sh -c 'shift; exec "$0" "$@"' "$executable" "$0" "$@"
+		fi
+		exec "$call" "$socket" "$token" runtime $(($# + 1)) "$0" "$@"
+	fi
 	if [ -n "$call" ]; then
 		exec "$call" "$socket" "$token" runtime $(($# + 1)) "$python" -IS -c "$code" "$0" "$@"
 	fi
 	exec "$python" -IS -c "$code" "$0" "$@"
 }
-# exec $1 with the other arguments if it is the runtime's first executable candidate
-run() {
-	path=$1
-	shift
-	if [ -x "$path" ] && [ ! -d "$path" ]; then
-		case ${path##*/} in gpuwire-runtime) shim "$@" ;; esac
-		# shellcheck disable=SC3013 # -ef: dash and bash (Debian's and RHEL's sh) have it
-		case $0 in */*) if [ "$path" -ef "$0" ]; then shim "$@"; fi ;; esac
-		exec "$path" "$@"
-	fi
+# The runtime's first executable candidate (the configured path, or the name on PATH) into
+# $executable; status 1 where there is none, or it is this launcher (the shim says why not).
+find_runtime() {
+	executable=
+	case $runtime in
+	*/*) set -- "$runtime" ;;
+	*)
+		set -f
+		IFS=:
+		# shellcheck disable=SC2086 # PATH split at its colons (the script execs next)
+		set -- $PATH
+		;;
+	esac
+	for path do
+		case $runtime in */*) ;; *)
+			[ -n "$path" ] || continue
+			path=$path/$runtime
+			;;
+		esac
+		if [ -x "$path" ] && [ ! -d "$path" ]; then
+			case ${path##*/} in gpuwire-runtime) return 1 ;; esac
+			# shellcheck disable=SC3013 # -ef: dash and bash (Debian's and RHEL's sh) have it
+			case $0 in */*) if [ "$path" -ef "$0" ]; then return 1; fi ;; esac
+			executable=$path
+			return 0
+		fi
+	done
+	return 1
 }
 
-create='' bundle='' found='' wanted='' previous='' deleting='' last=''
+create='' asks='' bundle='' found='' wanted='' previous='' deleting='' last=''
 for arg do
 	if [ -n "$wanted" ]; then bundle=$arg wanted=; fi
 	case $previous in --bundle | -bundle | -b) ;; *)
@@ -42,7 +72,7 @@ for arg do
 done
 if [ -n "$create" ]; then
 	grep -qsE -e 'NVIDIA_VISIBLE_DEVICES|AMD_VISIBLE_DEVICES|CUDA_VERSION|/run/gpuwire/allocations/|\\/|\\u00(2[Ff]|[4-7][0-9A-Fa-f])' -- "${bundle:-.}/config.json"
-	[ $? -eq 1 ] || shim "$@"
+	[ $? -eq 1 ] || { asks=1; shim "$@"; }
 fi
 
 config=${GPUWIRE_CONFIG:-/etc/gpuwire/config.toml}
@@ -96,15 +126,7 @@ if [ -n "$deleting" ]; then
 	if [ -e "$records/$last" ] || [ -L "$records/$last" ]; then shim "$@"; fi
 fi
 
-case $runtime in
-*/*) run "$runtime" "$@" ;;
-*)
-	set -f
-	IFS=:
-	for dir in $PATH; do
-		[ -z "$dir" ] || run "$dir/$runtime" "$@"
-	done
-	;;
-esac
+if find_runtime; then
+	exec "$executable" "$@"
+fi
 shim "$@"
-

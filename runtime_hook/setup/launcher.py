@@ -19,6 +19,12 @@ and a kubelet waits for the first two. pip's console scripts start Python with `
 - `gpuwire-hook` is a shell script (`gpuwire-hook.sh`) that runs Python at once (it has
   work to do whenever it is called).
 
+An install with no Python where the launchers run (`python` None, `--resident-only`: the
+image's, whose resident runs from the image's own Python, docs/runtime.md, "No Python on the
+host") writes them with none: every Python part goes to the resident, and gpuwire-call waits
+up to `RESIDENT_WAIT` for one that serves it, then fails the call (a create, a hook); a call
+that is no create runs the runtime itself where no resident answers.
+
 Both scripts are package data, written out with the Python, its code and gpuwire-call filled
 into their first assignment line; every word they share with the shim and the config is
 spelled out in them, and tests hold those words to the Python's. Where a C compiler can
@@ -39,11 +45,12 @@ the freshly imported modules), and end with `os._exit` once their output is flus
 tearing down an interpreter with the injection's modules loaded costs ~2 ms, on every GPU
 container start, for nothing (every file it wrote is closed by then).
 
-    python -I -m runtime_hook.setup.launcher /usr/local/libexec/gpuwire
+    python -I -m runtime_hook.setup.launcher [--resident-only] /usr/local/libexec/gpuwire
 
 writes both there (`-I`: the gpuwire that is installed, not a source tree in the working
-directory); point containerd's `BinaryName` at that `gpuwire-runtime`. The image does this
-into `/opt/gpuwire/<version>/libexec` (Containerfile, deploy/node/install-node).
+directory); point containerd's `BinaryName` at that `gpuwire-runtime`. The image does this,
+`--resident-only`, into `/opt/gpuwire/<version>/libexec` (Containerfile,
+deploy/node/install-node).
 """
 
 from __future__ import annotations
@@ -72,6 +79,10 @@ PYTHON_CODE = (
     "sys.stdout.flush(); sys.stderr.flush(); os._exit(status)"
 )
 CALL = cdi.CALL
+# How long gpuwire-call waits for a resident where there is no Python to fall back to: a
+# resident's restart or an upgrade's handover takes seconds; a CDI spec's hook is killed
+# after cdi.HOOK_TIMEOUT (30 s), and the wait must end before, with the hook's own message.
+RESIDENT_WAIT = 20.0
 CALL_SOURCE = os.path.join(HERE, "call.c")
 # what gpuwire-call is built from: its own source, and the ld-cache hook in C
 CALL_SOURCES = (CALL_SOURCE, os.path.join(HERE, "ldcache.c"))
@@ -90,17 +101,20 @@ def python_code(path: str, module: str) -> str:
     return PYTHON_CODE.format(path=path, module=module)
 
 
-def render(name: str, python: str, path: str, call: Call | None = None) -> str:
+def render(name: str, python: str | None, path: str, call: Call | None = None) -> str:
     """The launcher `name` (RUNTIME or HOOK) for this interpreter and gpuwire directory,
-    asking the resident through `call` first where one is given."""
+    asking the resident through `call` first where one is given; `python` None: the
+    resident alone (`call` then given)."""
     with open(os.path.join(HERE, f"{name}.sh")) as f:
         script = f.read()
     if script.count(SETTINGS) != 1:
         raise ValueError(f"{name}.sh has no single line {SETTINGS.strip()!r} to fill in")
     module = "runtime_hook.start.shim" if name == RUNTIME else "runtime_hook.start.hook"
+    if python is None and call is None:
+        raise ValueError("a launcher without Python needs gpuwire-call")
     values = {
-        "python": python,
-        "code": python_code(path, module),
+        "python": python or "",
+        "code": python_code(path, module) if python else "",
         "call": call.call if call else "",
         "socket": call.socket if call else "",
         "token": path if call else "",
@@ -114,18 +128,25 @@ def c_string(value: str) -> str:
     return '"' + "".join(f"\\{byte:03o}" for byte in os.fsencode(value)) + '"'
 
 
-def hook_defines(python: str, path: str, socket: str) -> list[str]:
+def hook_defines(
+    python: str | None, path: str, socket: str, wait: float = RESIDENT_WAIT
+) -> list[str]:
     """What gpuwire-call needs to stand in for the hook launcher (call.c, `gpuwire-hook`
-    mode): the settings `render` writes into gpuwire-hook.sh for the same install."""
+    mode): the settings `render` writes into gpuwire-hook.sh for the same install (`python`
+    None: none, the resident alone), and how long it waits for a resident then."""
     values = {
         "HOOK_SOCKET": socket,
         "HOOK_TOKEN": path,
-        "HOOK_PYTHON": python,
-        "HOOK_CODE": python_code(path, "runtime_hook.start.hook"),
+        "HOOK_PYTHON": python or "",
+        "HOOK_CODE": python_code(path, "runtime_hook.start.hook") if python else "",
         "HOOK_GENERATOR": ldcache.GENERATOR.decode(),  # the cache ldcache.c writes is Python's
     }
     defines = [f"-D{name}={c_string(value)}" for name, value in values.items()]
-    limits = {"HOOK_MAX_CACHE": ldcache.MAX_CACHE, "HOOK_MAX_ENTRIES": ldsocache.MAX_ENTRIES}
+    limits = {
+        "HOOK_MAX_CACHE": ldcache.MAX_CACHE,
+        "HOOK_MAX_ENTRIES": ldsocache.MAX_ENTRIES,
+        "WAIT_MS": round(wait * 1000),
+    }
     return [*defines, *(f"-D{name}={value}" for name, value in limits.items())]
 
 
@@ -154,21 +175,30 @@ def build_call(directory: str, defines: Sequence[str] = ()) -> str | None:
     return None
 
 
+class LauncherError(RuntimeError):
+    """Launchers that could not be written as asked; the message says why."""
+
+
 def install(
     directory: str,
-    python: str = sys.executable,
+    python: str | None = sys.executable,
     socket: str | None = resident.DEFAULT_SOCKET,
     runs_from: str | None = None,
+    wait: float = RESIDENT_WAIT,
 ) -> list[str]:
     """Write both launchers into `directory`, asking the resident gpuwire on `socket` first
-    where gpuwire-call can be built (`socket` None: Python only); returns the launchers'
-    paths (runtime, hook). `runs_from`: where the directory will be when they run, if it
-    is copied elsewhere (as `python` names the interpreter there)."""
+    where gpuwire-call can be built (`socket` None: Python only; `python` None: the resident
+    only, waited for up to `wait` seconds); returns the launchers' paths (runtime, hook).
+    `runs_from`: where the directory will be when they run, if it is copied elsewhere (as
+    `python` names the interpreter there)."""
     package_parent = resident.token()
     os.makedirs(directory, exist_ok=True)
     call = None
-    if socket and (built := build_call(directory, hook_defines(python, package_parent, socket))):
+    defines = hook_defines(python, package_parent, socket or "", wait)
+    if socket and (built := build_call(directory, defines)):
         call = Call(os.path.join(runs_from, CALL) if runs_from else built, socket)
+    elif python is None:
+        raise LauncherError(f"no launchers without Python unless {CALL} is built (a socket, cc)")
     else:  # an earlier install's would still answer CDI specs' hooks (gpuwire.cdi)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, CALL))
@@ -186,8 +216,14 @@ if __name__ == "__main__":
     socket = resident.DEFAULT_SOCKET
     if args[:1] == ["--socket"] and len(args) > 1:
         socket, args = args[1], args[2:]
+    only = args[:1] == ["--resident-only"]
+    args = args[only:]
     if len(args) != 1 or not args[0].startswith("/") or not socket.startswith("/"):
         sys.exit(
-            "usage: python -m runtime_hook.setup.launcher [--socket /RESIDENT.sock] /ABSOLUTE/DIR"
+            "usage: python -m runtime_hook.setup.launcher [--socket /RESIDENT.sock] "
+            "[--resident-only] /ABSOLUTE/DIR"
         )
-    print("\n".join(install(args[0], socket=socket)))
+    try:
+        print("\n".join(install(args[0], python=None if only else sys.executable, socket=socket)))
+    except LauncherError as exc:
+        sys.exit(f"python -m runtime_hook.setup.launcher: {exc}")

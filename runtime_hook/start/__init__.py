@@ -4,7 +4,8 @@
 node's `config` and the container's `spec`), say so (`log`), keep the container record
 (`recording`) and apply the edits (`runtime_hook.injection`); `resident` serves their calls
 from a process that has all of it loaded. Every start pays for what it imports, so the
-modules a start may import are declared here, once: the resident preloads exactly these.
+modules a start may import are declared here, once: the resident preloads exactly these
+(scripts/layers.py holds both lists to what the sources import).
 """
 
 MODULES = (
@@ -47,4 +48,36 @@ MODULES = (
     "runtime_hook.start.shim",
     "runtime_hook.start.spec",
     "runtime_hook.start.trust",
+)
+# The standard library modules those import, at module level or in a function, and the
+# codecs they name: the resident preloads these too, as it imports nothing once it has
+# entered the host's namespaces.
+STDLIB = (
+    "__future__",
+    "_ctypes",
+    "_json",
+    "_operator",
+    "_thread",
+    "argparse",
+    "collections.abc",
+    "contextlib",
+    "encodings.ascii",
+    "encodings.utf_8",
+    "errno",
+    "fcntl",
+    "hashlib",
+    "itertools",
+    "json",
+    "marshal",
+    "os",
+    "re",
+    "resource",
+    "secrets",
+    "signal",
+    "stat",
+    "struct",
+    "sys",
+    "time",
+    "tomllib",
+    "typing",
 )

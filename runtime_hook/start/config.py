@@ -223,7 +223,9 @@ def _remember(source: str, st: os.stat_result, data: bytes, table: dict[str, obj
     try:
         os.makedirs(CACHE_DIR, mode=0o700, exist_ok=True)
         path = _cache_path(st)
-        atomicfile.replace(path, marshal.dumps((source, data, table)), 0o600)
+        atomicfile.replace(
+            path, marshal.dumps((source, data, table)), 0o600, durable=False
+        )  # a cache
         for name in os.listdir(CACHE_DIR):
             other = f"{CACHE_DIR}/{name}"
             if name.startswith("config-") and other != path and not _live(other):

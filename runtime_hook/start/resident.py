@@ -14,14 +14,20 @@ it only saves the start.
 It serves only the build the launchers were written for (their token is the directory
 gpuwire is imported from, which names the version), only callers in its own mount, cgroup
 and PID namespaces, and only root (the socket is root's, and the peer's credentials, as
-the kernel gives them, are checked). For anything else, where no resident listens, or
-where it does not greet within 2 s, `gpuwire-call` runs the Python launcher as before: the
-resident makes starts faster, never different.
+the kernel gives them, are checked); it tells a caller it declines why. For anything else,
+where no resident listens, or where it does not greet within 2 s, `gpuwire-call` runs the
+Python launcher as before: the resident makes starts faster, never different. Where the
+launchers have no Python to run (the image's install: the host has none), it is what
+serves every GPU start, and `gpuwire-call` waits for it (runtime_hook/setup/call.c).
 
-    python -I -m runtime_hook.start.resident [--socket PATH]
+    python -I -m runtime_hook.start.resident [--socket PATH] [--enter PID]
 
-Runs as root in the host's namespaces (deploy/base/node.yaml starts it with nsenter, from
-the copy of gpuwire the node installer made on the host).
+Runs as root in the host's namespaces. The gpuwire-node DaemonSet (deploy/base/node.yaml)
+starts it in its container, from the image's Python (hostPID, privileged), with `--enter 1`:
+it imports all a call may import there (`preload`), then joins the mount, cgroup, IPC, UTS
+and network namespaces of the host's init (`enter`: setns, which a mount namespace allows a
+single-threaded process only) and imports nothing more, so every call is served with the
+host's paths from what is in memory, and nothing of the host's is ever imported.
 """
 
 from __future__ import annotations
@@ -39,13 +45,22 @@ import sys
 import traceback
 
 import runtime_hook
-from runtime_hook.start import MODULES, hook, shim
+from gpuwire import syscalls
+from runtime_hook.start import MODULES, STDLIB, hook, shim
 
 DEFAULT_SOCKET = "/run/gpuwire/resident.sock"
 KINDS = ("hook", "runtime")
 REQUEST_MAX = 1 << 20  # what gpuwire-call sends at most (call.c)
 PEER = struct.Struct("3i")  # struct ucred: pid, uid, gid
 NAMESPACES = ("mnt", "cgroup", "pid")  # what the hook and the shim resolve paths and pids in
+# What `--enter` joins (pid: the DaemonSet's hostPID), setns's flag for each.
+ENTERED = {
+    "cgroup": syscalls.CLONE_NEWCGROUP,
+    "ipc": syscalls.CLONE_NEWIPC,
+    "uts": syscalls.CLONE_NEWUTS,
+    "net": syscalls.CLONE_NEWNET,
+    "mnt": syscalls.CLONE_NEWNS,
+}
 
 
 def token() -> str:
@@ -55,10 +70,27 @@ def token() -> str:
 
 
 def preload() -> None:
-    """Import what a call may import (the start path's `MODULES`, and tomllib for a config
-    the cache has not seen), so that children share it instead of each importing it anew."""
-    for name in ("tomllib", *MODULES):
+    """Import what a call may import (the start path's `STDLIB` and `MODULES`), so that
+    children share it instead of each importing it anew."""
+    for name in (*STDLIB, *MODULES):
         importlib.import_module(name)
+
+
+def enter(pid: int) -> None:
+    """Join `pid`'s namespaces of ENTERED, from its root directory on; then nothing more is
+    imported (what a call may import is loaded; the files this process was loaded from are
+    not there, and it imports nothing of the host's)."""
+    fds = [(os.open(f"/proc/{pid}/ns/{kind}", os.O_RDONLY | os.O_CLOEXEC), flag)
+           for kind, flag in ENTERED.items()]  # fmt: skip
+    try:
+        for fd, flag in fds:
+            syscalls.setns(fd, flag)
+    finally:
+        for fd, _ in fds:
+            os.close(fd)
+    os.chdir("/")
+    sys.path.clear()
+    sys.path_importer_cache.clear()
 
 
 class Request:
@@ -97,23 +129,27 @@ def namespaces(pid: str) -> list[tuple[int, int]] | None:
 
 
 class Served:
-    """Whom this resident serves: launchers of its build, root callers in its namespaces."""
+    """Whom this resident serves: launchers of its build (`build`, the token of the gpuwire
+    it imported), root callers in its namespaces."""
 
     __slots__ = ("namespaces", "token")
 
-    def __init__(self) -> None:
-        self.token = token()
+    def __init__(self, build: str | None = None) -> None:
+        self.token = build or token()
         self.namespaces = namespaces("self")
 
-    def serves(self, request: Request, pid: int, uid: int) -> bool:
-        """The caller's pid is 0 where it is not in our PID namespace."""
-        return (
-            uid == 0
-            and request.token == self.token
-            and request.kind in KINDS
-            and pid > 0
-            and namespaces(str(pid)) == self.namespaces
-        )
+    def refusal(self, request: Request, pid: int, uid: int) -> str | None:
+        """Why the call is not served; None: it is. The caller's pid is 0 where it is not in
+        our PID namespace."""
+        if uid != 0:
+            return f"the caller runs as uid {uid}, not root"
+        if request.kind not in KINDS:
+            return f"no such kind of call: {request.kind!r}"
+        if request.token != self.token:
+            return f"it serves the launchers of {self.token}, not of {request.token}"
+        if pid <= 0 or namespaces(str(pid)) != self.namespaces:
+            return "the caller is in other namespaces than the resident's"
+        return None
 
 
 def take_on(request: Request) -> None:
@@ -163,13 +199,14 @@ def answer(conn: socket.socket, served: Served) -> int:
     if not data:
         return 0
     try:
-        request: Request | None = Request(data, fds)
+        request = Request(data, fds)
+        refusal = served.refusal(request, pid, uid)
     except ValueError:
-        request = None
-    if request is None or not served.serves(request, pid, uid):
+        refusal = "a malformed request"
+    if refusal is not None:
         for fd in fds:  # the caller's stdio: a runtime reads a hook's pipes until all close
             os.close(fd)
-        conn.send(b"f")
+        conn.send(b"f" + os.fsencode(refusal))
         return 0
     take_on(request)
     try:
@@ -218,10 +255,9 @@ def listen(path: str) -> socket.socket:
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def serve(listener: socket.socket) -> None:
+def serve(listener: socket.socket, served: Served) -> None:
     """Keep one child forked ahead, waiting for a call: a call never waits for the fork."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    served = Served()
     os.environ.clear()  # a call's environment is the caller's alone: none of it is ours
     sys.stdout.flush()  # nothing of ours may be left in a buffer a child writes to
     sys.stderr.flush()
@@ -276,15 +312,28 @@ def main(argv: list[str] | None = None) -> int:
         "gpuwire loaded already (gpuwire-call is its client).",
     )
     parser.add_argument("--socket", default=DEFAULT_SOCKET, help=f"default {DEFAULT_SOCKET}")
+    parser.add_argument(
+        "--enter",
+        type=int,
+        metavar="PID",
+        help="once loaded, join PID's mount, cgroup, IPC, UTS and network namespaces (the "
+        "host's init, 1, from a container with the host's PID namespace)",
+    )
     args = parser.parse_args(argv)
     own_stdio()
     preload()
+    build = token()  # where this gpuwire was loaded from, resolved before that is left
+    if args.enter is not None:
+        try:
+            enter(args.enter)
+        except OSError as exc:
+            parser.exit(1, f"gpuwire resident: cannot enter pid {args.enter}'s namespaces: {exc}\n")
     listener = listen(args.socket)
     ours = os.stat(args.socket).st_ino
-    print(f"gpuwire resident: serving {token()} on {args.socket}", flush=True)
+    print(f"gpuwire resident: serving {build} on {args.socket}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        serve(listener)
+        serve(listener, Served(build))
     finally:  # unless a newer resident has taken the path over
         with contextlib.suppress(OSError):
             if os.stat(args.socket).st_ino == ours:

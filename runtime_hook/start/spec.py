@@ -44,7 +44,9 @@ def save(bundle: str, spec: Spec) -> None:
     """Replace `<bundle>/config.json` atomically, keeping its mode."""
     path = os.path.join(bundle, "config.json")
     mode = os.stat(path).st_mode & 0o7777
-    atomicfile.replace(path, lightjson.dumps(spec).encode(), mode)
+    atomicfile.replace(
+        path, lightjson.dumps(spec).encode(), mode, durable=False
+    )  # lives as its container
 
 
 def env_entries(spec: Spec) -> list[tuple[str, str]]:

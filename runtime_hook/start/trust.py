@@ -17,8 +17,10 @@ default) a request is honoured only when
    those mounted; `NVIDIA_VISIBLE_DEVICES` may name none beyond the claims'. A claim that
    does not hold fails the start: the engine has already given the container its devices; or
 3. its `GPUWIRE_GRANT` verifies (`gpuwire.grant`) for its CRI namespace and container name,
-   its `NVIDIA_VISIBLE_DEVICES` and its `NVIDIA_DRIVER_CAPABILITIES`. A grant for devices
-   `plugin` leaves the devices to the device plugin, so it needs an allocation too.
+   its pod (the admission the webhook wrote into it, `gpuwire.io/grant-pod`), its
+   `NVIDIA_VISIBLE_DEVICES`, its `NVIDIA_DRIVER_CAPABILITIES` and its limit variables. A
+   grant for devices `plugin` leaves the devices to the device plugin, so it needs an
+   allocation too.
 
 Anything else starts with no GPU, and the log says why. `trust = "any"` honours every
 request, as NVIDIA's runtime does by default. `NVIDIA_MIG_CONFIG_DEVICES` and
@@ -62,6 +64,7 @@ class ContainerRequest:
         "env",
         "names",
         "owner",
+        "pod",
         "privileged",
         "stray_claims",
         "stray_tokens",
@@ -81,6 +84,7 @@ class ContainerRequest:
         claims: tuple[tuple[str, str], ...] = (),
         stray_claims: tuple[tuple[str, str], ...] = (),
         vendor: Vendor = NVIDIA,
+        pod: str = "",
     ) -> None:
         self.env = env  # the whole environment, last values
         self.names = names  # (namespace, container name) from the CRI annotations
@@ -92,6 +96,7 @@ class ContainerRequest:
         self.claims = claims  # (claim UID, device) of claim mounts from the allocation dir
         self.stray_claims = stray_claims  # claim-looking mounts from anywhere else
         self.vendor = vendor  # whose request env is read: the node's vendor
+        self.pod = pod  # the admission its pod came from (gpuwire.grant.POD_ANNOTATION)
 
     @property
     def visible(self) -> str | None:
@@ -153,6 +158,7 @@ def read_request(spec: Spec, allocation_dir: str, vendor: Vendor = NVIDIA) -> Co
         claims=tuple(dict.fromkeys(claims)),
         stray_claims=tuple(stray_claims),
         vendor=vendor,
+        pod=grant.pod_of(notes),
     )
 
 
@@ -288,7 +294,12 @@ def grant_holds(request: ContainerRequest, keys: grant.KeyRing | None) -> tuple[
         return False, "the spec has no CRI namespace and container-name annotations to check it"
     try:
         subject = grant.Subject.of(
-            *request.names, request.visible, request.capabilities, request.vendor
+            *request.names,
+            request.visible,
+            request.capabilities,
+            request.vendor,
+            pod=request.pod,
+            env=request.env,
         )
     except nvidia.CapabilityError as exc:
         return False, f"invalid: {exc}"

@@ -11,8 +11,8 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from scripts.demo import cluster, dra, holders, show
-from scripts.demo.scenarios import DRA_SCENARIOS, SCENARIOS, play
+from scripts.demo import amd, cluster, dra, holders, show
+from scripts.demo.scenarios import AMD_SCENARIOS, DRA_SCENARIOS, SCENARIOS, play
 
 
 def _interrupted(signum: int, frame: object) -> None:
@@ -43,9 +43,17 @@ def main() -> int:
                 outcomes.append(outcome)
                 results.append((item.key, item.expected, item.judge(outcome, node.devices)))
                 say(show.scenario(number, item, outcome, node.devices, style))
-            taken = holders.take(running, outcomes, node.devices)
+            amd_node = amd.join(running, AMD_SCENARIOS[0].load())
+            say(show.amd_node(amd_node, style))
+            for number, item in enumerate(AMD_SCENARIOS, len(outcomes) + 1):
+                outcome = play(running, item, amd_node=amd_node)
+                outcomes.append(outcome)
+                results.append((item.key, item.expected, item.judge(outcome, amd_node.devices)))
+                say(show.scenario(number, item, outcome, amd_node.devices, style))
+            taken = holders.take(running, outcomes, node.devices, amd_node.devices)
             results.append(("inventory", "each pod on its GPUs", holders.judge(taken)))
             results.append(("inventory-dra", "DRA pods on their claims", holders.judge_dra(taken)))
+            results.append(("inventory-amd", "AMD pods on their GPUs", holders.judge_amd(taken)))
             say(show.inventory(len(outcomes) + 1, taken, running, style))
             say(show.summary(results, running, style, node))
             say(show.by_hand(running, [taken.step], style))

@@ -30,7 +30,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +44,18 @@ from certs.grantkey import key_id
 from deviceplugin.agent.labels import GPUS_ANNOTATION
 from gpuwire import mps, nvidia, sim
 from gpuwire.devices import Device
-from scripts.demo.base import GPUWIRE, ROOT, Handler, Step, handlers_of, import_images, run, until
+from scripts.demo.base import (
+    GPUWIRE,
+    NVIDIA_IMAGES,
+    ROOT,
+    Handler,
+    Host,
+    Step,
+    handlers_of,
+    import_images,
+    run,
+    until,
+)
 from testbed import containerds, mps_control
 from testbed.apiserver import ApiServer
 from testbed.containerd import Containerd
@@ -60,6 +71,9 @@ POLICY = ROOT / "examples/policy.yaml"
 RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"
 NODE = "gpu-node-0"
 POD_RESOURCES = "pod-resources/kubelet.sock"  # under the work dir, as under /var/lib/kubelet
+# The installer's ready file (deploy/node/install-node): the demo's node has gpuwire's runtime
+# before any GPU pod starts, so the device plugin labels it runtime-ready from the start.
+READY = "ready"
 RESOURCE = nvidia.RESOURCE
 
 
@@ -87,6 +101,11 @@ class Cluster:
     def webhook(self) -> httpx.Client:
         """A client that trusts the webhook's CA, as the API server's caBundle does."""
         return webhook_client(self.webhook_url, self.ca)
+
+    def host(self) -> Host:
+        """The first node's kubelet side."""
+        return Host(self.kubelet, self.pod_resources, self.runtime, self.handlers,
+                    self.default_handler)  # fmt: skip
 
     def node(self) -> dict[str, Any]:
         node = self.api.get("nodes", NODE)
@@ -147,6 +166,7 @@ def write_node_files(workdir: Path, steps: list[Step]) -> tuple[Path, Path]:
     }
     config = workdir / "config.toml"
     config.write_text("".join(f"{k} = {json.dumps(str(v))}\n" for k, v in settings.items()))
+    (workdir / READY).write_text("demo\n")
     return config, log
 
 
@@ -170,7 +190,8 @@ def register_node(api: ApiServer) -> None:
             "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
         }
     )
-    api.put(yaml.safe_load(RUNTIME_CLASS.read_text()))
+    for runtime_class in yaml.safe_load_all(RUNTIME_CLASS.read_text()):
+        api.put(runtime_class)
 
 
 @contextmanager
@@ -187,6 +208,7 @@ def device_plugin(
         "--allocation-dir", str(workdir / "allocations"),
         "--grant-key-dir", str(workdir / "keys"),
         "--labels", "--node", NODE, "--kubeconfig", str(kubeconfig),
+        "--runtime-ready", str(workdir / READY),
         "--holders", "--holders-interval", "0.5",
         "--records-dir", str(workdir / "records"),
         "--pod-resources-socket", str(workdir / POD_RESOURCES),
@@ -194,16 +216,25 @@ def device_plugin(
         "--hami-library", str(workdir / "node" / sim.HAMI_LIBRARY),
         "--log-level", "WARNING",
     ]  # fmt: skip
-    log = workdir / "device-plugin.log"
+    with serving_plugin("the device plugin", argv, workdir / "device-plugin.log", steps) as runs:
+        yield runs
+
+
+@contextmanager
+def serving_plugin(
+    what: str, argv: list[str], log: Path, steps: list[Step]
+) -> Iterator[Callable[[], bool]]:
+    """`argv` (a device plugin) running, its output in `log`, until the block ends (then
+    SIGTERM); yields a check that it still runs (LabError with its log when it does not)."""
     with log.open("ab") as out:
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
-    steps.append(Step("the device plugin", tuple(argv)))
+    steps.append(Step(what, tuple(argv)))
 
     def running() -> bool:
         if process.poll() is not None:
-            raise LabError(f"the device plugin exited {process.returncode}: {log.read_text()}")
+            raise LabError(f"{what} exited {process.returncode}: {log.read_text()}")
         return True
 
     try:
@@ -212,14 +243,16 @@ def device_plugin(
         stop(process)
 
 
-def report_capacity(api: ApiServer, kubelet: Kubelet) -> None:
+def report_capacity(
+    api: ApiServer, kubelet: Kubelet, name: str = NODE, resource: str = RESOURCE
+) -> None:
     """What the kubelet does with a plugin's device list: capacity and allocatable on the Node."""
-    plugin = kubelet.plugin(RESOURCE)
-    node = api.get("nodes", NODE)
+    plugin = kubelet.plugin(resource)
+    node = api.get("nodes", name)
     assert node is not None
     status = node.setdefault("status", {})
-    status["capacity"] = {**status.get("capacity", {}), RESOURCE: str(plugin.capacity)}
-    status["allocatable"] = {**status.get("allocatable", {}), RESOURCE: str(plugin.allocatable)}
+    status["capacity"] = {**status.get("capacity", {}), resource: str(plugin.capacity)}
+    status["allocatable"] = {**status.get("allocatable", {}), resource: str(plugin.allocatable)}
     api.put(node)
 
 
@@ -252,21 +285,37 @@ def start_containerd(cluster: Cluster, stack: ExitStack, generation: Generation)
     run(cluster.steps, "the launchers and gpuwire-call", [sys.executable, *install])
     stack.enter_context(Resident(socket))
     cluster.steps.append(Step("the resident gpuwire", tuple(command(sys.executable, socket))))
-    containerd = stack.enter_context(Containerd.create(cri=True, generation=generation))
-    configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
-    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime"), "--set-default"]
-    which = ["--containerd", containerd.binary("containerd")]
-    run(cluster.steps, "the gpuwire handler in containerd", [*configure, *runtime, *which],
-        env=generation.env())  # fmt: skip
-    containerd.start(env={"GPUWIRE_CONFIG": str(cluster.node_config)})
-    started = (containerd.binary("containerd"), "--config", str(containerd.config))
-    cluster.steps.append(Step("containerd", (f"GPUWIRE_CONFIG={cluster.node_config}", *started)))
+    containerd = node_containerd(cluster, stack, generation, cluster.node_config)
     cluster.handlers, cluster.default_handler = handlers_of(
         containerd.dump(), generation.config_version
     )
-    import_images(containerd, cluster.workdir)
     cluster.containerd = containerd
     cluster.runtime = stack.enter_context(containerd.kuberuntime())
+
+
+def node_containerd(
+    cluster: Cluster,
+    stack: ExitStack,
+    generation: Generation,
+    config: Path,
+    prefix: str = "",
+    images: Sequence[str] = NVIDIA_IMAGES,
+) -> Containerd:
+    """A node's private containerd, gpuwire's handler (the launchers start_containerd
+    installed) its default, started with the node's gpuwire config `config`, with the
+    demo's `images`."""
+    containerd = stack.enter_context(Containerd.create(cri=True, generation=generation))
+    libexec = cluster.workdir / "libexec"
+    configure = [GPUWIRE, "containerd", "configure", "--config", str(containerd.config)]
+    runtime = ["--runtime-path", str(libexec / "gpuwire-runtime"), "--set-default"]
+    which = ["--containerd", containerd.binary("containerd")]
+    run(cluster.steps, f"the gpuwire handler in {prefix}containerd", [*configure, *runtime, *which],
+        env=generation.env())  # fmt: skip
+    containerd.start(env={"GPUWIRE_CONFIG": str(config)})
+    started = (containerd.binary("containerd"), "--config", str(containerd.config))
+    cluster.steps.append(Step(f"{prefix}containerd", (f"GPUWIRE_CONFIG={config}", *started)))
+    import_images(containerd, cluster.workdir, prefix, images)
+    return containerd
 
 
 @contextmanager

@@ -21,10 +21,10 @@ from typing import Any
 
 from gpuwire import holders
 from gpuwire.devices import Device
-from scripts.demo import dra
+from scripts.demo import amd, dra
 from scripts.demo.base import GPUWIRE, Step, until
 from scripts.demo.cluster import NODE, Cluster
-from scripts.demo.scenarios import Outcome, Verdict, gpus
+from scripts.demo.scenarios import Outcome, Verdict, seen_minors
 from testbed.host import LabError
 
 Key = tuple[str, str, str]  # namespace, pod, container
@@ -39,18 +39,26 @@ class Inventory:
     dra_expected: Mapping[Key, tuple[str, ...]] = field(default_factory=dict)  # the DRA node's
     report: Mapping[str, Any] = field(default_factory=dict)  # `-o json`
     shared_mib: int = 0  # what the DRA claims' shares of its shared GPU should hold
+    amd_expected: Mapping[Key, tuple[str, ...]] = field(default_factory=dict)  # the AMD node's
 
-    @property
-    def dra_held(self) -> dict[Key, tuple[str, ...]]:
-        """The DRA node's holders, as the inventory's JSON lists them."""
+    def held_on(self, name: str) -> dict[Key, tuple[str, ...]]:
+        """A node's holders, as the inventory's JSON lists them."""
         out: dict[Key, list[str]] = {}
         for node in self.report.get("nodes", ()):
-            if node["name"] != dra.NODE:
+            if node["name"] != name:
                 continue
             for g in node["gpus"]:
                 for h in g["holders"]:
                     out.setdefault((h["namespace"], h["pod"], h["container"]), []).append(g["uuid"])
         return {k: tuple(sorted(v)) for k, v in out.items()}
+
+    @property
+    def dra_held(self) -> dict[Key, tuple[str, ...]]:
+        return self.held_on(dra.NODE)
+
+    @property
+    def amd_held(self) -> dict[Key, tuple[str, ...]]:
+        return self.held_on(amd.NODE)
 
     @property
     def dra_shared(self) -> dict[str, int]:
@@ -73,18 +81,19 @@ class Inventory:
 
 
 def expected_holders(
-    outcomes: Sequence[Outcome], devices: Sequence[Device]
+    outcomes: Sequence[Outcome], devices: Sequence[Device], name: str = NODE
 ) -> dict[Key, tuple[str, ...]]:
-    """Each container that holds GPUs: those it saw if it ran, else those it was allocated."""
+    """Each container on node `name` that holds GPUs: those it saw if it ran, else those it
+    was allocated."""
     by_minor = {d.minor: d.uuid for d in devices}
     out = {}
     for outcome in outcomes:
-        if outcome.pod is None or outcome.pod["spec"].get("nodeName") != NODE:
+        if outcome.pod is None or outcome.pod["spec"].get("nodeName") != name:
             continue
         meta = outcome.pod["metadata"]
         for started in outcome.containers:
             if started.seen is not None:
-                held = tuple(by_minor[m] for m in gpus(started.seen))
+                held = tuple(by_minor[m] for m in seen_minors(started.seen))
             else:
                 held = tuple(d for a in started.allocations for d in a.devices)
             if held:
@@ -92,8 +101,9 @@ def expected_holders(
     return out
 
 
-def published(cluster: Cluster) -> holders.NodeHolders:
-    value = cluster.node()["metadata"].get("annotations", {}).get(holders.ANNOTATION)
+def published(cluster: Cluster, name: str = NODE) -> holders.NodeHolders:
+    node = cluster.api.get("nodes", name) or {"metadata": {}}
+    value = node["metadata"].get("annotations", {}).get(holders.ANNOTATION)
     return holders.decode(value) if value else holders.NodeHolders((), (), False)
 
 
@@ -121,18 +131,25 @@ def dra_holders(
 
 
 def take(
-    cluster: Cluster, outcomes: Sequence[Outcome], dra_devices: Sequence[Device] = ()
+    cluster: Cluster,
+    outcomes: Sequence[Outcome],
+    dra_devices: Sequence[Device] = (),
+    amd_devices: Sequence[Device] = (),
 ) -> Inventory:
-    """Wait (a few of the agent's rounds at most) for the holders to be published, then
+    """Wait (a few of the agents' rounds at most) for the holders to be published, then
     `gpuwire inventory`, as a table and as JSON."""
     expected = expected_holders(outcomes, cluster.devices)
     dra_expected, shared = dra_holders(outcomes, dra_devices)
+    amd_expected = expected_holders(outcomes, amd_devices, amd.NODE)
 
-    def current() -> dict[Key, tuple[str, ...]]:
-        return {h.key: h.gpus for h in published(cluster).holders}
+    def current(name: str) -> dict[Key, tuple[str, ...]]:
+        return {h.key: h.gpus for h in published(cluster, name).holders}
+
+    def both() -> bool:
+        return current(NODE) == expected and (not amd_devices or current(amd.NODE) == amd_expected)
 
     with contextlib.suppress(LabError):  # the verdict shows the difference
-        until(lambda: current() == expected, "the node agent to publish the holders", 15)
+        until(both, "the node agents to publish the holders", 15)
     argv = (GPUWIRE, "inventory", "--kubeconfig", str(cluster.kubeconfig))
     out = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     as_json = subprocess.run([*argv, "-o", "json"], capture_output=True, text=True,
@@ -140,7 +157,7 @@ def take(
     report = json.loads(as_json.stdout) if as_json.returncode == 0 else {}
     step = Step("who holds which GPU", argv)
     return Inventory(expected, published(cluster), step, out.stdout + out.stderr, dra_expected,
-                     report, shared)  # fmt: skip
+                     report, shared, amd_expected)  # fmt: skip
 
 
 def judge(inventory: Inventory) -> Verdict:
@@ -173,3 +190,15 @@ def judge_dra(inventory: Inventory) -> Verdict:
         extra = sorted(set(held.items()) - set(expected.items()))
         seen += f"; missing {missing}, unexpected {extra}"
     return Verdict(seen, bool(expected) and held == expected and used == inventory.shared_mib)
+
+
+def judge_amd(inventory: Inventory) -> Verdict:
+    """Right when the inventory lists each AMD pod's container on the GPUs it saw (or was
+    allocated)."""
+    held, expected = inventory.amd_held, inventory.amd_expected
+    seen = f"{len({k[:2] for k in held})} pods on {len({u for g in held.values() for u in g})} GPUs"
+    if held != expected:
+        missing = sorted(set(expected.items()) - set(held.items()))
+        extra = sorted(set(held.items()) - set(expected.items()))
+        seen += f"; missing {missing}, unexpected {extra}"
+    return Verdict(seen, bool(expected) and held == expected)

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from deviceplugin.api import api_pb2
-from scripts.demo.base import VIEWED, Handler, until
+from scripts.demo.base import VIEWED, Handler, Host, until
 from scripts.demo.cluster import Cluster
 from testbed.apiserver import ApiServer
 from testbed.cri import api_pb2 as cri
@@ -80,16 +80,17 @@ class Started:
     cdi_ids: tuple[str, ...] = ()  # its prepared DRA claims' devices, sent in CDI_devices
 
 
-def allocate(cluster: Cluster, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
-    """The device plugin resources in `spec`'s limits, allocated through the kubelet."""
+def allocate(host: Host, pod: Obj, spec: Obj) -> tuple[Allocation, ...]:
+    """The device plugin resources in `spec`'s limits, allocated through the node's kubelet."""
     limits = (spec.get("resources") or {}).get("limits") or {}
     out = []
     uid = pod["metadata"]["uid"]
+    kubelet = host.kubelet
     for resource, count in limits.items():
-        if resource not in cluster.kubelet.plugins:
+        if resource not in kubelet.plugins:
             continue
-        devices, answer = cluster.kubelet.admit(resource, int(count), uid, spec["name"])
-        preferred = tuple(cluster.kubelet.hints.get((uid, spec["name"]), ()))
+        devices, answer = kubelet.admit(resource, int(count), uid, spec["name"])
+        preferred = tuple(kubelet.hints.get((uid, spec["name"]), ()))
         out.append(Allocation(resource, preferred, tuple(devices), answer))
     return tuple(out)
 
@@ -170,45 +171,45 @@ def start(
     )
 
 
-def run_pod(cluster: Cluster, pod: Obj) -> tuple[Started, ...]:
-    """Run a pod bound to the node: its sandbox, then its containers in order; they keep
-    running. A refusal on the way fails the container with the kubelet's reason; the pod's
-    phase goes to the API server."""
+def run_pod(cluster: Cluster, pod: Obj, host: Host | None = None) -> tuple[Started, ...]:
+    """Run a pod bound to a node (`host`; the first node's by default): its sandbox, then its
+    containers in order; they keep running. A refusal on the way fails the container with the
+    kubelet's reason; the pod's phase goes to the API server."""
+    host = host or cluster.host()
     meta, spec = pod["metadata"], pod["spec"]
     names = [c["name"] for c in spec["containers"]]
-    cluster.pod_resources.add_pod(meta["namespace"], meta["name"], meta["uid"], names)
+    host.pod_resources.add_pod(meta["namespace"], meta["name"], meta["uid"], names)
     started = []
     sandbox: Sandbox | str | None = None  # str: why there is none
     for container in spec["containers"]:
         name = container["name"]
         try:
-            allocations = allocate(cluster, pod, container)
+            allocations = allocate(host, pod, container)
         except (KubeletError, grpc.RpcError) as exc:
             reason = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
             started.append(Started(name, (), None, error=f"UnexpectedAdmissionError: {reason}"))
             continue
-        if cluster.runtime is None:
+        runtime = host.runtime
+        if runtime is None:
             error = "not run: containerd is not running here"
             started.append(Started(name, allocations, None, error=error))
             continue
         try:
-            handler, named = handler_for(cluster.api, cluster.handlers, cluster.default_handler,
-                                         pod)  # fmt: skip
+            handler, named = handler_for(cluster.api, host.handlers, host.default_handler, pod)
         except KeyError as exc:
             started.append(Started(name, allocations, None, error=str(exc.args[0])))
             continue
         if sandbox is None:
             try:
-                sandbox = cluster.runtime.run_sandbox(pod, named)
+                sandbox = runtime.run_sandbox(pod, named)
             except CRIError as exc:
                 sandbox = f"RunPodSandbox: {exc}"
         if isinstance(sandbox, str):
             started.append(Started(name, allocations, handler, error=sandbox))
             continue
-        runtime = cluster.runtime
         started.append(start(runtime, cluster.runtime_log, sandbox, pod, container, allocations,
                              handler))  # fmt: skip
-    if cluster.runtime is not None:
+    if host.runtime is not None:
         phase = "Running" if all(s.running for s in started) else "Failed"
         pod["status"] = {**pod.get("status", {}), "phase": phase}
         cluster.api.put(pod)

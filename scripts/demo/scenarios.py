@@ -16,7 +16,7 @@ import yaml
 
 from gpuwire import nvidia
 from gpuwire.devices import Device
-from scripts.demo import dra
+from scripts.demo import amd, dra
 from scripts.demo.cluster import Cluster
 from scripts.demo.controlplane import Admission, create, review
 from scripts.demo.kubelet import Started, run_pod
@@ -55,9 +55,14 @@ class Scenario:
         return pod
 
 
-def play(cluster: Cluster, scenario: Scenario, dra_node: dra.DraNode | None = None) -> Outcome:
+def play(
+    cluster: Cluster,
+    scenario: Scenario,
+    dra_node: dra.DraNode | None = None,
+    amd_node: amd.AmdNode | None = None,
+) -> Outcome:
     """Submit the scenario's pod; if admitted, store and schedule it; if bound, run it (on
-    the DRA node where the scheduler bound it there)."""
+    the DRA node or the AMD node where the scheduler bound it there)."""
     admission = review(cluster, scenario.load())
     if not admission.allowed:
         return Outcome(admission)
@@ -67,6 +72,8 @@ def play(cluster: Cluster, scenario: Scenario, dra_node: dra.DraNode | None = No
         return Outcome(admission, pod, pending, claims=claims)
     if dra_node is not None and pod["spec"]["nodeName"] == dra.NODE:
         containers = dra.run_pod(cluster, dra_node, pod)
+    elif amd_node is not None and pod["spec"]["nodeName"] == amd.NODE:
+        containers = run_pod(cluster, pod, amd_node.host)
     else:
         containers = run_pod(cluster, pod)
     return Outcome(admission, pod, containers=containers, claims=claims)
@@ -141,8 +148,11 @@ def judge_all(started: Started, seen: View, devices: Sequence[Device]) -> Verdic
     return Verdict(f"GPUs {_numbers(found)}; {', '.join(caps)} files", every and "video" in caps)
 
 
-def judge_pair(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
-    """Judged on the allocation where the container cannot run."""
+def _plugin_allocation(
+    outcome: Outcome, devices: Sequence[Device]
+) -> tuple[Started, list[Device], bool] | Verdict:
+    """The one container's plugin allocation, its devices, and whether two are linked (NVLink
+    or XGMI); the verdict instead where nothing was allocated."""
     started = outcome.containers[0] if len(outcome.containers) == 1 else None
     if started is None or not started.allocations:
         verdict = ran(outcome)
@@ -150,6 +160,15 @@ def judge_pair(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
     by_uuid = {d.uuid: d for d in devices}
     chosen = [by_uuid[i] for i in started.allocations[0].devices]
     linked = len(chosen) == 2 and any(peer == chosen[1].index for peer, _ in chosen[0].nvlinks)
+    return started, chosen, linked
+
+
+def judge_pair(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+    """Judged on the allocation where the container cannot run."""
+    allocated = _plugin_allocation(outcome, devices)
+    if isinstance(allocated, Verdict):
+        return allocated
+    started, chosen, linked = allocated
     pair = f"GPUs {_numbers([d.index for d in chosen])}" + (" (NVLink)" if linked else "")
     if started.seen is None:
         return Verdict(f"allocated {pair}; not run", None if linked else False)
@@ -337,5 +356,78 @@ DRA_SCENARIOS = (
         "Pending, the scheduler's reason",
         judge_waiting,
         dra=True,
+    ),
+)
+
+
+# --- the AMD node's scenes
+
+
+def render_nodes(seen: Mapping[str, list[str]]) -> tuple[int, ...]:
+    """The render nodes in an AMD container's /dev/dri, by minor."""
+    names = seen.get("dri", [""])[0].split()
+    return tuple(sorted(int(n[7:]) for n in names if n.startswith("renderD")))
+
+
+def seen_minors(seen: Mapping[str, list[str]]) -> tuple[int, ...]:
+    """The GPU device nodes a container saw, by minor: render nodes in an AMD container."""
+    return render_nodes(seen) if "dri" in seen else gpus(seen)
+
+
+def _amd_seen(seen: View) -> str:
+    kfd = ", /dev/kfd" if "open /dev/kfd" in seen else ", no /dev/kfd"
+    return "sees " + (" ".join(f"renderD{m}" for m in render_nodes(seen)) or "no GPU") + kfd
+
+
+def _amd_sees(seen: View, chosen: Sequence[Device]) -> bool:
+    return render_nodes(seen) == tuple(sorted(d.minor for d in chosen)) and "open /dev/kfd" in seen
+
+
+def judge_amd_plugin(count: int) -> Judge:
+    """`count` MI300X from AMD's device plugin (one XGMI hive for two), allocated and seen;
+    judged on the allocation where the container cannot run."""
+
+    def judged(outcome: Outcome, devices: Sequence[Device]) -> Verdict:
+        allocated = _plugin_allocation(outcome, devices)
+        if isinstance(allocated, Verdict):
+            return allocated
+        started, chosen, hive = allocated
+        right = len(chosen) == count and all("MI300X" in d.product for d in chosen)
+        right = right and (hive or count == 1)
+        got = f"GPUs {_numbers([d.index for d in chosen])}" + (" (one XGMI hive)" * hive)
+        if started.seen is None:
+            return Verdict(f"allocated {got}; not run", None if right else False)
+        sees = _amd_sees(started.seen, chosen)
+        return Verdict(f"allocated {got}; {_amd_seen(started.seen)}", right and sees)
+
+    return judged
+
+
+@on_view
+def judge_amd_all(started: Started, seen: View, devices: Sequence[Device]) -> Verdict:
+    return Verdict(_amd_seen(seen), _amd_sees(seen, devices))
+
+
+AMD_SCENARIOS = (
+    Scenario(
+        "amd-mi300x",
+        "AMD: an MI300X by annotation, in a cluster of NVIDIA and AMD nodes",
+        PODS / "amd-mi300x.yaml",
+        "1 MI300X, its render node and /dev/kfd",
+        judge_amd_plugin(1),
+    ),
+    Scenario(
+        "amd-xgmi-pair",
+        "AMD: two MI300X, a pair of one XGMI hive",
+        PODS / "amd-xgmi-pair.yaml",
+        "one XGMI hive's pair",
+        judge_amd_plugin(2),
+    ),
+    Scenario(
+        "amd-all-gpus",
+        "AMD: a daemonset-style pod takes every GPU of the AMD node",
+        PODS / "amd-all-gpus.yaml",
+        "every render node, /dev/kfd",
+        judge_amd_all,
     ),
 )

@@ -19,6 +19,9 @@ from gpuwire import grant
 from gpuwire.devices import Device
 from gpuwire.dra import DRIVER
 from gpuwire.holders import ANNOTATION
+from scripts.demo.amd import NODE as AMD_NODE
+from scripts.demo.amd import RESOURCE as AMD_RESOURCE
+from scripts.demo.amd import AmdNode
 from scripts.demo.base import BIN, ROOT, Step
 from scripts.demo.cluster import NODE, RESOURCE, Cluster
 from scripts.demo.dra import NODE as DRA_NODE
@@ -168,6 +171,8 @@ def allocation_lines(allocation: Allocation, devices: Sequence[Device]) -> list[
         indices = {d.index for d in chosen}
         links = sum(n for d in chosen for peer, n in d.nvlinks if peer in indices) // 2
         joined = f", joined by {links} NVLinks" if links else ""
+        if links and allocation.resource != RESOURCE:  # AMD's: XGMI peers
+            joined = ", of one XGMI hive"
         preferred = ", ".join(f"GPU {d.index}" for d in chosen)
         lines.append(f"GetPreferredAllocation({asked}) → {preferred}{joined}")
     gpus = ", ".join(_gpu(devices, d) for d in allocation.devices)
@@ -194,6 +199,11 @@ def container_lines(started: Started, devices: Sequence[Device], style: Style) -
     seen = started.seen
     if seen is None:
         return lines + rows("container", [started.error or "did not run"], style.dim)
+    if "dri" in seen:  # an AMD container (testbed.view's AMD_VIEW_SCRIPT)
+        kfd = "opened: allowed" if "open /dev/kfd" in seen else "absent"
+        amd_lines = [*keyed("/dev/dri:", seen["dri"]), f"/dev/kfd: {kfd}",
+                     f"env: AMD_VISIBLE_DEVICES={seen['env'][0]}"]  # fmt: skip
+        return lines + rows("container", amd_lines)
     env = [_env(k, v) for k, v in variables(seen).items()]
     caps = ", ".join(capabilities(seen)) or "none"
     seen_lines = [
@@ -294,6 +304,38 @@ def dra_node(node: DraNode, style: Style) -> list[str]:
             "(`gpuwire containerd configure --cdi`: the DRA pods' RuntimeClass names gpuwire's",
             "handler, runc stays the default); claims' CDI specs in",
             f"$DRA_CTD/cdi, $DRA_CTD = {node.containerd.home}",
+        ],
+    )
+
+
+def amd_node(node: AmdNode, style: Style) -> list[str]:
+    devices = node.devices
+    hives = sorted({tuple(sorted((d.index, peer))) for d in devices for peer, _ in d.nvlinks})
+    lines = ["", style.title("A third node joins: AMD GPUs, the same annotations"), ""]
+    lines += rows(
+        "node",
+        [
+            f"{AMD_NODE}: {len(devices)} × {devices[0].product} (SPX, NPS1), XGMI hives "
+            + " and ".join(f"{a}-{b}" for a, b in hives),
+            "a simulated node: KFD topology, DRM and amdgpu's sysfs, /dev/kfd, /dev/dri/*",
+        ],
+    )
+    lines += rows(
+        "plugin",
+        [
+            f"`gpuwire device-plugin serve --vendor amd`: registered {AMD_RESOURCE} with its",
+            "kubelet stand-in; labelled the node with AMD's labeller's keys and",
+            f"annotated it: {GPUS_ANNOTATION}; the webhook's watch reads it as an AMD node",
+        ],
+    )
+    if node.containerd is None:
+        return lines + rows("containerd", ["not started: no containers run here"], style.dim)
+    return lines + rows(
+        "containerd",
+        [
+            f"{node.containerd.generation.describe()}, private, gpuwire's handler the default,",
+            'started with the node\'s gpuwire config (vendor = "amd"),',
+            f"$AMD_CTD = {node.containerd.home}",
         ],
     )
 

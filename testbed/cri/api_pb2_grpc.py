@@ -54,6 +54,16 @@ class RuntimeServiceStub:
                 request_serializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
                 response_deserializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
                 _registered_method=True)
+        self.PodSandboxStatus = channel.unary_unary(
+                '/runtime.v1.RuntimeService/PodSandboxStatus',
+                request_serializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
+                response_deserializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
+                _registered_method=True)
+        self.ListPodSandbox = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ListPodSandbox',
+                request_serializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+                response_deserializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
+                _registered_method=True)
         self.CreateContainer = channel.unary_unary(
                 '/runtime.v1.RuntimeService/CreateContainer',
                 request_serializer=testbed_dot_cri_dot_api__pb2.CreateContainerRequest.SerializeToString,
@@ -78,6 +88,11 @@ class RuntimeServiceStub:
                 '/runtime.v1.RuntimeService/ContainerStatus',
                 request_serializer=testbed_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
                 response_deserializer=testbed_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
+                _registered_method=True)
+        self.ExecSync = channel.unary_unary(
+                '/runtime.v1.RuntimeService/ExecSync',
+                request_serializer=testbed_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
+                response_deserializer=testbed_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/runtime.v1.RuntimeService/Status',
@@ -113,6 +128,18 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PodSandboxStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPodSandbox(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateContainer(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -138,6 +165,12 @@ class RuntimeServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ContainerStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecSync(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +205,16 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     request_deserializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.FromString,
                     response_serializer=testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.SerializeToString,
             ),
+            'PodSandboxStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.PodSandboxStatus,
+                    request_deserializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.FromString,
+                    response_serializer=testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.SerializeToString,
+            ),
+            'ListPodSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPodSandbox,
+                    request_deserializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.FromString,
+                    response_serializer=testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.SerializeToString,
+            ),
             'CreateContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateContainer,
                     request_deserializer=testbed_dot_cri_dot_api__pb2.CreateContainerRequest.FromString,
@@ -196,6 +239,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.ContainerStatus,
                     request_deserializer=testbed_dot_cri_dot_api__pb2.ContainerStatusRequest.FromString,
                     response_serializer=testbed_dot_cri_dot_api__pb2.ContainerStatusResponse.SerializeToString,
+            ),
+            'ExecSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExecSync,
+                    request_deserializer=testbed_dot_cri_dot_api__pb2.ExecSyncRequest.FromString,
+                    response_serializer=testbed_dot_cri_dot_api__pb2.ExecSyncResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -311,6 +359,60 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/RemovePodSandbox',
             testbed_dot_cri_dot_api__pb2.RemovePodSandboxRequest.SerializeToString,
             testbed_dot_cri_dot_api__pb2.RemovePodSandboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PodSandboxStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/PodSandboxStatus',
+            testbed_dot_cri_dot_api__pb2.PodSandboxStatusRequest.SerializeToString,
+            testbed_dot_cri_dot_api__pb2.PodSandboxStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPodSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ListPodSandbox',
+            testbed_dot_cri_dot_api__pb2.ListPodSandboxRequest.SerializeToString,
+            testbed_dot_cri_dot_api__pb2.ListPodSandboxResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -446,6 +548,33 @@ class RuntimeService:
             '/runtime.v1.RuntimeService/ContainerStatus',
             testbed_dot_cri_dot_api__pb2.ContainerStatusRequest.SerializeToString,
             testbed_dot_cri_dot_api__pb2.ContainerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/runtime.v1.RuntimeService/ExecSync',
+            testbed_dot_cri_dot_api__pb2.ExecSyncRequest.SerializeToString,
+            testbed_dot_cri_dot_api__pb2.ExecSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -75,9 +76,9 @@ def objs(request: pytest.FixtureRequest) -> tuple[Obj, ...]:
 def test_base_has_every_part() -> None:
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in render("base"))
     assert kinds == [
-        "ClusterRole/gpuwire-device-plugin",
+        "ClusterRole/gpuwire-node-agent",
         "ClusterRole/gpuwire-webhook",
-        "ClusterRoleBinding/gpuwire-device-plugin",
+        "ClusterRoleBinding/gpuwire-node-agent",
         "ClusterRoleBinding/gpuwire-webhook",
         "ConfigMap/gpuwire-grafana-dashboard",
         "ConfigMap/gpuwire-node",
@@ -93,10 +94,11 @@ def test_base_has_every_part() -> None:
         "RoleBinding/gpuwire-webhook-lease",
         "RoleBinding/gpuwire-webhook-secrets",
         "RuntimeClass/gpuwire",
+        "RuntimeClass/gpuwire-agent",
         "Secret/gpuwire-grant-keys",
         "Service/gpuwire-webhook",
-        "ServiceAccount/gpuwire-device-plugin",
         "ServiceAccount/gpuwire-node",
+        "ServiceAccount/gpuwire-node-agent",
         "ServiceAccount/gpuwire-webhook",
     ]
 
@@ -153,7 +155,14 @@ def test_webhook_registration_follows_the_good_practices(objs: tuple[Obj, ...]) 
             "apiVersions": ["v1"],
             "resources": ["pods"],
             "scope": "Namespaced",
-        }
+        },
+        {
+            "operations": ["UPDATE"],
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "resources": ["pods", "pods/status", "pods/ephemeralcontainers"],
+            "scope": "Namespaced",
+        },
     ]
     assert "objectSelector" not in webhook  # labels would let a pod author opt out
 
@@ -230,14 +239,64 @@ def match_condition() -> Any:
     return env.program(env.compile(condition["expression"]))
 
 
+def sent(obj: Obj, subresource: str = "", old: Obj | None = None) -> bool:
+    """Whether the kube-apiserver sends the webhook `obj`: a pod being created, or (`old`
+    given, or a subresource) the pod `old` being updated to it."""
+    operation = "CREATE" if old is None and not subresource else "UPDATE"
+    request = {"operation": operation, "subResource": subresource}
+    activation = {"object": obj, "request": request, "oldObject": old or {}}
+    cel = {k: celpy.adapter.json_to_cel(v) for k, v in activation.items()}
+    return bool(match_condition().evaluate(cel))
+
+
 @pytest.mark.parametrize("case", sorted(SENT))
 def test_match_conditions_send_every_pod_that_mentions_gpus(case: str) -> None:
-    assert match_condition().evaluate({"object": celpy.adapter.json_to_cel(SENT[case])})
+    assert sent(SENT[case])
 
 
 @pytest.mark.parametrize("case", sorted(NOT_SENT))
 def test_match_conditions_spare_pods_that_do_not(case: str) -> None:
-    assert not match_condition().evaluate({"object": celpy.adapter.json_to_cel(NOT_SENT[case])})
+    assert not sent(NOT_SENT[case])
+
+
+def test_every_ephemeral_container_update_is_sent() -> None:
+    """kubectl debug on any pod: its ephemeral containers get their GPU env voided, or are
+    denied (webhook/ephemeral.py); before, the webhook saw none of them."""
+    (rule,) = webhook_of(render("base"))["rules"][1:]
+    assert (rule["operations"], rule["resources"]) == (
+        ["UPDATE"],
+        ["pods", "pods/status", "pods/ephemeralcontainers"],
+    )
+    debugged = pod()
+    debugged["spec"]["ephemeralContainers"] = [
+        {"name": "debug", "image": "busybox", "envFrom": [{"configMapRef": {"name": "gpu"}}]}
+    ]
+    assert sent(debugged, "ephemeralcontainers")
+
+
+GRANT_POD = {"gpuwire.io/grant-pod": "7c1e0b52-3d8a-4f6e-9b21-5a4c3e2d1f00"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "is_sent"),
+    [
+        (GRANT_POD, GRANT_POD | {"team": "a"}, False),  # other changes: not the webhook's
+        ({}, {"team": "a"}, False),
+        ({}, {"gpuwire.io/grant-pod": "another-pods-admission"}, True),  # set
+        ({"gpuwire.io/grant-pod": "mine"}, GRANT_POD, True),  # changed to another pod's
+        (GRANT_POD, {}, True),  # removed
+    ],
+)
+def test_an_update_is_sent_where_it_moves_the_grant_admission(
+    old: dict[str, str], new: dict[str, str], is_sent: bool
+) -> None:
+    """So webhook.podupdate denies it; a GPU pod's other updates never wait on the webhook."""
+    rules = webhook_of(render("base"))["rules"]
+    assert any("UPDATE" in r["operations"] and "pods" in r["resources"] for r in rules)
+    gpu_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]
+    before, after = pod(old, env=gpu_env), pod(new, env=gpu_env)
+    assert sent(after, "", before) is is_sent
+    assert sent(after, "status", before) is is_sent
 
 
 def test_overlays_keep_the_webhook_registration_of_the_base() -> None:
@@ -255,18 +314,34 @@ def security(workload: Obj, container: Obj) -> Obj:
     return merged
 
 
-def test_only_the_node_daemonsets_are_privileged(objs: tuple[Obj, ...]) -> None:
+def test_only_the_installer_is_privileged(objs: tuple[Obj, ...]) -> None:
+    """The installer (gpuwire-node) writes the host and serves the runtime; the device plugin,
+    node agent and DRA plugin keep SYS_ADMIN alone (NVML's MIG queries, as NVIDIA's device
+    plugin does; the runtime's privilege); the webhook keeps nothing. Host paths only on nodes."""
     for workload in workloads(objs):
-        node_side = workload["kind"] == "DaemonSet"
+        name = workload["metadata"]["name"]
         for container in containers(workload):
-            assert security(workload, container).get("privileged", False) == node_side, (
-                workload["metadata"]["name"],
+            sc = security(workload, container)
+            assert sc.get("privileged", False) == (name == "gpuwire-node"), (
+                name,
                 container["name"],
             )
+            if workload["kind"] == "DaemonSet" and name != "gpuwire-node":
+                assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}, name
         host_paths = [
             v for v in workload["spec"]["template"]["spec"].get("volumes", []) if "hostPath" in v
         ]
-        assert node_side or not host_paths
+        assert workload["kind"] == "DaemonSet" or not host_paths
+
+
+def test_every_daemonset_container_has_probes(objs: tuple[Obj, ...]) -> None:
+    """Liveness everywhere; readiness wherever a container serves something (the sync loop
+    serves nothing: its liveness is a pass completed recently)."""
+    for ds in (o for o in objs if o["kind"] == "DaemonSet"):
+        for container in ds["spec"]["template"]["spec"]["containers"]:
+            assert container.get("livenessProbe"), (ds["metadata"]["name"], container["name"])
+            if container["name"] != "sync":
+                assert container.get("readinessProbe"), (ds["metadata"]["name"], container["name"])
 
 
 def test_webhook_pods_are_restricted(objs: tuple[Obj, ...]) -> None:
@@ -435,12 +510,21 @@ def test_the_webhook_may_do_what_its_dra_path_does(objs: tuple[Obj, ...]) -> Non
         "fieldPath": "metadata.namespace"}}} in webhook["env"]  # fmt: skip
 
 
-def test_node_daemonsets_land_where_the_runtime_class_sends_gpu_pods(
+def test_node_daemonsets_land_where_gpu_nodes_are_and_gpu_pods_wait_for_the_runtime(
     objs: tuple[Obj, ...],
 ) -> None:
-    runtime_class = find(objs, "RuntimeClass", "gpuwire")
-    assert runtime_class["handler"] == "gpuwire"
-    selector = runtime_class["scheduling"]["nodeSelector"]
+    """gpuwire's own node pods go to every GPU node (RuntimeClass gpuwire-agent, the same
+    handler); GPU pods (RuntimeClass gpuwire) only to nodes labelled runtime-ready, which the
+    node agent sets from the installer's ready file (deploy/node/install-node's READY)."""
+    from deviceplugin.agent.labels import RUNTIME_READY
+
+    gpu_pods, agents = (
+        find(objs, "RuntimeClass", "gpuwire"),
+        find(objs, "RuntimeClass", "gpuwire-agent"),
+    )
+    assert gpu_pods["handler"] == agents["handler"] == "gpuwire"
+    assert gpu_pods["scheduling"]["nodeSelector"] == {RUNTIME_READY: "true"}
+    selector = agents["scheduling"]["nodeSelector"]
     for daemonset in (o for o in objs if o["kind"] == "DaemonSet"):
         spec = daemonset["spec"]["template"]["spec"]
         node_affinity = spec["affinity"]["nodeAffinity"]
@@ -449,7 +533,23 @@ def test_node_daemonsets_land_where_the_runtime_class_sends_gpu_pods(
         wanted = {e["key"]: e["values"] for e in term["matchExpressions"] if e["operator"] == "In"}
         assert {k: [v] for k, v in selector.items()} == wanted
         tolerated = {t["key"] for t in spec["tolerations"]}
-        assert {t["key"] for t in runtime_class["scheduling"]["tolerations"]} <= tolerated
+        assert {t["key"] for t in agents["scheduling"]["tolerations"]} <= tolerated
+        assert spec.get("runtimeClassName") in (None, "gpuwire-agent"), daemonset["metadata"][
+            "name"
+        ]
+    installer = (REPO / "deploy/node/install-node").read_text()
+    (ready,) = re.findall(r"^READY=\$HOST_ROOT(\S+)", installer, re.M)
+    labellers = [
+        o
+        for o in objs
+        if o["kind"] == "DaemonSet"
+        and any("--runtime-ready" in a for a in containers(o)[-1].get("args", []))
+    ]
+    assert len(labellers) == 1
+    (agent,) = labellers
+    name = containers(agent)[-1]["name"]
+    assert flag(agent, name, "--runtime-ready") == ready
+    assert host_path(agent, name, ready.rsplit("/", 1)[0]) == ready.rsplit("/", 1)[0]
 
 
 def test_policy_runtime_class_exists_where_the_policy_names_one(objs: tuple[Obj, ...]) -> None:
@@ -466,33 +566,65 @@ def test_overlays_change_what_they_say() -> None:
         data: Obj = yaml.safe_load(find(objs, "ConfigMap", "gpuwire-policy")["data"]["policy.yaml"])
         return data
 
-    def plugin(objs: tuple[Obj, ...]) -> Obj:
-        return find(objs, "DaemonSet", "gpuwire-device-plugin")
-
     assert policy(base)["devicePlugin"] is True
     assert policy(plugin_less)["devicePlugin"] is False
     assert policy(plugin_less)["defaults"]["gpuCount"] == "all"
-    assert containers(plugin(plugin_less))[0]["args"][:2] == ["node", "label"]
     node = find(cdi, "ConfigMap", "gpuwire-node")["data"]
     assert node["containerd-configure-args"] == "--cdi"
     assert node["cdi-spec"].startswith("/etc/cdi/")
     assert "runtimeClassName" not in policy(cdi)["defaults"]
-    cdi_plugin = plugin(cdi)["spec"]["template"]
-    assert "runtimeClassName" not in cdi_plugin["spec"]
-    cdi_annotations = {
-        k: v for k, v in cdi_plugin["metadata"]["annotations"].items() if k.startswith("cdi.")
-    }
-    assert cdi_annotations == {"cdi.k8s.io/gpuwire-device-plugin": "nvidia.com/gpu=all"}
-    assert "--cdi=uuid" in containers(plugin(cdi))[0]["args"]
-    # DRA: the DRA plugin instead of the device plugin (one allocator per node), CDI on
-    assert containers(plugin(dra))[0]["args"][:2] == ["node", "label"]  # the node agent
+    # DRA: the DRA plugin instead of the device plugin (one allocator per node), CDI on, as the
+    # one node agent's role: no second agent beside it
+    assert not [o for o in dra if o["metadata"]["name"] == "gpuwire-node-agent"
+                and o["kind"] == "DaemonSet"]  # fmt: skip
     dra_plugin = find(dra, "DaemonSet", "gpuwire-dra-plugin")
-    assert containers(dra_plugin)[0]["args"][:2] == ["dra", "serve"]
+    args = containers(dra_plugin)[0]["args"]
+    assert args[:2] == ["dra", "serve"]
+    assert {"--labels", "--holders", "--mps-root=/run/gpuwire/mps"} <= set(args)
     assert policy(dra)["devicePlugin"] is False
     assert policy(dra)["allocation"] == "dra"  # GPU containers get claims
     assert find(dra, "ConfigMap", "gpuwire-node")["data"]["containerd-configure-args"] == "--cdi"
     names = {o["metadata"]["name"] for o in dra if o["kind"] == "DeviceClass"}
-    assert names == {"gpu.gpuwire.io", "shared.gpu.gpuwire.io", "mig.gpu.gpuwire.io"}
+    assert names == {
+        "gpu.gpuwire.io",
+        "shared.gpu.gpuwire.io",
+        "mig.gpu.gpuwire.io",
+        "amd.gpu.gpuwire.io",
+    }
+
+
+def test_overlays_patch_only_what_they_change() -> None:
+    """The cdi overlay's device plugin is base's with --cdi=uuid and no MPS daemons; the
+    node agent of plugin-less and dra is base's DaemonSet running `node label`, named for it,
+    without the device plugin's kubelet directory, tokens and keys."""
+    base = find(render("base"), "DaemonSet", "gpuwire-device-plugin")
+    cdi = find(render("overlays/cdi"), "DaemonSet", "gpuwire-device-plugin")
+    base_args = containers(base)[0]["args"]
+    assert containers(cdi)[0]["args"] == [
+        *(a for a in base_args if not a.startswith("--mps-root=")),
+        "--cdi=uuid",
+    ]
+    assert {"--mig-strategy=mixed", "--driver-facts=/run/gpuwire/facts/driver.json"} <= set(
+        containers(cdi)[0]["args"]
+    )
+    without_args = json.loads(json.dumps(cdi))
+    without_args["spec"]["template"]["spec"]["containers"][0]["args"] = base_args
+    assert without_args == base
+    for overlay in ("overlays/plugin-less",):  # on a DRA node the DRA plugin is the agent
+        objs = render(overlay)
+        assert all(o["metadata"]["name"] != "gpuwire-device-plugin" for o in objs)
+        agent = find(objs, "DaemonSet", "gpuwire-node-agent")
+        (container,) = containers(agent)
+        assert (container["name"], container["args"][:3]) == (
+            "node-agent",
+            ["node", "label", "--watch"],
+        )
+        assert agent["spec"]["selector"]["matchLabels"].items() <= (
+            agent["spec"]["template"]["metadata"]["labels"].items()
+        )
+        kept = {v["name"] for v in agent["spec"]["template"]["spec"]["volumes"]}
+        dropped = {v["name"] for v in base["spec"]["template"]["spec"]["volumes"]} - kept
+        assert dropped == {"device-plugins", "allocations", "grant-keys"}
 
 
 def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:
@@ -504,7 +636,7 @@ def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:
     role = find(objs, "ClusterRole", spec["serviceAccountName"])
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules == {
-        (("resource.k8s.io",), ("resourceclaims",)): {"get", "watch"},
+        (("resource.k8s.io",), ("resourceclaims",)): {"get", "list", "watch"},
         (("resource.k8s.io",), ("resourceslices",)): {
             "get", "list", "watch", "create", "update", "delete"
         },
@@ -645,25 +777,16 @@ def test_containerfile_copies_what_exists_and_installs_what_the_manifests_run() 
 
 def test_the_node_runs_the_resident_in_the_hosts_namespaces() -> None:
     """The resident serves the host's runc and containerd only where it shares their mount,
-    cgroup and PID namespaces (runtime_hook.start.resident.NAMESPACES), from the host's copy of
-    gpuwire the launchers name (through `current`, which the installer has switched)."""
+    cgroup and PID namespaces (runtime_hook.start.resident.NAMESPACES): from the image's
+    Python (the host has none), entering pid 1's once loaded, in the host's PID namespace."""
     node = find(render("base"), "DaemonSet", "gpuwire-node")
     assert node["spec"]["template"]["spec"]["hostPID"] is True
     (container,) = [c for c in containers(node) if c["name"] == "resident"]
-    nsenter, *words = container["command"]
-    flags = words[: words.index("--")]
-    assert nsenter == "nsenter"
-    assert "--target=1" in flags
-    flag = {"mnt": "--mount", "cgroup": "--cgroup", "pid": None}  # pid: hostPID
-    entered = {flag[kind] for kind in resident.NAMESPACES} - {None}
-    assert entered <= set(flags)
-    python = words[words.index("--") + 1 :]
-    assert python == [
-        f"{LAUNCHERS.rsplit('/', 1)[0]}/bin/python",
-        "-I",
-        "-m",
-        "runtime_hook.start.resident",
-    ]
+    python, *words = container["command"]
+    assert python == f"{LAUNCHERS.rsplit('/', 1)[0]}/bin/python"
+    assert words == ["-I", "-m", "runtime_hook.start.resident", "--enter", "1"]
+    assert {"mnt", "cgroup"} <= set(resident.ENTERED)  # pid: hostPID
+    assert "volumeMounts" not in container  # nothing of the host's but what it enters
     assert container["securityContext"]["privileged"] is True
 
 

@@ -4,9 +4,6 @@ sockets, health from the kernel's RAS counts, AMD's labels."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,10 +12,11 @@ import pytest
 from deviceplugin.agent import labeler
 from deviceplugin.config import Config
 from deviceplugin.gpus.amd import AmdDiscovery
-from deviceplugin.plugin import amdresources, serve
+from deviceplugin.plugin import amdresources
 from gpuwire import allocation, amdsim, nodegpus
 from gpuwire.grant import KeyRing
 from testbed.kubelet import Kubelet
+from tests.deviceplugin.support import serving
 
 RESOURCE = "amd.com/gpu"
 
@@ -49,19 +47,6 @@ def config(tmp_path: Path, socket_dir: Path, cpx: Path) -> Config:
         device_specs=True,
         recover_after=0.3,
     )
-
-
-@contextmanager
-def serving(config: Config) -> Iterator[None]:
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(config, stop))
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def test_single_naming_is_amd_com_gpu_mixed_a_resource_per_partition_type(

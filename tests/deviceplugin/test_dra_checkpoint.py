@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.dra import checkpoint
-from deviceplugin.dra.checkpoint import CheckpointError, PreparedClaim, PreparedDevice
+from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+from deviceplugin.statefile import StateError
 
 CLAIM = PreparedClaim(
     "team-a",
@@ -46,5 +47,5 @@ def test_claims_read_back_as_written(tmp_path: Path) -> None:
 )
 def test_an_unreadable_checkpoint_is_an_error_naming_it(tmp_path: Path, text: str) -> None:
     (tmp_path / checkpoint.NAME).write_text(text)
-    with pytest.raises(CheckpointError, match=r"checkpoint .*checkpoint\.json is unreadable"):
+    with pytest.raises(StateError, match=r"checkpoint .*checkpoint\.json is unreadable"):
         checkpoint.load(tmp_path)

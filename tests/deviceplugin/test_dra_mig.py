@@ -159,7 +159,7 @@ def test_the_mig_class_selects_mig_devices_and_the_gpu_classes_none(node: NodeGp
         for name, expressions in classes().items()
     }  # fmt: skip
     assert chosen == {"gpu.gpuwire.io": ["gpu-3"], "shared.gpu.gpuwire.io": [],
-                      MIG_CLASS: MIG_NAMES}  # fmt: skip
+                      MIG_CLASS: MIG_NAMES, "amd.gpu.gpuwire.io": []}  # fmt: skip
 
 
 # The selector of NVIDIA's `mig.nvidia.com` (kubernetes-sigs/dra-driver-nvidia-gpu's chart).
@@ -353,7 +353,7 @@ def test_the_plugin_says_which_mig_devices_it_leaves_out_and_why(
     from deviceplugin.dra.plugin import DraPlugin
 
     plugin = DraPlugin(c.config, SplitDiscovery(c.root), c.api.client())
-    split = plugin.discovery.discover().mig[0].device
+    split = plugin.agent.discovery.discover().mig[0].device
     assert "gpu-0-mig-3g40gb-9-4" not in plugin.by_name
     assert len(plugin.by_name) == len(MIG_NAMES)  # gpu-3 and the five others
     warned = [r.getMessage() for r in caplog.records if "is not published" in r.getMessage()]
@@ -361,5 +361,5 @@ def test_the_plugin_says_which_mig_devices_it_leaves_out_and_why(
         f"MIG device {split.name} is not published: its compute instance is smaller than its "
         "GPU instance"
     ]
-    plugin._rediscovered(plugin.discovery.discover())  # the same again: said once
+    plugin._rediscovered(plugin.agent.discovery.discover())  # the same again: said once
     assert sum("is not published" in r.getMessage() for r in caplog.records) == 1

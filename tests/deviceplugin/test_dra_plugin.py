@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 import uuid
@@ -18,10 +19,12 @@ from typing import Any
 
 import pytest
 
+from deviceplugin.agent.labels import GPUS_ANNOTATION
 from deviceplugin.config import Config
-from deviceplugin.dra import cdi, checkpoint, healthfile
+from deviceplugin.dra import cdi, checkpoint
 from deviceplugin.dra.plugin import DraPlugin
-from gpuwire import claimtoken, sim
+from deviceplugin.gpus import healthfile
+from gpuwire import claimtoken, nodegpus, sim
 from gpuwire.dra import DRIVER
 from gpuwire.grant import KeyRing
 from testbed.apiserver import ApiServer
@@ -415,7 +418,11 @@ def test_kubelet_restart_registers_the_plugin_again(c: Cluster) -> None:
     c.kubelet.restart()
     c.kubelet.wait_registered(DRIVER)
     assert len(c.kubelet.infos) == before + 1
-    assert ref[2] in c.kubelet.prepared  # from the kubelet's own state: not prepared again
+    assert ref[2] in c.kubelet.prepared  # in the kubelet's own state, prepared again on use
+    (again,) = c.kubelet.prepare(DRIVER, [ref]).values()  # idempotent: the same answer
+    assert (again.error, list(again.devices[0].cdi_device_ids)) == (
+        "", [f"k8s.gpu.gpuwire.io/claim={ref[2]}-gpu-0"]
+    )  # fmt: skip
     until(lambda: len(c.devices()) == 4)  # the kubelet wiped the node's slices at start
     assert c.kubelet.unprepare(DRIVER, [ref]) == {ref[2]: ""}
     assert cdi_files(c) == []
@@ -503,13 +510,77 @@ def test_a_fault_survives_a_plugin_restart_until_its_quiet_period_is_over(c: Clu
     assert all("taints" not in d for d in c.devices().values())
 
 
-def test_unreadable_health_state_stops_the_plugin_naming_it(c: Cluster) -> None:
+def test_a_torn_health_state_is_rebuilt_from_the_taints_the_slices_carry(c: Cluster) -> None:
+    """A health file cut short (a crash of a disk that lied about its writes, a hand edit)
+    is not believed, nor is every GPU taken for healthy: what the API server was told (the
+    slices' taints, the Node's gpuwire.io/gpus) comes back in the first slices, and the bad
+    file is kept aside."""
+    c.start_plugin(recover_after=600.0, labels=True)
+    c.kubelet.wait_registered(DRIVER)
+    sim.inject_fault(c.root, c.machine.devices[2].uuid, 79)
+    until(lambda: "taints" in c.devices().get("gpu-2", {}))
+    until(lambda: unhealthy_on_node(c) == [c.machine.devices[2].uuid])
+    c.stop_plugin()  # the kubelet wipes its slices: the Node's gpuwire.io/gpus still says it
     plugin_dir = Path(c.config.kubelet_root) / "plugins" / DRIVER
-    plugin_dir.mkdir(parents=True)
-    (plugin_dir / healthfile.NAME).write_text('{"version": 1, "devices": {"GPU-x": {}}}')
-    with pytest.raises(checkpoint.CheckpointError, match=r"health state .*health.json is "
-                       r"unreadable \('since'\): the taints it held would be lost"):  # fmt: skip
-        DraPlugin(c.config, api_client=c.api.client())
+    whole = (plugin_dir / healthfile.NAME).read_text()
+    (plugin_dir / healthfile.NAME).write_text(whole[: len(whole) // 2])
+    c.start_plugin(recover_after=600.0, labels=True)
+    assert c.plugin is not None
+    assert c.plugin.health.unhealthy() == {c.machine.devices[2].uuid}
+    until(lambda: "taints" in c.devices().get("gpu-2", {}))
+    assert [p.name.split(".bad-")[0] for p in plugin_dir.glob("*.bad-*")] == [healthfile.NAME]
+    assert healthfile.load(plugin_dir, 0.0, 0.0).keys() == {c.machine.devices[2].uuid}
+
+
+def unhealthy_on_node(c: Cluster) -> list[str]:
+    """The GPUs the Node's gpuwire.io/gpus says are unhealthy."""
+    node = c.api.get("nodes", NODE) or {}
+    text = (node["metadata"].get("annotations") or {}).get(GPUS_ANNOTATION)
+    return [g.uuid for g in nodegpus.decode(text) if not g.healthy] if text else []
+
+
+def test_a_torn_checkpoint_is_rebuilt_from_the_claims_allocated_here(c: Cluster) -> None:
+    """A checkpoint that is not what was written: the claims the API server says are
+    allocated on this node and reserved are prepared again (the kubelet holds them prepared
+    and hands their CDI ids to new containers); the one no longer reserved, and its files, go."""
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    used = put_claim(c.api, "used", ["gpu-0"], reserved=("pod-a",))
+    done = put_claim(c.api, "done", ["gpu-1"], reserved=("pod-b",))
+    c.kubelet.prepare(DRIVER, [used, done])
+    reserve(c.api, done, ())  # its pod is gone; the kubelet's unprepare is still to come
+    c.stop_plugin()
+    plugin_dir = Path(c.config.kubelet_root) / "plugins" / DRIVER
+    text = (plugin_dir / checkpoint.NAME).read_text()
+    (plugin_dir / checkpoint.NAME).write_text(text.replace('"gpu-0"', '"gpu-3"'))  # a bit flip
+    os.unlink(Path(c.config.cdi_dir) / cdi.spec_file(used[2]))  # and a reboot's empty /var/run/cdi
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    prepared = checkpoint.load(plugin_dir)
+    assert [d.device for d in prepared[used[2]].devices] == ["gpu-0"]
+    assert set(prepared) == {used[2]}
+    assert cdi_files(c) == [cdi.spec_file(used[2])]
+    assert c.tokens() == [used[2]]
+    assert [p.name.split(".bad-")[0] for p in plugin_dir.glob("*.bad-*")] == [checkpoint.NAME]
+    assert c.kubelet.unprepare(DRIVER, [used, done]) == {used[2]: "", done[2]: ""}
+    assert (cdi_files(c), c.tokens()) == ([], [])
+
+
+def test_a_prepared_claim_whose_files_are_gone_gets_them_again(c: Cluster) -> None:
+    """After a reboot the CDI spec directory (a tmpfs) is empty while the checkpoint and the
+    kubelet's state are not: the kubelet's next prepare is answered with the files back."""
+    c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    ref = put_claim(c.api, "trainer", ["gpu-1"], reserved=("pod-a",))
+    c.kubelet.prepare(DRIVER, [ref])
+    spec = Path(c.config.cdi_dir) / cdi.spec_file(ref[2])
+    written = spec.read_text()
+    spec.unlink()
+    c.kubelet.restart()  # it prepares the claims of its state again
+    c.kubelet.wait_registered(DRIVER)
+    (answer,) = c.kubelet.prepare(DRIVER, [ref]).values()
+    assert answer.error == ""
+    assert spec.read_text() == written
 
 
 def test_without_device_taints_an_unhealthy_gpu_leaves_the_slice(

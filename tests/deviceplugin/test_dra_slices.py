@@ -293,7 +293,8 @@ def test_device_classes_select_whole_and_shared_gpus_apart(four: NodeGpus) -> No
         for name, expressions in classes().items()
     }  # fmt: skip
     assert chosen == {"gpu.gpuwire.io": ["gpu-0", "gpu-2", "gpu-3"],
-                      "shared.gpu.gpuwire.io": ["gpu-1"], "mig.gpu.gpuwire.io": []}  # fmt: skip
+                      "shared.gpu.gpuwire.io": ["gpu-1"], "mig.gpu.gpuwire.io": [],
+                      "amd.gpu.gpuwire.io": []}  # fmt: skip
 
 
 def test_device_classes_leave_other_drivers_devices_alone(four: NodeGpus) -> None:

@@ -8,10 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,12 +17,13 @@ import grpc
 import pytest
 
 from deviceplugin.api import api_pb2
-from deviceplugin.config import Config
-from deviceplugin.plugin import serve, sweep
+from deviceplugin.config import STATE_DIR, Config
+from deviceplugin.plugin import sweep
 from deviceplugin.plugin.resources import Rule
 from gpuwire import allocation, cli, sim
 from gpuwire.grant import KeyRing
 from testbed.kubelet import Kubelet
+from tests.deviceplugin.support import serving
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -41,19 +40,6 @@ def config(tmp_path: Path, socket_dir: Path, sim_node: tuple[Path, sim.Machine])
         grant_key_dir=str(keys),
         recover_after=0.3,
     )
-
-
-@contextmanager
-def serving(config: Config) -> Iterator[None]:
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(config, stop))
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 @pytest.fixture
@@ -184,6 +170,28 @@ def test_fault_makes_a_gpu_unhealthy_then_it_recovers(
         assert (plugin_.capacity, plugin_.allocatable) == (4, 3)
         after_quiet = {d.ID: d.health for d in kubelet.next_snapshot(plugin_, seen + 1)}
         assert set(after_quiet.values()) == {"Healthy"}
+
+
+def test_a_fault_survives_a_plugin_restart(
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine]
+) -> None:
+    """The node agent's health state on disk (`<state dir>/health.json`): NVML reports only
+    events after a start, so without it the restarted plugin would offer a GPU that faulted
+    a second ago as Healthy."""
+    root, machine = sim_node
+    bad = machine.devices[2].uuid
+    config = replace(config, recover_after=600.0)
+    with serving(config):
+        plugin_ = kubelet.plugin(RESOURCE)
+        seen = len(plugin_.snapshots)
+        sim.inject_fault(root, bad, 79)
+        kubelet.next_snapshot(plugin_, seen)
+    with serving(config):
+        again = kubelet.wait(lambda: (p := kubelet.plugins.get(RESOURCE)) is not plugin_
+                             and p is not None and p.snapshots and p)  # fmt: skip
+        first = {d.ID: d.health for d in again.snapshots[0]}
+    assert first == {d.uuid: "Unhealthy" if d.uuid == bad else "Healthy" for d in machine.devices}
+    assert (root / STATE_DIR.lstrip("/") / "health.json").is_file()  # the simulated node's own
 
 
 def test_ignored_xid_changes_nothing(

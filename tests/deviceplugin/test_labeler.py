@@ -91,6 +91,37 @@ def test_label_writes_labels_and_annotation_once(
     assert len(writes(api)) == 1
 
 
+def test_runtime_ready_is_labelled_only_by_an_agent_that_says_so_and_unlabel_removes_it_all(
+    api: ApiServer, kubeconfig: str, sim_node: tuple[Path, sim.Machine]
+) -> None:
+    """The RuntimeClass gpuwire waits for gpuwire.io/runtime-ready: an agent running with
+    gpuwire's handler sets it (--runtime-ready) while the installer's ready file is there;
+    `node unlabel` (uninstall) removes every label and annotation the agent writes, and
+    nothing else."""
+    root, _ = sim_node
+    argv = ["--sim", str(root), "--node", NODE, "--kubeconfig", kubeconfig]
+    ready = root / "run/gpuwire/node/ready"  # the installer's
+    assert cli.label([*argv, "--runtime-ready", str(ready)]) == 0
+    assert "gpuwire.io/runtime-ready" not in node_meta(api)["labels"]  # not installed yet
+    ready.parent.mkdir(parents=True)
+    ready.write_text("0.1.0\n")
+    assert cli.label([*argv, "--runtime-ready", str(ready)]) == 0
+    assert node_meta(api)["labels"]["gpuwire.io/runtime-ready"] == "true"
+    node = api.get("nodes", NODE)
+    assert node is not None
+    node["metadata"]["annotations"] |= {"gpuwire.io/holders": "[]", "other.io/x": "y"}
+    api.put(node)
+    assert cli.label(argv) == 0  # an agent without the flag takes the label back
+    assert "gpuwire.io/runtime-ready" not in node_meta(api)["labels"]
+    assert cli.unlabel(["--node", NODE, "--kubeconfig", kubeconfig]) == 0
+    meta = node_meta(api)
+    assert meta["labels"] == {
+        "kubernetes.io/hostname": NODE,
+        "nvidia.com/gpu.deploy.driver": "true",
+    }
+    assert meta["annotations"] == {"other.io/x": "y"}
+
+
 def test_dry_run_prints_and_writes_nothing(
     api: ApiServer, sim_node: tuple[Path, sim.Machine], capsys: pytest.CaptureFixture[str]
 ) -> None:

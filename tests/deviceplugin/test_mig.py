@@ -22,7 +22,7 @@ from gpuwire.driver import discover
 from gpuwire.roots import Roots
 from testbed.kubelet import Kubelet
 from testbed.nvml import StandIn
-from tests.deviceplugin.test_kubelet import serving
+from tests.deviceplugin.support import serving
 
 GPU = "nvidia.com/gpu"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -228,6 +230,39 @@ def test_a_daemon_left_by_an_earlier_agent_is_kept(
         )
     finally:
         os.waitpid(pid, os.WNOHANG) if Path(f"/proc/{pid}").exists() else None
+
+
+# An agent whose library's fork handler blocks in a child (gRPC's can: grpc/grpc#22624), as a
+# script of its own: a handler once registered stays for the life of the process.
+AGENT_WITH_A_FORK_HANDLER = """
+import os, sys, threading
+from deviceplugin.agent import mps as daemons
+from gpuwire import mps, sim
+held = threading.Lock()
+held.acquire()  # as another thread holds it when the agent forks
+os.register_at_fork(after_in_child=held.acquire)
+node, root = sys.argv[1:]
+supervisor = daemons.Supervisor(root, daemons.control_binary(node), lambda g: mps.Defaults())
+gpus = sim.load_machine(node).devices
+supervisor.step(gpus, frozenset())
+print(sum(mps.ready(root, g.uuid) is not None for g in gpus))
+supervisor.close()
+"""
+
+
+def test_daemons_start_in_an_agent_whose_fork_handlers_would_block(
+    node: Path, socket_dir: Path
+) -> None:
+    """No daemon is started through a fork that runs the agent's fork handlers (a
+    `preexec_fn`'s): with one that blocks, every GPU still gets its daemon."""
+    started = subprocess.run(
+        [sys.executable, "-c", AGENT_WITH_A_FORK_HANDLER, str(node), str(socket_dir / "mps")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert started.stdout.split() == ["2"]
 
 
 def test_a_daemon_that_will_not_start_is_retried_with_backoff(tmp_path: Path) -> None:

@@ -73,6 +73,11 @@ def test_a_profile_alone_asks_for_no_gpu() -> None:
     assert parse({a.HAMI_NOUSE_TYPE: "T4"}).asks
 
 
+def test_a_partition_profile_is_amds_name_in_any_case() -> None:
+    assert parse({a.PARTITION_PROFILE: "CPX_NPS4"}).partition == "cpx_nps4"
+    assert parse({a.PARTITION_PROFILE: " spx_nps1 "}).partition == "spx_nps1"
+
+
 def test_count_none_and_case() -> None:
     assert parse({a.COUNT: "NONE"}).count == "none"
     assert parse({a.COUNT: "All"}).count == "all"
@@ -127,6 +132,15 @@ def test_count_none_and_case() -> None:
             "gpuwire.io/gpu-count: '3' disagrees with the 2 GPU(s) named by gpuwire.io/gpu-uuid",
         ),
         ({a.UUID: UUID_A, a.COUNT: "all"}, "gpuwire.io/gpu-count: 'all' disagrees with the 1 GPU"),
+        (
+            {a.PARTITION_PROFILE: "cpx"},
+            "gpuwire.io/partition-profile: 'cpx' is not a partition profile; accepted: an AMD",
+        ),
+        ({a.PARTITION_PROFILE: "xpx_nps1"}, "'xpx_nps1' is not a partition profile"),
+        (
+            {a.PARTITION_PROFILE: "cpx_nps4", a.MIG_PROFILE: "1g.10gb"},
+            "gpuwire.io/partition-profile: 'cpx_nps4' cannot go with gpuwire.io/mig-profile",
+        ),
     ],
 )
 def test_every_error_names_the_annotation_the_value_and_what_is_accepted(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gpuwire import allocation, cli
 from gpuwire.grant import GrantError, KeyRing, Subject, hmac_sha256, subject_names
+from testbed.lab import ADMISSION as POD
 from testbed.lab import OTHER_POD, POD_UID
 
 
@@ -26,7 +27,7 @@ def keydir(tmp_path: Path) -> Path:
 
 
 def test_newest_named_key_signs_and_every_key_verifies(keydir: Path) -> None:
-    subject = Subject.of("team-a", "trainer", "0,1", "compute,utility")
+    subject = Subject.of("team-a", "trainer", "0,1", "compute,utility", pod=POD)
     ring = KeyRing.load(keydir)
     value = ring.sign(subject)
     assert value.startswith("2026-06:")
@@ -39,23 +40,23 @@ def test_newest_named_key_signs_and_every_key_verifies(keydir: Path) -> None:
 @pytest.mark.parametrize(
     "other",
     [
-        Subject.of("team-b", "trainer", "0,1", "compute,utility"),
-        Subject.of("team-a", "sidecar", "0,1", "compute,utility"),
-        Subject.of("team-a", "trainer", "all", "compute,utility"),
-        Subject.of("team-a", "trainer", "0,1", "all"),
+        Subject.of("team-b", "trainer", "0,1", "compute,utility", pod=POD),
+        Subject.of("team-a", "sidecar", "0,1", "compute,utility", pod=POD),
+        Subject.of("team-a", "trainer", "all", "compute,utility", pod=POD),
+        Subject.of("team-a", "trainer", "0,1", "all", pod=POD),
     ],
 )
 def test_grant_does_not_carry_over(keydir: Path, other: Subject) -> None:
     ring = KeyRing.load(keydir)
-    value = ring.sign(Subject.of("team-a", "trainer", "0,1", "compute,utility"))
+    value = ring.sign(Subject.of("team-a", "trainer", "0,1", "compute,utility", pod=POD))
     assert not ring.verify(value, other)
     assert "invalid" in ring.explain(value, other)
 
 
 def test_canonical_forms_verify(keydir: Path) -> None:
     ring = KeyRing.load(keydir)
-    value = ring.sign(Subject.of("ns", "c", "1, 0", "utility,compute"))
-    assert ring.verify(value, Subject.of("ns", "c", "0,1", None))
+    value = ring.sign(Subject.of("ns", "c", "1, 0", "utility,compute", pod=POD))
+    assert ring.verify(value, Subject.of("ns", "c", "0,1", None, pod=POD))
 
 
 def test_secret_volume_layout_is_read(tmp_path: Path) -> None:
@@ -69,12 +70,12 @@ def test_secret_volume_layout_is_read(tmp_path: Path) -> None:
 
 def test_no_key_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(GrantError, match="no grant key"):
-        KeyRing.load(tmp_path / "missing").sign(Subject.of("a", "b", "all", ""))
+        KeyRing.load(tmp_path / "missing").sign(Subject.of("a", "b", "all", "", pod=POD))
 
 
 def test_explain_unknown_key_and_malformed(keydir: Path) -> None:
     ring = KeyRing.load(keydir)
-    s = Subject.of("a", "b", "all", "")
+    s = Subject.of("a", "b", "all", "", pod=POD)
     assert "does not hold" in ring.explain("k9:00", s)
     assert "malformed" in ring.explain("nocolon", s)
 
@@ -91,11 +92,15 @@ def test_subject_names_containerd_and_crio() -> None:
 
 def test_grant_cli_prints_env_line(keydir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["grant", "--grant-key-dir", str(keydir), "--namespace", "ns", "--container", "c"]
-    assert cli.main([*argv, "--devices", "all", "--capabilities", "compute"]) == 0
+    limit = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"
+    given = ["--devices", "all", "--capabilities", "compute", "--pod", POD, "--env", limit]
+    assert cli.main([*argv, *given]) == 0
     line = capsys.readouterr().out.strip()
     name, _, value = line.partition("=")
     assert name == "GPUWIRE_GRANT"
-    assert KeyRing.load(keydir).verify(value, Subject.of("ns", "c", "all", "compute"))
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    subject = Subject.of("ns", "c", "all", "compute", pod=POD, env=env)
+    assert KeyRing.load(keydir).verify(value, subject)
 
 
 def test_allocation_round_trip_and_tamper(keydir: Path, tmp_path: Path) -> None:
@@ -272,5 +277,5 @@ def test_mac_is_what_the_hmac_module_computes(key: bytes, message: bytes) -> Non
 
 @pytest.mark.parametrize("mac", ["é" * 64, "", "0" * 63, "\udc80"])
 def test_a_mac_that_cannot_match_is_refused_not_an_error(keydir: Path, mac: str) -> None:
-    subject = Subject.of("team-a", "trainer", "0", "")
+    subject = Subject.of("team-a", "trainer", "0", "", pod=POD)
     assert not KeyRing.load(keydir).verify(f"2026-06:{mac}", subject)

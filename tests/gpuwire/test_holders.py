@@ -95,6 +95,14 @@ def test_watch_only_containers_hold_nothing() -> None:
     assert node.holders == ()
 
 
+def test_a_record_without_driver_capabilities_holds_its_gpus() -> None:
+    """AMD's containers have no driver capabilities: a daemonset-style pod granted every GPU
+    of an AMD node holds them all (it was published as holding nothing)."""
+    record = rec("monitor", [0, 1, 2, 3], pod="rocm-monitor", whole_node=True, capabilities=())
+    node = holders.node_holders(GPUS, [record], [], [])
+    assert names(node) == [("team-a/rocm-monitor", PLUGIN_LESS, tuple(sorted(U)))]
+
+
 def test_device_ids_map_to_gpus_by_uuid_replica_or_index() -> None:
     node = holders.node_holders(
         GPUS,

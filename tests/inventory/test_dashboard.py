@@ -64,7 +64,8 @@ def test_the_manifests_ship_the_dashboard_and_expose_the_metrics(kustomization: 
     config_map = find(objs, "ConfigMap", "gpuwire-grafana-dashboard")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(config_map["data"]["gpuwire.json"]) == json.loads(DASHBOARD.read_text())
-    agent = find(objs, "DaemonSet", "gpuwire-device-plugin")
+    (agent,) = [o for o in objs if o["kind"] == "DaemonSet"
+                and "--holders" in containers(o)[-1].get("args", [])]  # fmt: skip
     template = agent["spec"]["template"]
     [container] = containers(agent)
     [port] = [a.split("=")[1] for a in container["args"] if a.startswith("--metrics-port=")]

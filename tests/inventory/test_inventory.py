@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from deviceplugin.agent import holding, labeler
 from deviceplugin.config import Config
 from deviceplugin.gpus.backend import open_discovery
-from gpuwire import cli, exits, holders, records, sim
+from gpuwire import amdsim, cli, exits, holders, records, sim
 from gpuwire.devices import Device
 from gpuwire.holders import NodeHolders
 from gpuwire.records import PLUGIN_LESS
@@ -455,3 +455,43 @@ def test_watch_prints_again_when_something_changes(cluster: ApiServer, tmp_path:
     finally:
         watch.send_signal(signal.SIGINT)
         assert watch.wait(timeout=10) == 0
+
+
+def test_amd_gpus_and_partitions_with_their_holders(tmp_path: Path) -> None:
+    """An AMD node as its node agent writes it (AMD discovery of the simulated node, its
+    partitions under AMD's mixed naming) with a holder of two partitions, and pending pods that
+    ask for AMD partitions or write AMD_VISIBLE_DEVICES."""
+    amdsim.write_node(tmp_path, amdsim.make_machine(1, "MI300X", compute="CPX", memory="NPS1"))
+    config = Config(vendor="amd", amd_naming="mixed", sim=str(tmp_path))
+    found = open_discovery(str(tmp_path), "amd").discover()
+    two = tuple(sorted(d.uuid for d in found.devices[:2]))
+    held = holders.NodeHolders(
+        (holders.Holder("team-a", "infer-0", "main", PLUGIN_LESS, two),), (), False
+    )
+    node = {
+        "metadata": {
+            "name": "amd-0",
+            "labels": labeler.wanted(config, found),
+            "annotations": {
+                **labeler.node_annotations(config, found),
+                holders.ANNOTATION: holders.encode(held),
+            },
+        },
+        "status": {"allocatable": {"amd.com/cpx_nps1": "8"}},
+    }
+    asking = pod("team-b", "asks")
+    asking["spec"]["containers"][0]["resources"]["limits"] = {"amd.com/cpx_nps1": "2"}
+    written = pod("team-b", "wrote")
+    written["spec"]["containers"][0]["env"] = [{"name": "AMD_VISIBLE_DEVICES", "value": "all"}]
+    data = json.loads(inventory.report([node], [asking, written], output="json"))
+    (listed,) = data["nodes"]
+    assert [g["product"] for g in listed["gpus"]] == ["AMD Instinct MI300X"] * 8
+    assert [[h["pod"] for h in g["holders"]] for g in listed["gpus"][:3]] == [
+        ["infer-0"],
+        ["infer-0"],
+        [],
+    ]
+    assert [(p["pod"], p["request"]) for p in data["pending"]] == [
+        ("asks", "2 amd.com/cpx_nps1"),
+        ("wrote", "AMD_VISIBLE_DEVICES=all"),
+    ]

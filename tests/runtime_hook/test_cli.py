@@ -10,6 +10,7 @@ import pytest
 
 from gpuwire import allocation, claimtoken, cli, exits
 from testbed.lab import (
+    ADMISSION,
     OTHER_POD,
     POD_UID,
     SANDBOX,
@@ -42,7 +43,7 @@ def test_valid_grant_is_explained(lab: Lab, capsys: pytest.CaptureFixture[str]) 
     assert out["container"] == f"team-a/trainer (pod {POD_UID}, sandbox 555555555555)"
     assert out["grant"] == (
         "valid: key '2026-06' signs namespace=team-a container=trainer devices=0,1 "
-        "capabilities=compute,utility"
+        f"capabilities=compute,utility pod={ADMISSION} and no limits"
     )
     assert out["decision"] == (
         f"honoured (grant): GPUs 0 ({lab.uuid(0)}), 1 ({lab.uuid(1)}); capabilities compute,utility"

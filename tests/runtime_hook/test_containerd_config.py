@@ -16,6 +16,7 @@ import tomlkit
 from gpuwire import cli as gpuwire_cli
 from gpuwire import exits
 from gpuwire.edits import HOOK_ENV
+from gpuwire.grant import POD_ANNOTATION
 from runtime_hook.setup import cli
 from runtime_hook.setup.containerd_config import (
     ContainerdConfigError,
@@ -24,6 +25,7 @@ from runtime_hook.setup.containerd_config import (
     Source,
     base_spec_text,
     plan,
+    without_import,
 )
 
 SHIM = "/usr/local/bin/gpuwire-runtime"
@@ -111,6 +113,35 @@ def test_main_file_gains_only_the_import_line(main: Path) -> None:
     assert [line for line in new if line != added[0]] == ADMIN_V2.splitlines()
 
 
+@pytest.mark.parametrize(
+    "text", [ADMIN_V2, ADMIN_V3, 'imports = ["/etc/containerd/a.toml"]  # ours\n' + ADMIN_V2]
+)
+def test_unconfigure_takes_out_only_the_import_configure_added(main: Path, text: str) -> None:
+    other = {Path("/etc/containerd/a.toml"): "version = 2\n"}
+    files = applied({main: text, **other}, main, Runtime(shim=SHIM))
+    drop_in = main.parent / "conf.d/99-gpuwire.toml"
+    assert without_import(main, files[main], drop_in) == text
+    assert without_import(main, text, drop_in) == text  # nothing to take out
+
+
+def test_unconfigure_leaves_the_file_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main = tmp_path / "config.toml"
+    main.write_text(ADMIN_V2)
+    main.chmod(0o600)
+    assert configure("--config", str(main)) == 0
+    assert cli.containerd_unconfigure(["--config", str(main)]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {main}\n")
+    assert main.read_text() == ADMIN_V2
+    assert main.stat().st_mode & 0o777 == 0o600
+    assert cli.containerd_unconfigure(["--config", str(main)]) == 0
+    assert (
+        capsys.readouterr().out
+        == f"no change: {main} does not import {tmp_path}/conf.d/99-gpuwire.toml\n"
+    )
+
+
 def test_second_run_changes_nothing(main: Path) -> None:
     runtime = Runtime(shim=SHIM, set_default=True, cdi=True)
     files = applied({main: ADMIN_V2}, main, runtime)
@@ -148,7 +179,7 @@ def test_pods_cannot_pass_the_annotations_a_grant_binds(main: Path) -> None:
     (warning,) = result.warnings
     assert warning.startswith("runc's pod_annotations ['*'] not copied to 'gpuwire'")
     runtimes = cri(result.changes[0].new)["containerd"]["runtimes"]
-    assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*"]
+    assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*", POD_ANNOTATION]
     assert runtimes["runc"]["pod_annotations"] == ["*", "example.com/*"]  # runc's stays
 
 
@@ -166,7 +197,7 @@ def test_pods_cannot_pass_the_pod_uid_or_sandbox_an_allocation_binds(
     (warning,) = result.warnings
     assert warning.startswith(f"runc's pod_annotations ['{pattern}'] not copied to 'gpuwire'")
     runtimes = cri(result.changes[0].new)["containerd"]["runtimes"]
-    assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*"]
+    assert runtimes["gpuwire"]["pod_annotations"] == ["example.com/*", POD_ANNOTATION]
 
 
 def test_version_3_uses_the_cri_runtime_plugin(main: Path) -> None:
@@ -193,7 +224,11 @@ def test_no_main_file_yet(main: Path) -> None:
     }
     runtimes = cri(files[main.parent / "conf.d/99-gpuwire.toml"])["containerd"]["runtimes"]
     assert runtimes == {
-        "gpuwire": {"runtime_type": "io.containerd.runc.v2", "options": {"BinaryName": SHIM}},
+        "gpuwire": {
+            "runtime_type": "io.containerd.runc.v2",
+            "options": {"BinaryName": SHIM},
+            "pod_annotations": [POD_ANNOTATION],  # the one the grant binds (gpuwire.grant)
+        },
         # the drop-in's runtimes table replaces containerd's built-in one: runc must stay
         "runc": {"runtime_type": "io.containerd.runc.v2"},
     }

@@ -30,22 +30,40 @@ SHELLS = ("dash", "bash")  # Debian's /bin/sh, and RHEL's
 # Stand-ins: each prints who it is and its arguments NUL-separated, then its stdin.
 PYTHON_STANDIN = '#!/bin/sh\nshift 3\nprintf "%s\\0" python "$@"\ncat\n'  # drops -IS -c CODE
 RUNTIME_STANDIN = '#!/bin/sh\nprintf "%s\\0" "$0" "$@"\ncat\n'
+# gpuwire-call where no resident answers: its fallback where it has one, else it would wait
+# (and then fail): it says so as `call` with the program's arguments.
+CALL_STANDIN = """#!/bin/sh
+n=$4
+shift 4
+if [ $# -gt "$n" ]; then exec "$@"; fi
+printf "%s\\0" call "$@"
+cat
+"""
 
 
 class Site:
-    """A launcher written for stand-ins, in a directory that also holds bundles."""
+    """A launcher written for stand-ins, in a directory that also holds bundles; `python`
+    False: written as the image writes it, for the resident alone (gpuwire-call, no Python)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, python: bool = True) -> None:
         self.root = root
         self.bin = root / "bin"
         self.bin.mkdir()
-        standins = {"python": PYTHON_STANDIN, "fake-runc": RUNTIME_STANDIN, "runc": RUNTIME_STANDIN}
+        standins = {
+            "python": PYTHON_STANDIN,
+            "fake-runc": RUNTIME_STANDIN,
+            "runc": RUNTIME_STANDIN,
+            launcher.CALL: CALL_STANDIN,
+        }
         for name, text in standins.items():
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
         self.launcher = self.bin / launcher.RUNTIME
+        call = launcher.Call(str(self.bin / launcher.CALL), "/run/x.sock")
         self.launcher.write_text(
             launcher.render(launcher.RUNTIME, str(self.bin / "python"), "/opt/x")
+            if python
+            else launcher.render(launcher.RUNTIME, None, "/opt/x", call)
         )
         self.launcher.chmod(0o755)
         self.config = root / "config.toml"
@@ -148,7 +166,7 @@ def script_words() -> list[str]:
         for key in config.KEYS
     ]
     return [
-        f'\t\tcase ${{path##*/}} in {launcher.RUNTIME}) shim "$@" ;; esac',
+        f"\t\t\tcase ${{path##*/}} in {launcher.RUNTIME}) return 1 ;; esac",
         f"\tcase $previous in {flags}) ;; *)",
         f"\t\tcase $arg in {creating}) create=1 ;; esac ;;",
         f"\t\t{' | '.join(f'{f}=*' for f in shim.BUNDLE_FLAGS)}) found=1 bundle=${{arg#*=}} ;;",
@@ -191,6 +209,30 @@ def test_arguments_are_parsed_as_the_shim_parses_them(
     else:
         assert argv == args  # untouched
         assert program == site.runtime
+
+
+@pytest.fixture(scope="module")
+def resident_site(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    return Site(tmp_path_factory.mktemp("resident-only"), python=False)
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from(WORDS), max_size=7))
+@example(["--root", "/r", "delete", "--force", "held"])  # as containerd deletes
+@example(["create", "--bundle", "gpu", "x"])
+def test_without_python_only_a_gpu_create_waits_for_the_resident(
+    resident_site: Site, shell: str, args: list[str]
+) -> None:
+    """No Python here: a create the shim would edit goes to the resident alone (gpuwire-call
+    with nothing to fall back to: it waits); everything else runs the runtime itself where
+    no resident answers, the delete of a GPU container too (gpuwire-call's fallback), with
+    its arguments untouched."""
+    site = resident_site
+    program, argv = site.call(shell, args)
+    if creates_for_a_gpu(site, args):
+        assert (program, argv) == ("call", [str(site.launcher), *args])
+    else:
+        assert (program, argv) == (site.runtime, args)
 
 
 @pytest.mark.parametrize(

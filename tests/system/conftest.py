@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scripts import image
+from testbed.podman import Podman
 
 HERE = Path(__file__).parent
 
@@ -27,3 +29,12 @@ def gpuwire_image() -> image.Image:
     if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("mmdebstrap")):
         pytest.skip("the image is built as root with podman and mmdebstrap (make test's)")
     return image.build()
+
+
+@pytest.fixture(scope="session")
+def gpuwire_podman(gpuwire_image: image.Image) -> Iterator[Podman]:
+    """A private podman holding the image (loaded once a session: ~20 s, more on a busy
+    machine), as a node's container engine holds it."""
+    with Podman.create(overlay=True) as podman:
+        podman.load(gpuwire_image.archive)
+        yield podman

@@ -38,6 +38,7 @@ from deviceplugin.agent import mps as daemons
 from deviceplugin.api import api_pb2
 from deviceplugin.plugin.allocate import Strategies, response
 from gpuwire import allocation, mps
+from gpuwire.grant import POD_ANNOTATION
 from runtime_hook.setup import launcher
 from testbed import containerds
 from testbed.containerd import CRI, CRI_NAMESPACE, RUNTIME_PLUGIN, Containerd
@@ -45,7 +46,7 @@ from testbed.containerds import Generation
 from testbed.cri import api_pb2 as cri
 from testbed.image import NAME, PAUSE, write_layout_tar
 from testbed.kuberuntime import CRIError, KubeRuntime, run_pod
-from testbed.lab import Lab, grant_for, served_launchers
+from testbed.lab import ADMISSION, Lab, grant_for, served_launchers
 from testbed.view import VIEW_SCRIPT, granted_view, shown, view
 from tests.conftest import requires_binary, requires_root
 
@@ -166,12 +167,17 @@ def test_config_dump_as_the_source(containerd: Containerd) -> None:
 # Pods through containerd's CRI plugin, on every generation.
 
 
+def generation_of(suite: str) -> Generation:
+    """Debian `suite`'s containerd (skipped where it is not fetched: CI requires it)."""
+    found = containerds.generations().get(suite)
+    if found is None:
+        pytest.skip(f"no containerd of Debian {suite}: install-system-deps fetches it")
+    return found
+
+
 @pytest.fixture(scope="module", params=containerds.SUITES)
 def generation(request: pytest.FixtureRequest) -> Generation:
-    found = containerds.generations().get(request.param)
-    if found is None:
-        pytest.skip(f"no containerd of Debian {request.param}: install-system-deps fetches it")
-    return found
+    return generation_of(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -220,13 +226,16 @@ def kubelet(node: Containerd) -> Iterator[KubeRuntime]:
         yield runtime
 
 
-def pod(namespace: str = "team-a", command: str = VIEW_SCRIPT, **env: str) -> dict[str, Any]:
+def pod(
+    namespace: str = "team-a", command: str = VIEW_SCRIPT, admission: str = ADMISSION, **env: str
+) -> dict[str, Any]:
     """A pod as the API server stores it once the webhook has mutated it: `env` is what the
-    webhook wrote (grant, visible devices)."""
+    webhook wrote (grant, visible devices, limits), `admission` the request its grants bind."""
     name = f"p-{uuid.uuid4().hex[:6]}"
     container = {"name": "trainer", "image": NAME, "command": ["sh", "-c", command],
                  "env": [{"name": k, "value": v} for k, v in env.items()]}  # fmt: skip
-    meta = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
+    meta = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+            "annotations": {POD_ANNOTATION: admission}}  # fmt: skip
     return {"metadata": meta, "spec": {"containers": [container]}}
 
 
@@ -244,8 +253,9 @@ def run_view(
     return view(kubelet.logs(cid)), kubelet.spec(cid)
 
 
-def granted(lab: Lab, visible: str) -> dict[str, str]:
-    return {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible)}
+def granted(lab: Lab, visible: str, **limits: str) -> dict[str, str]:
+    env = {"NVIDIA_VISIBLE_DEVICES": visible, **limits}
+    return {**env, "GPUWIRE_GRANT": grant_for(lab.keys, visible, env=env)}
 
 
 def shims(containerd: Containerd) -> set[str]:
@@ -306,6 +316,8 @@ def test_a_gpu_pod_through_the_shim_gets_the_granted_gpus(
     assert annotations["io.kubernetes.cri.sandbox-name"] == meta["name"]
     assert annotations["io.kubernetes.cri.sandbox-uid"] == meta["uid"]
     assert annotations["io.kubernetes.cri.container-name"] == "trainer"
+    # and the one pod annotation `containerd configure` passes through: what the grant binds
+    assert annotations[POD_ANNOTATION] == meta["annotations"][POD_ANNOTATION]
 
 
 def test_no_grant_no_gpu(lab: Lab, kubelet: KubeRuntime) -> None:
@@ -320,6 +332,32 @@ def test_a_grant_for_another_namespace_gives_no_gpu(lab: Lab, kubelet: KubeRunti
     """The grant is signed for team-a; containerd says the pod is in team-b."""
     seen, _ = run_view(kubelet, pod("team-b", **granted(lab, "0")))
     assert seen["devices"] == ["nvidia*"]
+
+
+def test_a_grant_in_another_pod_of_its_namespace_gives_no_gpu(
+    lab: Lab, kubelet: KubeRuntime
+) -> None:
+    """The same env (grant and all) in a pod of another admission, as containerd passes its
+    gpuwire.io/grant-pod through. Before: the grant held for any pod of the namespace."""
+    seen, _ = run_view(kubelet, pod(admission="another-admission", **granted(lab, "0")))
+    assert seen["devices"] == ["nvidia*"]
+    assert "does not sign" in lab.log_lines()[-1]
+
+
+def test_a_pods_sandbox_is_found_by_its_uid_as_the_kubelet_finds_it(kubelet: KubeRuntime) -> None:
+    """A sandbox whose RunPodSandbox answer was lost (containerd restarting mid-call) is the
+    pod's at the next try, not a second one refused on its reserved name; one no longer
+    ready is removed, and the next runs at the next attempt."""
+    obj = pod()
+    lost = kubelet.run_sandbox(obj)
+    kubelet.sandboxes.clear()  # as if its answer never arrived
+    found = kubelet.run_sandbox(obj)
+    assert found.id == lost.id
+    kubelet.call(kubelet.runtime.StopPodSandbox, cri.StopPodSandboxRequest(pod_sandbox_id=lost.id))
+    again = kubelet.run_sandbox(obj)
+    assert (again.id != lost.id, again.config.metadata.attempt) == (True, 1)
+    listed = kubelet.call(kubelet.runtime.ListPodSandbox, cri.ListPodSandboxRequest()).items
+    assert [s.id for s in listed if s.metadata.uid == obj["metadata"]["uid"]] == [again.id]
 
 
 def test_without_the_shim_nothing_is_injected(lab: Lab, kubelet: KubeRuntime) -> None:
@@ -466,7 +504,7 @@ def test_an_mps_pod_is_joined_to_its_gpus_daemon_through_cri(
     }
     shared = Path(mps.shm_dir(mps_daemons, lab.uuid(1)), "mark-cri")
     shared.write_text("")  # what GPU 1's daemon's /dev/shm holds
-    seen, _ = run_view(kubelet, pod(**granted(lab, "1"), **limits))
+    seen, _ = run_view(kubelet, pod(**granted(lab, "1", **limits)))
     assert seen["mps"] == ["control", "nvidia-cuda-mps-control.pid"]  # GPU 1's daemon's pipes
     assert shared.name in seen["shm"]
     on_top = dict(m.split() for m in seen["mounted"])
@@ -476,7 +514,7 @@ def test_an_mps_pod_is_joined_to_its_gpus_daemon_through_cri(
 
 
 def test_a_hami_core_pod_preloads_it_through_cri(lab: Lab, kubelet: KubeRuntime) -> None:
-    seen, _ = run_view(kubelet, pod(**granted(lab, "2"), CUDA_DEVICE_MEMORY_LIMIT="4096m"))
+    seen, _ = run_view(kubelet, pod(**granted(lab, "2", CUDA_DEVICE_MEMORY_LIMIT="4096m")))
     assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
     assert seen["memory"] == ["4096 MiB"]
     without, _ = run_view(kubelet, pod(**granted(lab, "2")))

@@ -19,24 +19,28 @@ import pytest
 
 from deviceplugin.api import api_pb2
 from gpuwire import grant
-from scripts.demo import dra, holders
+from gpuwire.vendor import AMD, NVIDIA, Vendor
+from scripts.demo import amd, dra, holders
+from scripts.demo.amd import AmdNode
 from scripts.demo.base import ROOT
 from scripts.demo.cluster import NODE, RESOURCE, Cluster, up
 from scripts.demo.dra import DraNode
 from scripts.demo.kubelet import Allocation
 from scripts.demo.scenarios import (
+    AMD_SCENARIOS,
     DRA_SCENARIOS,
     SCENARIOS,
     Outcome,
     capabilities,
     gpus,
     play,
+    render_nodes,
     variables,
 )
 from scripts.demo.show import command
 from testbed.kuberuntime import container_config
 from testbed.scheduler import AFFINITY, unfit
-from testbed.view import granted_view, shown
+from testbed.view import amd_granted_view, granted_view, shown
 from tests.conftest import requires_binary, requires_root
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -53,23 +57,37 @@ def cluster() -> Iterator[Cluster]:
         yield running
 
 
+Played = tuple[dict[str, Outcome], DraNode, AmdNode]
+
+
 @pytest.fixture(scope="module")
-def played(cluster: Cluster) -> tuple[dict[str, Outcome], DraNode]:
+def played(cluster: Cluster) -> Played:
     """Every scenario, in the demo's order: the device plugin's, then the DRA node's once it
-    has joined."""
+    has joined, then the AMD node's."""
     found = {s.key: play(cluster, s) for s in SCENARIOS}
     node = dra.join(cluster, DRA_SCENARIOS[0].load())
-    return found | {s.key: play(cluster, s, node) for s in DRA_SCENARIOS}, node
+    found |= {s.key: play(cluster, s, node) for s in DRA_SCENARIOS}
+    amd_node = amd.join(cluster, AMD_SCENARIOS[0].load())
+    return (
+        found | {s.key: play(cluster, s, amd_node=amd_node) for s in AMD_SCENARIOS},
+        node,
+        amd_node,
+    )
 
 
 @pytest.fixture(scope="module")
-def outcomes(played: tuple[dict[str, Outcome], DraNode]) -> dict[str, Outcome]:
+def outcomes(played: Played) -> dict[str, Outcome]:
     return played[0]
 
 
 @pytest.fixture(scope="module")
-def dra_node(played: tuple[dict[str, Outcome], DraNode]) -> DraNode:
+def dra_node(played: Played) -> DraNode:
     return played[1]
+
+
+@pytest.fixture(scope="module")
+def amd_node(played: Played) -> AmdNode:
+    return played[2]
 
 
 def env(pod: dict[str, Any] | None, container: int = 0) -> dict[str, str]:
@@ -77,11 +95,20 @@ def env(pod: dict[str, Any] | None, container: int = 0) -> dict[str, str]:
     return {e["name"]: e["value"] for e in pod["spec"]["containers"][container].get("env", [])}
 
 
-def verifies(cluster: Cluster, pod: dict[str, Any] | None, devices: str, caps: str) -> bool:
+def verifies(
+    cluster: Cluster,
+    pod: dict[str, Any] | None,
+    devices: str,
+    caps: str | None,
+    vendor: Vendor = NVIDIA,
+) -> bool:
     assert pod is not None
     keys = grant.KeyRing.load(cluster.workdir / "keys")
     name = pod["spec"]["containers"][0]["name"]
-    subject = grant.Subject.of(pod["metadata"]["namespace"], name, devices, caps)
+    admission = pod["metadata"]["annotations"][grant.POD_ANNOTATION]  # the webhook's
+    subject = grant.Subject.of(
+        pod["metadata"]["namespace"], name, devices, caps, vendor, pod=admission, env=env(pod)
+    )
     return keys.verify(env(pod)[grant.ENV], subject)
 
 
@@ -152,11 +179,14 @@ def test_mps_limits_are_sized_from_the_nodes_gpu(outcomes: dict[str, Outcome]) -
 
 
 def test_every_verdict_holds_or_says_why_it_was_not_checked(
-    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode
+    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode, amd_node: AmdNode
 ) -> None:
     verdicts = {s.key: s.judge(outcomes[s.key], cluster.devices) for s in SCENARIOS}
     verdicts |= {s.key: s.judge(outcomes[s.key], dra_node.devices) for s in DRA_SCENARIOS}
+    verdicts |= {s.key: s.judge(outcomes[s.key], amd_node.devices) for s in AMD_SCENARIOS}
     if cluster.containerd is None:
+        assert verdicts["amd-xgmi-pair"].seen == "allocated GPUs 2,3 (one XGMI hive); not run"
+        assert verdicts["amd-xgmi-pair"].ok is None
         assert verdicts["h100"].ok is True
         assert verdicts["two-gpus"].ok is None  # the pair was allocated, not run
         assert verdicts["two-gpus"].seen.startswith("allocated GPUs ")
@@ -206,6 +236,41 @@ def test_the_pair_is_an_nvlink_pair_of_whole_gpus_and_the_shares_are_of_gpu_3(
     assert waiting.pending == "0/2 nodes are available: 2 cannot allocate all claims."
     (claim,) = waiting.claims
     assert "allocation" not in (claim.get("status") or {})
+
+
+# --- the AMD node: anywhere
+
+
+def test_the_amd_node_is_labelled_by_its_plugin_and_one_grammar_selects_it(
+    cluster: Cluster, outcomes: dict[str, Outcome]
+) -> None:
+    node = cluster.api.get("nodes", amd.NODE)
+    assert node is not None
+    assert node["metadata"]["labels"]["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X"
+    assert node["status"]["allocatable"][amd.RESOURCE] == "4"
+    for key, count in (("amd-mi300x", "1"), ("amd-xgmi-pair", "2")):
+        pod = outcomes[key].pod
+        assert pod is not None
+        assert pod["spec"]["nodeName"] == amd.NODE
+        assert pod["spec"]["containers"][0]["resources"]["limits"] == {amd.RESOURCE: count}
+        assert set(env(pod)) == {grant.ENV}  # AMD's plugin gives AMD_VISIBLE_DEVICES
+        assert verifies(cluster, pod, "plugin", None, AMD)
+    monitor = outcomes["amd-all-gpus"].pod
+    assert env(monitor)["AMD_VISIBLE_DEVICES"] == "all"
+    assert "NVIDIA_VISIBLE_DEVICES" not in env(monitor)  # it can land on AMD nodes only
+    assert verifies(cluster, monitor, "all", None, AMD)
+
+
+def test_the_amd_pair_is_one_xgmi_hive_beside_the_first_pods_gpu(
+    outcomes: dict[str, Outcome], amd_node: AmdNode
+) -> None:
+    by_uuid = {d.uuid: d for d in amd_node.devices}
+    (first,) = outcomes["amd-mi300x"].containers[0].allocations
+    (pair,) = outcomes["amd-xgmi-pair"].containers[0].allocations
+    assert [by_uuid[u].index for u in first.devices] == [0]
+    assert sorted(by_uuid[u].index for u in pair.devices) == [2, 3]  # not GPU 1, of GPU 0's hive
+    assert set(pair.preferred) == set(pair.devices)
+    assert pair.envs == {"AMD_VISIBLE_DEVICES": ",".join(pair.devices)}
 
 
 # --- what the containers saw: root and containerd
@@ -316,6 +381,27 @@ def test_the_dra_shares_see_gpu_3_held_to_30_gib_by_hami_core(
 
 
 @needs_containers
+def test_amd_containers_get_kfd_and_exactly_their_render_nodes(
+    outcomes: dict[str, Outcome], amd_node: AmdNode
+) -> None:
+    by_uuid = {d.uuid: d for d in amd_node.devices}
+    for key in ("amd-mi300x", "amd-xgmi-pair"):
+        (allocation,) = outcomes[key].containers[0].allocations
+        expected = amd_granted_view([by_uuid[u].minor for u in allocation.devices])
+        view = seen(outcomes[key])
+        assert shown(view, expected) == expected
+        (said,) = outcomes[key].containers[0].runtime_log
+        assert said.endswith(": allocation")
+    view = seen(outcomes["amd-all-gpus"])
+    assert render_nodes(view) == (128, 136, 144, 152)  # each MI300X's own; XCPs 1-7 idle in SPX
+    expected = amd_granted_view([d.minor for d in amd_node.devices])
+    assert shown(view, expected) == expected
+    (said,) = outcomes["amd-all-gpus"].containers[0].runtime_log
+    assert said.startswith("media/monitor: GPUs 0 (")
+    assert said.endswith(": grant")
+
+
+@needs_containers
 def test_running_pods_keep_their_gpus_and_report_their_phase(
     cluster: Cluster, outcomes: dict[str, Outcome]
 ) -> None:
@@ -324,7 +410,8 @@ def test_running_pods_keep_their_gpus_and_report_their_phase(
     }
     assert cluster.kubelet.plugin(RESOURCE).allocated == allocated
     assert len(allocated) == 3
-    for key in ("all-gpus", "two-gpus", "baked-in", "kube-system", "mps", "dra-linked"):
+    keys = ("all-gpus", "two-gpus", "baked-in", "kube-system", "mps", "dra-linked", "amd-all-gpus")
+    for key in keys:
         pod = outcomes[key].pod
         assert pod is not None
         stored = cluster.api.get("pods", pod["metadata"]["name"], pod["metadata"]["namespace"])
@@ -334,9 +421,9 @@ def test_running_pods_keep_their_gpus_and_report_their_phase(
 
 @needs_containers
 def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
-    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode
+    cluster: Cluster, outcomes: dict[str, Outcome], dra_node: DraNode, amd_node: AmdNode
 ) -> None:
-    taken = holders.take(cluster, list(outcomes.values()), dra_node.devices)
+    taken = holders.take(cluster, list(outcomes.values()), dra_node.devices, amd_node.devices)
     uuids = {d.index: d.uuid for d in cluster.devices}
     trainer = tuple(sorted(uuids[i] for i in gpus(seen(outcomes["two-gpus"]))))
     (inference,) = (uuids[i] for i in gpus(seen(outcomes["mps"])))
@@ -346,7 +433,7 @@ def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
         ("ml-serving", "inference", "server"): (inference,),
     }
     assert {c.kind for c in taken.conflicts} == {"shared-gpu", "all-beside-plugin"}
-    assert "cluster: 7/8 GPUs allocated on 2 nodes, 1 pending GPU pod, 4 conflicts" in taken.table
+    assert "cluster: 11/12 GPUs allocated on 3 nodes, 1 pending GPU pod, 8 conflicts" in taken.table
     assert "ml-research/trainer !" in taken.table
     assert holders.judge(taken).ok
     dra_uuids = {d.index: d.uuid for d in dra_node.devices}
@@ -363,6 +450,17 @@ def test_the_inventory_shows_each_pod_on_the_gpus_it_saw_and_flags_the_overlap(
     assert "60/80 GiB" in taken.table
     assert "ml-dra/share-c" in taken.table  # pending, with the scheduler's reason
     assert holders.judge_dra(taken).ok
+    amd_uuids = {d.index: d.uuid for d in amd_node.devices}
+    assert (
+        taken.amd_held
+        == {
+            ("ml-serving", "rocm-inference", "server"): (amd_uuids[0],),
+            ("ml-research", "rocm-trainer", "trainer"): tuple(sorted((amd_uuids[2], amd_uuids[3]))),
+            ("media", "rocm-monitor", "monitor"): tuple(sorted(amd_uuids.values())),
+        }
+        == taken.amd_expected
+    )
+    assert holders.judge_amd(taken).ok
 
 
 # --- the kubelet step and the scheduler, as functions
@@ -438,7 +536,7 @@ def left_behind(*paths: Path) -> list[str]:
 
 
 def test_a_failure_inside_still_stops_and_removes_everything() -> None:
-    """The DRA node too: its plugin, kubelet and containerd go with the cluster."""
+    """The DRA and AMD nodes too: their plugins, kubelets and containerds go with the cluster."""
     made: list[Path] = []
 
     def broken_scenario() -> None:
@@ -449,6 +547,9 @@ def test_a_failure_inside_still_stops_and_removes_everything() -> None:
             node = dra.join(running, DRA_SCENARIOS[0].load())
             if node.containerd is not None:
                 made.append(node.containerd.home)
+            amd_node = amd.join(running, AMD_SCENARIOS[0].load())
+            if amd_node.containerd is not None:
+                made.append(amd_node.containerd.home)
             raise RuntimeError("a scenario broke")
 
     with pytest.raises(RuntimeError, match="a scenario broke"):

@@ -88,17 +88,20 @@ class DraNode:
 
 
 @contextlib.contextmanager
-def dra_plugin(lab: Lab, cdi_dir: Path) -> Iterator[tuple[ApiServer, DraKubelet, DraPlugin]]:
-    """The DRA plugin on the lab's node, writing claims' specs into `cdi_dir` (a containerd's
-    CDI spec dir), registered with the kubelet DRA stand-in. The claims' ld-cache hook is a
-    launcher only the resident can serve (its Python fallback does not exist), so every GPU
-    start shows the resident serving it."""
+def dra_plugin(
+    lab: Lab, cdi_dir: Path, vendor: str = "nvidia"
+) -> Iterator[tuple[ApiServer, DraKubelet, DraPlugin]]:
+    """The DRA plugin on the lab's node (of `vendor`'s GPUs), writing claims' specs into
+    `cdi_dir` (a containerd's CDI spec dir), registered with the kubelet DRA stand-in. The
+    claims' ld-cache hook is a launcher only the resident can serve (its Python fallback does
+    not exist), so every GPU start shows the resident serving it."""
     with tempfile.TemporaryDirectory(prefix="gw-dra-") as sockets, \
             ApiServer(schema="1.34") as api, \
             DraKubelet(Path(sockets), NODE) as kubelet:  # fmt: skip
         api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         hook = str(served_launchers() / launcher.HOOK)
-        config = Config(sim=str(lab.node), kubelet_root=sockets, hook=hook, cdi_dir=str(cdi_dir),
+        config = Config(sim=str(lab.node), vendor=vendor, kubelet_root=sockets, hook=hook,
+                        cdi_dir=str(cdi_dir),
                         node_name=NODE, allocation_dir=str(lab.allocations),
                         grant_key_dir=str(lab.root / "keys"))  # fmt: skip
         plugin = DraPlugin(config, api_client=api.client())

@@ -75,7 +75,9 @@ def test_an_mps_client_is_joined_to_its_gpus_daemon_with_its_limits(
 ) -> None:
     shared = Path(mps.shm_dir(supervisor(lab).root, lab.uuid(1)), f"mark-{delivery}")
     shared.write_text("")  # what GPU 1's daemon's /dev/shm holds
-    out = run(make_bundle(lab, granted_env(lab, "1") | MPS_LIMITS, delivery=delivery), delivery)
+    out = run(
+        make_bundle(lab, granted_env(lab, "1", limits=MPS_LIMITS), delivery=delivery), delivery
+    )
     assert out.returncode == 0, out.stderr
     seen = view(out.stdout)
     assert mps.ready(supervisor(lab).root, lab.uuid(1)) is not None
@@ -100,7 +102,9 @@ def test_an_mps_client_is_joined_to_its_gpus_daemon_with_its_limits(
 @pytest.mark.parametrize("delivery", DELIVERIES)
 def test_an_mps_client_whose_daemon_is_down_does_not_start(lab: Lab, delivery: str) -> None:
     supervisor(lab).stop(lab.uuid(0), "the test stops it")
-    out = run(make_bundle(lab, granted_env(lab, "0") | MPS_LIMITS, delivery=delivery), delivery)
+    out = run(
+        make_bundle(lab, granted_env(lab, "0", limits=MPS_LIMITS), delivery=delivery), delivery
+    )
     assert out.returncode != 0
     assert (
         f"GPU 0 ({lab.uuid(0)}) has no MPS control daemon running (no live daemon in "
@@ -136,7 +140,9 @@ def test_a_tenant_keeps_neither_its_daemons_socket_nor_what_it_sets_there(
     MPS program, and the agent's next pass sets the share back. Before: it could remove the
     socket (the next client would find no daemon and run unlimited), had both programs, and
     the daemon kept 100 %."""
-    bundle = make_bundle(lab, granted_env(lab, "0") | MPS_LIMITS, delivery=delivery, script=TENANT)
+    bundle = make_bundle(
+        lab, granted_env(lab, "0", limits=MPS_LIMITS), delivery=delivery, script=TENANT
+    )
     shutil.copy(tenant_program(), bundle.path / "rootfs/bin/tenant")
     out = run(bundle, delivery)
     assert out.returncode == 0, out.stderr
@@ -160,10 +166,10 @@ def test_a_gpus_dev_shm_is_its_clients_alone_and_empty_once_they_are_gone(lab: L
     see it (before: one /dev/shm for every daemon and client, namespace and GPU), and once
     no container is joined to GPU 0's daemon the agent restarts it on an empty one (before:
     the file outlived both)."""
-    a_env = granted_env(lab, "0") | MPS_LIMITS
+    a_env = granted_env(lab, "0", limits=MPS_LIMITS)
     first = run(make_bundle(lab, a_env, delivery="prestart", script=WRITES), "prestart")
     assert first.returncode == 0, first.stderr
-    b_env = granted_env(lab, "1") | MPS_LIMITS
+    b_env = granted_env(lab, "1", limits=MPS_LIMITS)
     other = run(make_bundle(lab, b_env, delivery="prestart"), "prestart")
     assert other.returncode == 0, other.stderr
     assert "team-a" not in view(other.stdout).get("shm", [])
@@ -179,10 +185,12 @@ def test_a_gpus_dev_shm_is_its_clients_alone_and_empty_once_they_are_gone(lab: L
 def test_an_mps_client_with_two_gpus_or_another_pipe_directory_does_not_start(
     lab: Lab, delivery: str
 ) -> None:
-    two = run(make_bundle(lab, granted_env(lab, "0,1") | MPS_LIMITS, delivery=delivery), delivery)
+    two = run(
+        make_bundle(lab, granted_env(lab, "0,1", limits=MPS_LIMITS), delivery=delivery), delivery
+    )
     assert two.returncode != 0
     assert "and has 2 GPUs; an MPS client joins one GPU's control daemon" in two.stderr
-    away = granted_env(lab, "0") | MPS_LIMITS | {"CUDA_MPS_PIPE_DIRECTORY": "/elsewhere"}
+    away = granted_env(lab, "0", limits=MPS_LIMITS) | {"CUDA_MPS_PIPE_DIRECTORY": "/elsewhere"}
     out = run(make_bundle(lab, away, delivery=delivery), delivery)
     assert out.returncode != 0
     assert "sets CUDA_MPS_PIPE_DIRECTORY=/elsewhere, which would lead its client away" in out.stderr
@@ -192,7 +200,9 @@ def test_an_mps_client_with_two_gpus_or_another_pipe_directory_does_not_start(
 def test_a_hami_core_container_preloads_the_library_and_sees_its_limit(
     lab: Lab, delivery: str
 ) -> None:
-    out = run(make_bundle(lab, granted_env(lab, "2") | HAMI_LIMITS, delivery=delivery), delivery)
+    out = run(
+        make_bundle(lab, granted_env(lab, "2", limits=HAMI_LIMITS), delivery=delivery), delivery
+    )
     assert out.returncode == 0, out.stderr
     seen = view(out.stdout)
     assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"]
@@ -216,7 +226,7 @@ def test_an_image_whose_link_leads_a_limits_mount_elsewhere_does_not_start(
     """runc (the shim) and the hook would mount HAMi-core's preload list, or MPS's pipes,
     where the image's link leads; the container could then remove the link, and with it the
     limit (ld.so reads /etc/ld.so.preload, an MPS client its pipe directory, by path)."""
-    bundle = make_bundle(lab, granted_env(lab, "0") | limits, delivery=delivery)
+    bundle = make_bundle(lab, granted_env(lab, "0", limits=limits), delivery=delivery)
     rootfs = bundle.path / "rootfs"
     (rootfs / target).parent.mkdir(parents=True, exist_ok=True)
     if (rootfs / link).is_dir():
@@ -244,7 +254,9 @@ def test_a_container_without_limits_gets_nothing_of_either(lab: Lab, delivery: s
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])
 def test_hami_core_limits_on_a_node_without_it_do_not_start(lab: Lab, delivery: str) -> None:
     lab.configure(**{"mps-root": supervisor(lab).root, "hami-library": str(lab.root / "none.so")})
-    out = run(make_bundle(lab, granted_env(lab, "0") | HAMI_LIMITS, delivery=delivery), delivery)
+    out = run(
+        make_bundle(lab, granted_env(lab, "0", limits=HAMI_LIMITS), delivery=delivery), delivery
+    )
     assert out.returncode != 0
     assert (
         f"the container asks for HAMi-core limits and {lab.root}/none.so (hami-library in "

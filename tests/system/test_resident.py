@@ -349,3 +349,132 @@ def test_a_declined_call_gives_the_callers_stdio_back_before_it_answers() -> Non
     os.set_blocking(read_end, False)
     assert os.read(read_end, 1) == b""  # no copy of the caller's stdout is left open
     os.close(read_end)
+
+
+# -- no Python to fall back to: the image's install (docs/runtime.md, "No Python on the host")
+
+
+def resident_only_call(home: Path, socket: str, wait: float) -> str:
+    """gpuwire-call as the image builds it: no fallback to run, `wait` seconds to wait."""
+    defines = launcher.hook_defines(None, resident.token(), socket, wait)
+    call = launcher.build_call(str(home), defines)
+    assert call is not None
+    return call
+
+
+def sleeping(pid: int) -> bool:
+    """Whether the process is between two tries (gpuwire-call's pause)."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/wchan").read_text() in ("hrtimer_nanosleep", "do_nanosleep")
+    return False
+
+
+def test_without_a_fallback_a_call_waits_for_a_resident_to_serve_it(tmp_path: Path) -> None:
+    """The resident restarted during a start: the call waits and is served by the next one."""
+    socket = str(tmp_path / "resident.sock")
+    call = resident_only_call(tmp_path, socket, wait=120)
+    with Resident(socket):
+        pass  # stopped: its socket is gone
+    argv = [call, socket, resident.token(), "hook", "2", "argv0", "no-such-subcommand"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={"PATH": os.defpath}) as waiting:  # fmt: skip
+        until(lambda: sleeping(waiting.pid))  # it found nobody and waits
+        with Resident(socket):
+            out, err = waiting.communicate(timeout=60)
+    assert (waiting.returncode, out) == (2, "")  # gpuwire-hook's usage error: served
+    assert err.startswith("usage: gpuwire-hook prestart")
+
+
+def test_without_a_resident_a_gpu_start_fails_clearly_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Absent for longer than the wait: the create fails, saying why on stderr and in the
+    runtime's log (where containerd reads it), its bundle as it was, no record, no runtime."""
+    from tests.system.test_runc import granted_env, make_bundle
+
+    lab = Lab(tmp_path / "lab")
+    lab.configure(runtime="/bin/echo")
+    monkeypatch.setenv("GPUWIRE_CONFIG", str(lab.config))
+    socket = str(tmp_path / "resident.sock")
+    runtime, _ = launcher.install(str(tmp_path / "libexec"), python=None, socket=socket, wait=0.5)
+    bundle = make_bundle(lab, granted_env(lab, "0"), delivery="shim")
+    spec = (bundle.path / "config.json").read_text()
+    log = tmp_path / "runc.log"
+    argv = [runtime, "--log", str(log), "--log-format", "json", "create", "--bundle"]
+    out = subprocess.run([*argv, str(bundle.path), "c1"], capture_output=True, text=True)
+    message = (
+        f"no resident gpuwire served this call within 0.5 s ({socket}: nobody listens there: "
+        "No such file or directory): it fails, as nothing else here checks what the "
+        "container asks for (is the gpuwire-node pod running on this node?)"
+    )
+    assert (out.returncode, out.stdout, out.stderr) == (1, "", f"gpuwire-runtime: {message}\n")
+    assert json.loads(log.read_text())["msg"] == f"gpuwire: {message}"
+    assert (bundle.path / "config.json").read_text() == spec
+    assert not lab.records.exists()
+
+
+def test_without_a_resident_other_calls_run_the_runtime_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No container but a GPU create waits: a create asking for no GPU and the delete of a
+    GPU container run the runtime directly (the delete's record is left to the node
+    agent's sweep), under a wait no test would sit through."""
+    from tests.system.test_runc import make_bundle
+
+    lab = Lab(tmp_path / "lab")
+    lab.configure(runtime="/bin/echo")
+    monkeypatch.setenv("GPUWIRE_CONFIG", str(lab.config))
+    socket = str(tmp_path / "resident.sock")
+    runtime, _ = launcher.install(str(tmp_path / "libexec"), python=None, socket=socket, wait=3600)
+    plain = make_bundle(lab, {"A": "1"}, delivery="shim", script="true")
+    lab.records.mkdir()
+    (lab.records / "held").write_text("{}")
+    for args in (["create", "--bundle", str(plain.path), "c1"], ["delete", "--force", "held"]):
+        out = subprocess.run([runtime, *args], capture_output=True, text=True, timeout=60)
+        assert (out.returncode, out.stdout, out.stderr) == (0, " ".join(args) + "\n", "")
+    assert (lab.records / "held").exists()
+
+
+def test_without_a_fallback_a_declined_call_fails_saying_why(site: Site, tmp_path: Path) -> None:
+    """Another build's launcher (an upgrade's, before its resident is up) waits for its own;
+    where none comes, the failure names whom the resident there serves."""
+    call = resident_only_call(tmp_path, site.socket, wait=0.5)
+    argv = [call, site.socket, "/another/build", "hook", "2", "argv0", "prestart"]
+    out = subprocess.run(argv, capture_output=True, text=True, env={"PATH": os.defpath})
+    assert out.returncode == 1
+    assert (
+        f"({site.socket}: the resident there declines: it serves the launchers of "
+        f"{resident.token()}, not of /another/build)"
+    ) in out.stderr
+
+
+def test_a_resident_that_entered_a_host_serves_its_starts_with_its_paths(tmp_path: Path) -> None:
+    """As the DaemonSet runs it: loaded here, then in the host's namespaces (a host whose
+    root is a busybox tree with no Python), serving the launchers installed there; the
+    shim's edits land in the host's bundle, the runtime it names is the host's."""
+    from testbed.hostroot import HostRoot
+    from testbed.rootfs import busybox_rootfs
+    from tests.system.test_runc import granted_env, make_bundle
+
+    root = busybox_rootfs(tmp_path / "host")
+    shutil.copy("/sbin/ldconfig", root / "sbin/ldconfig")  # static: what the config names
+    lab = Lab(root / "lab", host=root)
+    lab.configure(runtime="/bin/echo")  # the host's (busybox's)
+    libexec = root / "opt/gpuwire/t/libexec"
+    launcher.install(str(libexec), python=None, runs_from="/opt/gpuwire/t/libexec", wait=60)
+    bundle = make_bundle(lab, granted_env(lab, "1"), delivery="shim")
+    inside = f"/{bundle.path.relative_to(root)}"
+    env = {"PATH": "/usr/bin:/bin", "GPUWIRE_CONFIG": f"/{lab.config.relative_to(root)}"}
+    with HostRoot(root) as host, Resident(resident.DEFAULT_SOCKET, enter=host.pid):
+        assert (root / resident.DEFAULT_SOCKET.lstrip("/")).is_socket()  # the host's /run
+        runtime = "/opt/gpuwire/t/libexec/gpuwire-runtime"
+        created = host.run([runtime, "create", "--bundle", inside, "c1"], env=env)
+        assert (lab.records / "c1").exists()
+        deleted = host.run([runtime, "delete", "c1"], env=env)  # its record goes with it
+    assert (created.returncode, created.stdout) == (0, f"create --bundle {inside} c1\n")
+    spec = json.loads((bundle.path / "config.json").read_text())
+    devices = [d["path"] for d in spec["linux"]["devices"]]
+    assert "/dev/nvidia1" in devices
+    assert "/dev/nvidia0" not in devices
+    assert (deleted.returncode, deleted.stdout) == (0, "delete c1\n")
+    assert not (lab.records / "c1").exists()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from gpuwire import allocation
+from gpuwire.grant import POD_ANNOTATION
 from runtime_hook.setup import launcher
 from runtime_hook.start import resident
 from testbed.lab import (
@@ -87,8 +88,12 @@ def run(bundle: Bundle, delivery: str) -> subprocess.CompletedProcess[str]:
     return bundle.run(runtime=launchers(delivery)[1] if delivery.startswith("shim") else "runc")
 
 
-def granted_env(lab: Lab, visible: str, caps: str = "") -> dict[str, str]:
-    env = {"NVIDIA_VISIBLE_DEVICES": visible, "GPUWIRE_GRANT": grant_for(lab.keys, visible, caps)}
+def granted_env(
+    lab: Lab, visible: str, caps: str = "", limits: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A container's env as the webhook writes it: the request, the limits, the grant."""
+    env = {"NVIDIA_VISIBLE_DEVICES": visible, **(limits or {})}
+    env["GPUWIRE_GRANT"] = grant_for(lab.keys, visible, caps, env=env)
     if caps:
         env["NVIDIA_DRIVER_CAPABILITIES"] = caps
     return env
@@ -129,6 +134,38 @@ def test_image_with_visible_devices_all_and_no_grant_gets_no_gpu(lab: Lab, deliv
         "honoured: no GPUWIRE_GRANT, no device-plugin allocation, and the container is not "
         'privileged (trust = "granted")'
     )
+
+
+COPIES = {
+    # the grant and the limit env in another pod of the namespace: another admission
+    "another-pod": ({POD_ANNOTATION: "0b7e5d1c-9a3f-4c2e-8d6b-1f0e2d3c4b5a"}, True),
+    # in a pod the webhook never saw (envFrom a ConfigMap, no GPU hint): no admission
+    "unadmitted-pod": (None, True),
+    # in its own pod, with the limit env dropped
+    "without-limits": ({}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COPIES))
+@pytest.mark.parametrize("delivery", ["prestart", "shim"])
+def test_a_grant_binds_its_pod_and_its_limits(lab: Lab, delivery: str, case: str) -> None:
+    """A GPUWIRE_GRANT for `all` of a container held to a quarter by MPS, copied. Before:
+    every GPU of the node, and no limit."""
+    limits = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    issued = granted_env(lab, "all", limits=limits)
+    annotations, with_limits = COPIES[case]
+    copied = issued if with_limits else {k: v for k, v in issued.items() if k not in limits}
+    bundle = make_bundle(lab, copied, annotations, delivery=delivery)
+    if annotations is None:
+        del bundle.spec["annotations"][POD_ANNOTATION]
+        bundle.save()
+    out = run(bundle, delivery)
+    assert out.returncode == 0, out.stderr
+    assert view(out.stdout)["devices"] == ["nvidia*"]  # no GPU
+    (line,) = lab.log_lines()
+    why = "names no pod admission" if annotations is None else "does not sign"
+    assert "no GPU: NVIDIA_VISIBLE_DEVICES=all" in line
+    assert why in line
 
 
 @pytest.mark.parametrize("delivery", DELIVERIES)

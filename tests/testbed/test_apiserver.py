@@ -583,7 +583,7 @@ def test_bad_list_parameters_are_400(api: ApiServer, query: str, message: str) -
         ("PUT", "/api/v1/namespaces/default", b'{"metadata": {"name": "other"}}', {}, 400),
         ("GET", "/api/v1/namespaces/default/secrets/s/status", b"", {}, 404),
         ("GET", "/", b"", {}, 404),
-        ("GET", "/apis/apps/v1/deployments", b"", {}, 404),
+        ("GET", "/apis/batch/v1/jobs", b"", {}, 404),
         ("POST", "/api/v1/namespaces?dryRun=All", b'{"metadata": {"name": "a"}}', {}, 400),
     ],
 )

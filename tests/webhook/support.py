@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NODES = fleet.load(EXAMPLES / "nodes.yaml")
 KEYS = grant.KeyRing({"k1": b"test-secret"})
+ADMISSION = "gpuwire-mutate"  # mutate's admission where none is given (the pod's grants bind it)
 # What the tests of a request's meaning run under unless they say otherwise: a policy that
 # lets every namespace take a node's every GPU and name GPUs, and gives a container that
 # says no count all of its node's (the built-in default before issue 24). The shipped and
@@ -170,8 +171,18 @@ def eventually(condition: Callable[[], bool], what: str, timeout: float = 10.0) 
         time.sleep(0.02)
 
 
-def verifies(value: str, namespace: str, name: str, devices: str, caps: str | None) -> bool:
-    return KEYS.verify(value, grant.Subject.of(namespace, name, devices, caps))
+def verifies(
+    value: str,
+    namespace: str,
+    name: str,
+    devices: str,
+    caps: str | None,
+    env: dict[str, str] | None = None,
+) -> bool:
+    """Whether `value` grants container `name` of the pod `run` admits (its admission:
+    mutate's default) `devices` and `caps`, with the limit variables of `env`."""
+    subject = grant.Subject.of(namespace, name, devices, caps, pod=ADMISSION, env=env)
+    return KEYS.verify(value, subject)
 
 
 def required_terms(p: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from gpuwire.roots import Roots
 from gpuwire.vendor import AMD, NVIDIA
 from kubeclient import listfile
 from tests.webhook.support import (
+    ADMISSION,
     EXAMPLES,
     KEYS,
     admit,
@@ -74,7 +75,7 @@ def grants(value: str, name: str, devices: str, caps: str | None = None) -> set[
     return {
         v.name
         for v in (NVIDIA, AMD)
-        if KEYS.verify(value, grant.Subject.of("ml", name, devices, caps, v))
+        if KEYS.verify(value, grant.Subject.of("ml", name, devices, caps, v, pod=ADMISSION))
     }
 
 

@@ -19,7 +19,7 @@ import yaml
 from gpuwire import grant
 from testbed import dracel, dracluster
 from testbed.apiserver import ApiServer
-from testbed.dracluster import DraNode
+from testbed.dracluster import ClusterNode
 from testbed.scheduler import CANNOT_ALLOCATE, Decision, Scheduler
 from tests.webhook.support import admit
 from webhook.fleet import Fleet
@@ -47,7 +47,7 @@ CLUSTER = (
 @dataclass
 class Cluster:
     api: ApiServer
-    nodes: Sequence[DraNode]
+    nodes: Sequence[ClusterNode]
 
     @property
     def pools(self) -> Pools:
@@ -185,7 +185,7 @@ def test_80gi_is_more_than_an_h100_reports(cluster: Cluster) -> None:
 
 
 def test_named_gpus_are_exactly_those_and_excluded_ones_only_those(cluster: Cluster) -> None:
-    h100 = cluster.nodes[1].machine.devices
+    h100 = CLUSTER[1].machine.devices
     excluded = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "3",
                             "gpuwire.io/gpu-uuid": f"!{h100[0].uuid}"})  # fmt: skip
     assert sorted(excluded.attribute("uuid")) == sorted(d.uuid for d in h100[1:])  # its node's
@@ -198,13 +198,13 @@ def test_hami_s_named_gpus_beside_an_excluded_one_of_their_node_are_claimed(
 ) -> None:
     """`use-gpuuuid: A,B` with `nouse-gpuuuid: C`, all on one node: a claim of A and B, as
     HAMi gives (the device-plugin path, which cannot name GPUs, keeps off C's node)."""
-    a, b, c, _ = cluster.nodes[1].machine.devices
+    a, b, c, _ = CLUSTER[1].machine.devices
     asks = {"nvidia.com/use-gpuuuid": f"{a.uuid},{b.uuid}", "nvidia.com/nouse-gpuuuid": c.uuid}
     assert sorted(cluster.run(asks).attribute("uuid")) == sorted([a.uuid, b.uuid])
 
 
 def test_named_gpus_on_two_nodes_are_denied(cluster: Cluster) -> None:
-    one, other = cluster.nodes[0].machine.devices[0], cluster.nodes[1].machine.devices[0]
+    one, other = CLUSTER[0].machine.devices[0], CLUSTER[1].machine.devices[0]
     outcome = cluster.admit({"gpuwire.io/gpu-uuid": f"{one.uuid},{other.uuid}"})
     assert outcome.denial is not None
     assert "different nodes" in outcome.denial.message
@@ -248,7 +248,7 @@ def test_a_named_gpu_that_is_tainted_is_admitted_with_a_warning_and_waits(
 ) -> None:
     """Admitted, not denied: a taint lifts once the GPU has been quiet for the DRA plugin's
     recovery period, and the pod is then placed; the warning says why it waits."""
-    named = cluster.nodes[1].machine.devices[1]
+    named = CLUSTER[1].machine.devices[1]
     taint(cluster, "h100", "gpu-1", XID_79)
     outcome = cluster.admit({"gpuwire.io/gpu-uuid": named.uuid})
     assert outcome.allowed
@@ -354,7 +354,8 @@ def test_a_dra_pod_gets_the_policys_runtime_class_and_lands_where_it_lets_it(
 ) -> None:
     """gpuwire's runtime checks a claim's token only where it runs: without the class, a pod
     would run under the node's default handler, its claim's devices taken on trust."""
-    cluster.api.put(yaml.safe_load(RUNTIME_CLASS.read_text()))  # its nodeSelector: GPU nodes
+    for runtime_class in yaml.safe_load_all(RUNTIME_CLASS.read_text()):  # nodeSelector: GPU nodes
+        cluster.api.put(runtime_class)
     policy = Policy(allocation="dra", runtime_class="gpuwire")
     placed = cluster.run({"gpuwire.io/gpu-model": "H100", "gpuwire.io/gpu-count": "1"}, policy)
     stored = cluster.api.get("pods", placed.pod, NAMESPACE)
@@ -638,7 +639,7 @@ def test_devices_alike_share_one_make_and_a_translation_passes_over_one_node_of_
     ],
 )  # fmt: skip
 def test_many_nodes_alike_give_the_template_one_of_each_gives(annotations: dict[str, str]) -> None:
-    def admitted(nodes: Sequence[DraNode]) -> Outcome:
+    def admitted(nodes: Sequence[ClusterNode]) -> Outcome:
         pools = Pools.of(dracluster.all_slices(nodes))
         return mutate(pod(annotations), NAMESPACE, DRA, Fleet(), grant.KeyRing({}), pools)
 
@@ -656,3 +657,142 @@ def test_a_denial_counts_every_gpu_not_one_node_of_each() -> None:
     assert outcome.denial is not None
     assert "are all shared" in outcome.denial.message
     assert f"and {6 * 2 - 3} more" in outcome.denial.message  # 6 T4 nodes of 2: 3 shown
+
+
+# --- AMD requests: AMD's class, AMD's DRA driver's attribute names, one vendor per claim
+
+AMD_CLUSTER = (
+    dracluster.node("h100", 4, (H100,)),
+    dracluster.amd_node("mi300x", 4, hive_size=2),  # XGMI hives 0-1, 2-3
+    dracluster.amd_node("mi300x-cpx", 2, compute="CPX", memory="NPS4"),  # 16 partitions
+    dracluster.amd_node("mi210", 2, "MI210", hive_size=0),
+)
+AMD_CLASS = "amd.gpu.gpuwire.io"
+
+
+@pytest.fixture
+def amd_cluster() -> Iterator[Cluster]:
+    with ApiServer(schema="1.37") as api:
+        dracluster.install(api, AMD_CLUSTER)
+        yield Cluster(api, AMD_CLUSTER)
+
+
+def exactly(template: dict[str, Any]) -> dict[str, Any]:
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    found: dict[str, Any] = request.get("exactly") or request["firstAvailable"][0]
+    return found
+
+
+def test_a_model_request_becomes_a_claim_of_amds_class_on_an_amd_node(amd_cluster: Cluster) -> None:
+    placed = amd_cluster.run({"gpuwire.io/gpu-model": "MI300X"})
+    assert placed.decision.node in ("mi300x", "mi300x-cpx")
+    (template,) = amd_cluster.admit({"gpuwire.io/gpu-model": "MI300X"}).templates
+    assert exactly(template)["deviceClassName"] == AMD_CLASS
+    assert "config" not in template["spec"]["spec"]["devices"]  # no capabilities, no profile
+    assert placed.attribute("productName") == ["AMD Instinct MI300X"]
+
+
+def test_two_gpus_land_on_one_xgmi_hive(amd_cluster: Cluster) -> None:
+    placed = amd_cluster.run({"gpuwire.io/gpu-model": "MI300X", "gpuwire.io/gpu-count": "2",
+                          "gpuwire.io/gpu-min-memory": "100Gi"})  # fmt: skip
+    assert placed.decision.node == "mi300x"  # the partitions have 24 GiB each
+    assert placed.attribute("type") == ["amdgpu", "amdgpu"]
+    assert len(set(placed.attribute("xgmiIsland"))) == 1
+    constraints = placed.claim()["spec"]["devices"]["constraints"]
+    assert constraints == [
+        {"requests": ["gpus/linked"], "matchAttribute": "gpu.gpuwire.io/xgmiIsland"}
+    ]
+
+
+def test_a_partition_profile_selects_partitions_of_that_profile(amd_cluster: Cluster) -> None:
+    asks = {"gpuwire.io/partition-profile": "CPX_NPS4", "gpuwire.io/gpu-count": "3"}
+    placed = amd_cluster.run(asks)
+    assert placed.decision.node == "mi300x-cpx"
+    assert placed.attribute("type") == ["amdgpu-partition"] * 3
+    assert placed.attribute("partitionProfile") == ["cpx_nps4"] * 3
+    (template,) = amd_cluster.admit(asks).templates
+    assert exactly(template)["selectors"] == [{"cel": {"expression": (
+        '"partitionProfile" in device.attributes["gpu.gpuwire.io"] && '
+        'device.attributes["gpu.gpuwire.io"].partitionProfile == "cpx_nps4"')}}]  # fmt: skip
+
+
+def test_memory_leaves_only_the_devices_that_have_it(amd_cluster: Cluster) -> None:
+    placed = amd_cluster.run({"gpuwire.io/gpu-model": "MI210", "gpuwire.io/gpu-min-memory": "60Gi"})
+    assert placed.decision.node == "mi210"
+    denied = amd_cluster.admit(
+        {"gpuwire.io/gpu-model": "MI210", "gpuwire.io/gpu-min-memory": "100Gi"}
+    )
+    assert denied.denial is not None
+    assert "fits no GPU of that model" in denied.denial.message
+
+
+def test_the_claim_container_gets_void_for_both_vendors_and_no_grant(amd_cluster: Cluster) -> None:
+    outcome = amd_cluster.admit({"gpuwire.io/gpu-model": "MI300X"})
+    assert outcome.allowed
+    env = [op["value"] for op in outcome.patch if op["path"].endswith("/env")]
+    assert env == [[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                    {"name": "AMD_VISIBLE_DEVICES", "value": "void"}]]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("annotations", "said"),
+    [
+        (
+            {"gpuwire.io/gpu-model": "MI300X", "gpuwire.io/driver-capabilities": "compute,video"},
+            "gpuwire.io/driver-capabilities: 'compute,video' is NVIDIA's (the driver capabilities",
+        ),
+        (
+            {"gpuwire.io/gpu-model": "MI300X", "gpuwire.io/gpu-memory-limit": "10Gi"},
+            "gpuwire.io/gpu-memory-limit: '10Gi' is NVIDIA's (a share of a GPU",
+        ),
+        (
+            {"gpuwire.io/partition-profile": "qpx_nps1"},
+            "partition profiles present: cpx_nps4, spx_nps1",
+        ),
+        (
+            {"gpuwire.io/partition-profile": "cpx_nps4", "gpuwire.io/gpu-cores-limit": "30"},
+            "gpuwire.io/gpu-cores-limit: '30' is NVIDIA's, and gpuwire.io/partition-profile",
+        ),
+    ],
+)
+def test_nvidia_options_on_an_amd_request_and_absent_profiles_are_denied(
+    amd_cluster: Cluster, annotations: dict[str, str], said: str
+) -> None:
+    outcome = amd_cluster.admit(annotations)
+    assert outcome.denial is not None
+    assert outcome.denial.code == 400
+    assert said in outcome.denial.message
+
+
+def test_a_request_both_vendors_fit_takes_the_one_more_fit_with_a_warning(
+    amd_cluster: Cluster,
+) -> None:
+    outcome = amd_cluster.admit({"gpuwire.io/gpu-count": "1"})
+    (template,) = outcome.templates
+    assert exactly(template)["deviceClassName"] == AMD_CLASS  # 22 AMD devices, 4 NVIDIA
+    assert any("takes one vendor's: AMD's" in w for w in outcome.warnings)
+    nvidia = amd_cluster.admit(
+        {"gpuwire.io/gpu-count": "1", "gpuwire.io/driver-capabilities": "all"}
+    )
+    assert exactly(nvidia.templates[0])["deviceClassName"] == "gpu.gpuwire.io"
+
+
+def test_a_partition_profile_on_the_device_plugins_way_is_denied(amd_cluster: Cluster) -> None:
+    raw = pod({"gpuwire.io/partition-profile": "cpx_nps4"})
+    outcome = mutate(raw, NAMESPACE, Policy(), Fleet(), grant.KeyRing({}), amd_cluster.pools)
+    assert outcome.denial is not None
+    assert "amd.com/cpx_nps4: N" in outcome.denial.message
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+def test_amd_templates_validate_and_their_selectors_err_on_no_device(
+    amd_cluster: Cluster, version: str
+) -> None:
+    """Every selector is a bool on every device of the cluster, NVIDIA's and AMD's (a CEL
+    error fails the pod's scheduling): the scheduler stand-in evaluates them all."""
+    for asks in ({"gpuwire.io/partition-profile": "cpx_nps4", "gpuwire.io/gpu-count": "all"},
+                 {"gpuwire.io/gpu-model": "MI300X,!MI210", "gpuwire.io/gpu-count": "2",
+                  "gpuwire.io/gpu-min-memory": "16Gi"}):  # fmt: skip
+        (template,) = amd_cluster.admit(asks).templates
+        kubernetes_validate.validate(template, version, strict=True)
+        assert amd_cluster.run(asks).decision.node is not None

@@ -19,7 +19,7 @@ from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import annotations as keys
 from gpuwire import grant, holders, sim
 from gpuwire.devices import MigDevice
-from tests.webhook.support import KEYS, OPEN, admit, container, deny, env, pod
+from tests.webhook.support import ADMISSION, KEYS, OPEN, admit, container, deny, env, pod
 from webhook import fleet
 
 PLUGIN_LESS = replace(OPEN, device_plugin=False)
@@ -83,7 +83,7 @@ def test_with_a_device_plugin_a_profile_becomes_the_mixed_strategy_resource(
     c = mutated["spec"]["containers"][0]
     assert c["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "2"}
     assert "NVIDIA_VISIBLE_DEVICES" not in env(mutated)  # the plugin's Allocate sets it
-    subject = grant.Subject.of("ml", "app", grant.PLUGIN_DEVICES, "compute,utility")
+    subject = grant.Subject.of("ml", "app", grant.PLUGIN_DEVICES, "compute,utility", pod=ADMISSION)
     assert KEYS.verify(env(mutated)["GPUWIRE_GRANT"], subject)
     assert affinity(mutated) == [
         {"key": "nvidia.com/mig-1g.10gb.count", "operator": "Gt", "values": ["1"]}
@@ -109,7 +109,7 @@ def test_without_a_device_plugin_the_webhook_names_free_mig_devices(
     mutated, outcome = admit(raw, policy=PLUGIN_LESS, nodes=nodes)
     named = env(mutated)["NVIDIA_VISIBLE_DEVICES"]
     assert named in {m.uuid for m in mig["h100"]}
-    subject = grant.Subject.of("ml", "app", named, "compute,utility")
+    subject = grant.Subject.of("ml", "app", named, "compute,utility", pod=ADMISSION)
     assert KEYS.verify(env(mutated)["GPUWIRE_GRANT"], subject)
     expressions = affinity(mutated)
     assert {"key": "kubernetes.io/hostname", "operator": "In", "values": ["h100"]} in expressions

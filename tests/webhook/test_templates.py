@@ -129,6 +129,22 @@ def test_a_template_that_cannot_be_made_denies_the_pod_saying_why(
     assert len(template_names(api)) == 1
 
 
+def test_an_api_server_out_of_reach_denies_saying_so_in_a_line() -> None:
+    """Not urllib3's retelling of the pool and the URL: the server and what went wrong."""
+    spec = {"spec": {"devices": {"requests": [{"name": "gpus"}]}}}
+    template = {"metadata": {"namespace": NAMESPACE, "name": "gpuwire-1"}, "spec": spec}
+    nowhere = client.Configuration()
+    nowhere.host = "http://127.0.0.1:9"  # the discard port: nothing listens
+    api = client.ResourceV1Api(client.ApiClient(nowhere))
+    store = TemplateStore(api, SimpleNamespace(current=Known({})))
+    denial = store.ensure([template], budget=5)
+    assert denial is not None
+    assert denial.message == (
+        "ResourceClaimTemplate team-a/gpuwire-1 could not be created: "
+        "cannot reach http://127.0.0.1:9: Connection refused; try again"
+    )
+
+
 def test_a_squatted_template_name_is_a_conflict_not_a_grant(
     api: ApiServer, webhook: tuple[WebhookProcess, httpx.Client]
 ) -> None:

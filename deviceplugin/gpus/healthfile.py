@@ -1,13 +1,15 @@
-"""The node's device health, on disk: a plugin restarted a second after a fault still
-publishes its taint, and lifts it only once the quiet period since the fault is over.
+"""The node's device health, on disk: a node agent restarted a second after a fault still
+holds the GPU unhealthy (the device plugin advertises it so, the DRA plugin publishes its
+taint), and lets it recover only once the quiet period since the fault is over.
 
-`<plugin dir>/health.json`, beside the checkpoint, written whole (`gpuwire.atomicfile`) each
-time the health book changes: per unhealthy device, when its last critical event was and
-the events since it was last healthy (what its taint says). The book counts on a monotonic
-clock, which does not survive a reboot, so the file holds wall-clock times and `load` turns
-them back into the caller's clock (an age never below zero). A file that cannot be read
-stops the plugin with the reason, as the checkpoint does: starting healthy would publish a
-GPU that faulted a second ago as fit for new claims.
+`<state dir>/health.json` (the DRA plugin's: beside its checkpoint), written whole and
+crash-safe (`deviceplugin.statefile`) each time the health book changes: per unhealthy
+device, when its last critical event was and the events since it was last healthy (what its
+taint says). The book counts on a monotonic clock, which does not survive a reboot, so the
+file holds wall-clock times and `load` turns them back into the caller's clock (an age never
+below zero). A file that is not whole or not what was written is a StateError: the agent
+rebuilds the health from what the API server was last told (`agent.node`), never starting
+with every GPU healthy, which would offer a GPU that faulted a second ago to new work.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from deviceplugin.dra.checkpoint import read, write
 from deviceplugin.gpus.discovery import HealthEvent
 from deviceplugin.gpus.health import Entries
+from deviceplugin.statefile import read, write
 
 VERSION = 1
 NAME = "health.json"
@@ -33,11 +35,15 @@ def save(directory: str | os.PathLike[str], entries: Entries, now: float, wall: 
     write(directory, NAME, {"version": VERSION, "devices": devices})
 
 
+def path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory, NAME)
+
+
 def load(directory: str | os.PathLike[str], now: float, wall: float) -> Entries:
     """What was saved, its times on the caller's clock (reading `now` while the wall clock
     reads `wall`); nothing where nothing was saved."""
     entries = read(
-        Path(directory, NAME), VERSION, "health state",
+        path(directory), VERSION, "health state",
         "the taints it held would be lost; remove it to start with every GPU healthy",
         lambda raw: {
             str(uuid): (

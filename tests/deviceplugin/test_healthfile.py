@@ -1,4 +1,4 @@
-"""The DRA plugin's health state on disk (`deviceplugin/dra/healthfile.py`) and the health
+"""The node agent's health state on disk (`deviceplugin/gpus/healthfile.py`) and the health
 book handing it every change (`deviceplugin/gpus/state.py`)."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.dra import healthfile
-from deviceplugin.dra.checkpoint import CheckpointError
+from deviceplugin.gpus import healthfile
 from deviceplugin.gpus.discovery import HealthEvent
 from deviceplugin.gpus.health import Entries, HealthBook, HealthPolicy
 from deviceplugin.gpus.state import HealthState
+from deviceplugin.statefile import StateError
 
 XID = HealthEvent("GPU-a", 79, "XID 79")
 LOST = HealthEvent(None, None, "NVML failed")
@@ -46,7 +46,7 @@ def test_an_unreadable_file_is_an_error_naming_it_and_why(
     tmp_path: Path, text: str, why: str
 ) -> None:
     (tmp_path / healthfile.NAME).write_text(text)
-    with pytest.raises(CheckpointError) as caught:
+    with pytest.raises(StateError) as caught:
         healthfile.load(tmp_path, 0.0, 0.0)
     assert str(tmp_path / healthfile.NAME) in str(caught.value)
     assert why in str(caught.value)
