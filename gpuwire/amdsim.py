@@ -16,9 +16,10 @@ Like a real server it has a BMC's display controller as `card0` (ASPEED, no rend
 card and render numbers of a GPU do not line up. Products (`PRODUCTS`): MI210 (PCIe, or XGMI
 hives of up to four over bridges), MI300X (one XGMI hive of eight, fully connected; SPX, DPX,
 QPX or CPX compute partitions with the NPS modes amdgpu allows each), and a Radeon RX 7900
-XTX (a consumer GPU that reports no unique id). Inferred, not documented: how KFD links the
-partitions of one GPU (here: XGMI, as their hive peers), and the order of DRM minors (a
-GPU's own, then its partitions').
+XTX (a consumer GPU that reports no unique id). How KFD links partitions is as real CPX
+captures show it (XGMI: weight 13 to the partitions of their own GPU, 41 to other GPUs'),
+not documented; inferred: the order of DRM minors (a GPU's own, then its seven partition
+devices', which the MI308X capture's render minors, 128-131 and 136-139, fit).
 """
 
 from __future__ import annotations
@@ -342,7 +343,17 @@ def _link(node_from: int, node_to: int, kind: int, weight: int) -> str:
 
 
 PCIE_WEIGHT, XGMI_WEIGHT = 20, 15  # KFD's io_link weights
+# a partition's XGMI links, as real CPX captures show them (MI300X, MI308X;
+# tests/deviceplugin/amd_dumps): to its own GPU's partitions, to other GPUs'
+SIBLING_WEIGHT, PARTITION_PEER_WEIGHT = 13, 41
 PEER_WEIGHT = {True: 40, False: 52}  # a p2p_link through the CPUs: one socket, or two
+
+
+def _xgmi_weight(n: _Node, m: _Node, g: SimAmdGpu) -> int:
+    """The weight of the XGMI link from KFD node `n` (of GPU `g`) to `m`."""
+    if g.partitions == 1:
+        return XGMI_WEIGHT
+    return SIBLING_WEIGHT if m.gpu == n.gpu else PARTITION_PEER_WEIGHT
 
 
 def _write_topology(root: Path, machine: AmdMachine, minors: Minors) -> None:
@@ -376,7 +387,7 @@ def _write_topology(root: Path, machine: AmdMachine, minors: Minors) -> None:
         ]
         peers = [m for m in nodes if m is not n and m not in xgmi]
         links = [_link(n.number, g.numa_node, amd.LINK_PCIE, PCIE_WEIGHT)]
-        links += [_link(n.number, m.number, amd.LINK_XGMI, XGMI_WEIGHT) for m in xgmi]
+        links += [_link(n.number, m.number, amd.LINK_XGMI, _xgmi_weight(n, m, g)) for m in xgmi]
         same = {m.number: machine.gpus[m.gpu].numa_node == g.numa_node for m in peers}
         p2p = [_link(n.number, m.number, amd.LINK_PCIE, PEER_WEIGHT[same[m.number]]) for m in peers]
         render = minors.render[(n.gpu, n.partition)]

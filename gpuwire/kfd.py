@@ -355,7 +355,10 @@ def _pci_text(pci: str | None, name: str) -> str:
 
 def _problem(pci: str | None, node: KfdNode, render: int, dev_root: str) -> str:
     """What the kernel says is wrong with a GPU, or ""."""
-    if node.properties.get("gfx_target_version", 0) <= 0:
+    # older kernels print no gfx_target_version at all (libhsakmt then looked the GFX
+    # version up by device id; a real capture, tests/deviceplugin/amd_dumps/vega10-old-kernel):
+    # only a version KFD prints as 0 says the GPU is unusable
+    if node.properties.get("gfx_target_version", 1) <= 0:
         return "KFD reports no GFX version"
     if render < amd.RENDER_MINOR_BASE:
         return "KFD names no DRM render node"
