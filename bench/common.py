@@ -28,6 +28,16 @@ def timed(call: Callable[[], object], n: int) -> list[float]:
     return samples
 
 
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Until `condition()` holds, looked at every millisecond (what a latency measures to);
+    one that never comes fails the bench, naming `what`, where it would hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout} s")
+        time.sleep(0.001)
+
+
 def summarise(name: str, seconds: Sequence[float], elapsed: float | None = None) -> Summary:
     """Latency percentiles (ms) of `seconds`; throughput when the wall time `elapsed` is given."""
     ordered = sorted(seconds)

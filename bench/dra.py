@@ -36,7 +36,7 @@ from typing import Any
 
 import grpc
 
-from bench.common import Summary, report, summarise, timed
+from bench.common import Summary, report, summarise, timed, wait_for
 from deviceplugin.api import dra_v1_pb2, dra_v1_pb2_grpc
 from deviceplugin.gpus.discovery import LOOK
 from gpuwire import claimtoken, sim
@@ -111,8 +111,7 @@ def rebind_latency(stub: Any, api: ApiServer, allocations: Path, n: int) -> list
         stored["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": pod}]
         start = time.perf_counter()
         api.put(stored)
-        while pod not in token.read_text():
-            time.sleep(0.001)
+        wait_for(lambda p=pod: p in token.read_text(), f"token for {pod}")  # type: ignore[misc]
         samples.append(time.perf_counter() - start)
     return samples[1:]
 
@@ -133,8 +132,7 @@ def taint_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> l
         name = f"gpu-{gpu.minor}"
         start = time.perf_counter()
         sim.inject_fault(root, gpu.uuid, 79)
-        while not tainted(api, name):
-            time.sleep(0.001)
+        wait_for(lambda name=name: tainted(api, name), f"{name} tainted")  # type: ignore[misc]
         samples.append(time.perf_counter() - start)
         until(lambda name=name: not tainted(api, name), timeout=30)  # type: ignore[misc]
     return samples
@@ -149,8 +147,7 @@ def mig_latency(api: ApiServer, root: Path, machine: sim.Machine, n: int) -> lis
         made = sim.create_mig(machine, MIG_GPU, "1g.10gb")
         sim.write_node(root, made)  # the node's files written whole: then procfs shows it
         start = time.perf_counter()
-        while not set(published(api)) - before:
-            time.sleep(0.001)
+        wait_for(lambda b=before: set(published(api)) - b, "a new MIG device")  # type: ignore[misc]
         samples.append(time.perf_counter() - start)
         (gi,) = {m.gi for m in made.gpus[MIG_GPU].mig or ()} - {
             m.gi for m in machine.gpus[MIG_GPU].mig or ()

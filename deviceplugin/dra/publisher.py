@@ -1,9 +1,10 @@
 """Keeps this node's ResourceSlices in the API server what they should be (`slices.plan`).
 
-It looks again within 0.2 s of a health change, on every change to the pool's slices that
-its watch sees (the kubelet deletes a driver's slices when the plugin is gone for 30 s and
-all of a node's slices when it starts: they are made again at once), and every `resync`
-seconds. Each look is one list; it writes only what differs.
+It looks again the moment health changes (the plugin wakes it: a fault's taint is in the API
+server within milliseconds), every 0.2 s for a change no one woke it for, on every change
+to the pool's slices that its watch sees (the kubelet deletes a driver's slices when the
+plugin is gone for 30 s and all of a node's slices when it starts: they are made again at
+once), and every `resync` seconds. Each look is one list; it writes only what differs.
 
 Device taints need DRADeviceTaints (on by default from 1.36): an API server without it drops
 them on write. The publisher checks what the server stored; where a taint was dropped it

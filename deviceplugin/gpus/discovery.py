@@ -135,16 +135,18 @@ class Latest:
 
     def __call__(self, within: float | None = None) -> NodeGpus:
         """The node on the MIG layout procfs shows now, discovered at most `within` seconds
-        ago (REDISCOVER by default)."""
+        ago (REDISCOVER by default). The layout is the one looked at before the discovery:
+        a change made while it runs is seen at the next look, not taken for seen."""
         within = REDISCOVER if within is None else within
         with self._lock:
+            layout = self.discovery.layout()
             if (
                 self._node is None
                 or time.monotonic() - self._at >= within
-                or self.discovery.layout() != self._layout
+                or layout != self._layout
             ):
                 self._node = self.discovery.discover()
-                self._at, self._layout = time.monotonic(), self.discovery.layout()
+                self._at, self._layout = time.monotonic(), layout
             return self._node
 
 

@@ -50,10 +50,18 @@ class SimDiscovery:
         return NodeGpus(machine.driver_version, machine.cuda_version, gpus, self._mig(machine))
 
     def layout(self) -> object:
-        return mig.layout(mig.read_instances(str(self.root), self._devices))
+        """The instances both procfs and the machine show (those `discover` names): one only
+        procfs shows yet (`gpuwire sim` writes the machine last) is a change once both do."""
+        try:
+            machine = sim.load_machine(self.root)
+        except (OSError, ValueError, KeyError):  # no machine to name them: procfs's alone
+            return mig.layout(mig.read_instances(str(self.root), self._devices))
+        named = _instances(machine)
+        shown = mig.layout(mig.read_instances(str(self.root), machine.devices))
+        return tuple(instance for instance in shown if instance in named)
 
     def _mig(self, machine: sim.Machine) -> tuple[Mig, ...]:
-        named = {(g.device.uuid, m.gi, m.ci): (g, m) for g in machine.gpus for m in g.mig or ()}
+        named = _instances(machine)
         found = []
         for device in mig.read_instances(str(self.root), machine.devices):
             known = named.get((device.parent_uuid, device.gi, device.ci))
@@ -89,7 +97,7 @@ class SimDiscovery:
         self._offset += len(complete)
         events = []
         lines = [line for line in complete.decode(errors="replace").splitlines() if line.strip()]
-        instances = self._instances() if lines else {}
+        instances = self._uuids() if lines else {}
         for line in lines:
             try:
                 raw = json.loads(line)
@@ -102,13 +110,13 @@ class SimDiscovery:
                 log.warning("ignoring malformed line in %s: %r", self.events, line)
         return events
 
-    def _instances(self) -> dict[tuple[str, int, int], str]:
+    def _uuids(self) -> dict[tuple[str, int, int], str]:
         """(GPU, GI, CI) → MIG UUID, as the machine is now."""
         try:
             machine = sim.load_machine(self.root)
         except (OSError, ValueError, KeyError):
             return {}
-        return {(g.device.uuid, m.gi, m.ci): m.uuid for g in machine.gpus for m in g.mig or ()}
+        return {key: m.uuid for key, (_, m) in _instances(machine).items()}
 
     def alive(self, uuid: str) -> bool:
         try:
@@ -122,3 +130,8 @@ class SimDiscovery:
     def close(self) -> None:
         if self._watch is not None:
             self._watch.close()
+
+
+def _instances(machine: sim.Machine) -> dict[tuple[str, int, int], tuple[sim.SimGpu, sim.SimMig]]:
+    """(GPU UUID, GI, CI) → the GPU and its MIG instance, each the machine has."""
+    return {(g.device.uuid, m.gi, m.ci): (g, m) for g in machine.gpus for m in g.mig or ()}

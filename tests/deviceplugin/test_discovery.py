@@ -1,7 +1,8 @@
 """The node every long-running part of a process shares (`discovery.Latest`): one discovery
-for all of them after a MIG change; `follow` handing on a changed node once and an equal one
-never; and the MIG map put back by its own rule. On the simulated node, whose discoveries
-are counted (on a real node each is a walk through NVML)."""
+for all of them after a MIG change, one that lands during a discovery or half-written seen at
+the next look; `follow` handing on a changed node once and an equal one never; and the MIG
+map put back by its own rule. On the simulated node, whose discoveries are counted (on a
+real node each is a walk through NVML)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,39 @@ def test_one_mig_change_costs_one_discovery_for_every_part(
     assert len(moved[0].mig) == 2
     assert latest(within=0) == moved[0]  # older than a caller accepts: discovered again
     assert counted.discoveries == 3
+
+
+def test_a_mig_change_made_during_a_discovery_is_seen_at_the_next_look(
+    mig_node: tuple[Path, sim.Machine],
+) -> None:
+    root, machine = mig_node
+    made = sim.create_mig(machine, 0, "3g.40gb")
+
+    class Overtaken(SimDiscovery):
+        def discover(self) -> NodeGpus:
+            node = super().discover()
+            sim.write_node(root, made)  # the change lands as the discovery returns
+            return node
+
+    latest = Latest(Overtaken(root))
+    assert len(latest().mig) == 1
+    assert len(latest().mig) == 2
+
+
+def test_an_instance_procfs_shows_before_the_machine_names_it_is_seen_once_it_does(
+    mig_node: tuple[Path, sim.Machine],
+) -> None:
+    """`gpuwire sim` writes procfs's instances first and the machine last; a look between the
+    two leaves the new instance for the next look, which must not take it for seen."""
+    root, machine = mig_node
+    made = sim.create_mig(machine, 0, "3g.40gb")
+    latest = Latest(SimDiscovery(root))
+    latest()
+    sim.write_node(root, made)
+    (root / sim.MACHINE).write_text(machine.to_json())  # procfs ahead of the machine
+    assert len(latest().mig) == 1
+    (root / sim.MACHINE).write_text(made.to_json())
+    assert len(latest().mig) == 2
 
 
 def test_follow_hands_on_a_changed_node_once_and_an_equal_one_never(

@@ -21,7 +21,7 @@ import pytest
 
 from deviceplugin.agent.labels import GPUS_ANNOTATION
 from deviceplugin.config import Config
-from deviceplugin.dra import cdi, checkpoint
+from deviceplugin.dra import cdi, checkpoint, publisher
 from deviceplugin.dra.plugin import DraPlugin
 from deviceplugin.gpus import healthfile
 from gpuwire import claimtoken, nodegpus, sim
@@ -480,6 +480,18 @@ def test_a_fault_taints_the_gpu_in_the_next_slice_update_and_recovery_clears_it(
     until(lambda: "taints" not in c.devices()["gpu-2"])  # quiet for recover_after (0.5 s)
     until(lambda: c.kubelet.device_health(DRIVER).get("gpu-2") == "Healthy")
     assert c.slices()[0]["spec"]["pool"]["generation"] == generation + 2
+
+
+def test_a_fault_wakes_the_publisher_itself(c: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publisher's own looks (its tick, its watch of the slices) are out of this test:
+    the health change alone must bring the taint (left to the tick, a fault waited 0.2 s for
+    it, and one whose quiet period ended first was never published)."""
+    monkeypatch.setattr(publisher, "TICK", 3600.0)
+    monkeypatch.setattr(publisher.Publisher, "_watch", lambda self, stop: None)
+    c.start_plugin(recover_after=600.0)
+    until(lambda: len(c.devices()) == 4)
+    sim.inject_fault(c.root, c.machine.devices[2].uuid, 79)
+    until(lambda: "taints" in c.devices()["gpu-2"])
 
 
 def test_a_fault_survives_a_plugin_restart_until_its_quiet_period_is_over(c: Cluster) -> None:
