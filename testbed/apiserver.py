@@ -26,7 +26,8 @@ strategic merge is merge patch plus merge-by-key of the lists in MERGE_KEYS, no 
 list ignores `resourceVersion` (always the latest, then its snapshot), an expired `continue`
 gets no inconsistent-continuation token, no protobuf and no Table; finalizers and grace
 periods are ignored (delete is immediate but for `graceful_delete` pods, a namespace goes with
-its contents; no garbage collector: dependents stay); no
+its contents: with `graceful_delete` once its pods are, Terminating meanwhile and refusing new
+content; no garbage collector: dependents stay); no
 deletecollection, no `sendInitialEvents` (watch-list); validation covers names and labels,
 not the schema (a wrongly typed field is stored as sent), except for `resource.k8s.io/v1`
 (ResourceSlices, DeviceClasses, ResourceClaims and their templates), whose writes validate
@@ -198,6 +199,13 @@ def not_found(res: Resource, name: str) -> StatusError:
 def conflict(res: Resource, name: str, why: str) -> StatusError:
     message = f'Operation cannot be fulfilled on {res.qualified} "{name}": {why}'
     return StatusError(409, message, details=_details(res, name))
+
+
+def terminating(res: Resource, name: str, namespace: str) -> StatusError:
+    """What the NamespaceLifecycle admission plugin answers a create in a Terminating one."""
+    why = f"unable to create new content in namespace {namespace} because it is being terminated"
+    message = f'{res.qualified} "{name}" is forbidden: {why}'
+    return StatusError(403, message, "Forbidden", _details(res, name))
 
 
 def invalid(res: Resource, name: str, field: str, value: str, why: str) -> StatusError:
@@ -680,12 +688,11 @@ class ApiServer:
         meta = obj["metadata"]
         with self._lock:
             store = self._store[res.plural]
-            if (
-                res.namespaced
-                and check_namespace
-                and ("", namespace) not in self._store["namespaces"]
-            ):
+            space = self._store["namespaces"].get(("", namespace))
+            if res.namespaced and check_namespace and space is None:
                 raise not_found(NAMESPACES, namespace)
+            if res.namespaced and space is not None and space["metadata"].get("deletionTimestamp"):
+                raise terminating(res, meta.get("name") or "", namespace)
             if meta.get("resourceVersion"):
                 raise StatusError(500, "resourceVersion should not be set on objects to be created")
             while not meta.get("name") and meta.get("generateName"):
@@ -754,11 +761,11 @@ class ApiServer:
                 if isinstance(wanted, dict) and wanted.get(field) not in (None, meta[field]):
                     why = f"{label} in precondition: {wanted[field]}, {label} in object meta: "
                     raise conflict(res, name, f"Precondition failed: {why}{meta[field]}")
-            for other in RESOURCES if res is NAMESPACES else ():
-                for key, obj in list(self._store[other.plural].items()):
-                    if other.namespaced and key[0] == name:
-                        self._commit(other, None, obj)
+            if res is NAMESPACES and not self._emptied(name):
+                return self._mark_deleted(res, old, {"gracePeriodSeconds": 0})
             gone = self._commit(res, None, old)
+            if res.plural == "pods":
+                self._finish_namespace(namespace)
         if res.plural in RETURNS_DELETED:
             return gone
         details = _details(res, name) | {"uid": meta["uid"]}
@@ -780,6 +787,29 @@ class ApiServer:
         self._lock.notify_all()
         return obj
 
+    def _emptied(self, namespace: str) -> bool:
+        """A namespace's contents deleted, as its controller deletes them: pods that go
+        gracefully are marked, the rest go at once. False while pods remain."""
+        kept = False
+        for other in RESOURCES:
+            for key, obj in list(self._store[other.plural].items()):
+                if not other.namespaced or key[0] != namespace:
+                    continue
+                if other.plural == "pods" and self._graceful(obj, None):
+                    self._mark_deleted(other, obj, None)
+                    kept = True
+                else:
+                    self._commit(other, None, obj)
+        return not kept
+
+    def _finish_namespace(self, namespace: str) -> None:
+        """A Terminating namespace goes once its last pod has."""
+        space = self._store["namespaces"].get(("", namespace))
+        if space is None or not space["metadata"].get("deletionTimestamp"):
+            return
+        if not any(key[0] == namespace for key in self._store["pods"]):
+            self._commit(NAMESPACES, None, space)
+
     def _graceful(self, pod: Obj, options: Any) -> bool:
         """Whether deleting `pod` only marks it: bound to a node, still running, and the
         delete not one with grace period 0 (the kubelet's final one, or a force delete)."""
@@ -788,16 +818,19 @@ class ApiServer:
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         return self.graceful_delete and bound and not done and grace != 0
 
-    def _mark_deleted(self, res: Resource, pod: Obj, options: Any) -> Obj:
-        meta = pod["metadata"]
+    def _mark_deleted(self, res: Resource, obj: Obj, options: Any) -> Obj:
+        """A pod (or a namespace, Terminating) marked for deletion, to go later."""
+        meta = obj["metadata"]
         if meta.get("deletionTimestamp"):
-            return pod
+            return obj
         grace = options.get("gracePeriodSeconds") if isinstance(options, dict) else None
         if grace is None:
-            grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
-        marked = pod | {"metadata": meta | {"deletionTimestamp": _now(),
+            grace = obj["spec"].get("terminationGracePeriodSeconds", 30)
+        marked = obj | {"metadata": meta | {"deletionTimestamp": _now(),
                                             "deletionGracePeriodSeconds": grace}}  # fmt: skip
-        return self._commit(res, marked, pod)
+        if res is NAMESPACES:
+            marked["status"] = {**obj.get("status", {}), "phase": "Terminating"}
+        return self._commit(res, marked, obj)
 
     def _namespace_defaults(self, namespace: str) -> None:
         """What the service account and root CA publisher controllers put in a namespace."""

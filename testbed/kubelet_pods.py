@@ -21,8 +21,8 @@ container that asks runAsNonRoot of an image that runs as root does not start
 (CreateContainerConfigError), as the kubelet refuses it. Readiness makes the container and
 the pod Ready. The pod's status (phase, conditions, IPs, container states and restart
 counts) goes to the API server as it changes. A pod marked for deletion is stopped
-(containers with their grace period, then the sandbox) and deleted for good; its devices
-are freed. Secret, ConfigMap and downward API volumes are re-projected every `refresh`
+(containers with their grace period, then the sandbox; a CRI call that fails is made again)
+and deleted for good; its devices are freed. Secret, ConfigMap and downward API volumes are re-projected every `refresh`
 seconds (the kubelet's sync, about a minute).
 
 Left out: the node's own credentials and the Node authorizer (it writes as the admin),
@@ -37,9 +37,12 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import grpc
 
 from deviceplugin.api import api_pb2 as dp
 from testbed import podenv, probes, volumes
@@ -56,6 +59,7 @@ Obj = dict[str, Any]
 DEVICE_PLUGINS = "/var/lib/kubelet/device-plugins"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 MAX_BACKOFF = 300.0
+RETRY = 1.0  # a failed kill of a pod tried again (the pod worker's back-off starts at 1 s)
 SYNC = 0.25  # how often a pod worker looks at its containers (the kubelet's PLEG: 1 s)
 
 
@@ -494,7 +498,9 @@ class PodWorker:
 
     def tear_down(self) -> None:
         """Containers stopped with the pod's grace period, the sandbox removed, the devices
-        freed; then the pod goes from the API server (grace period 0)."""
+        freed; then the pod goes from the API server (grace period 0). A CRI call that fails
+        (containerd restarting) is made again, as the kubelet's pod worker retries killing a
+        pod: meanwhile the pod stays Terminating, never deleted with its containers left."""
         if self.leave:
             return
         runtime, meta = self.kubelet.runtime, self.pod["metadata"]
@@ -504,11 +510,11 @@ class PodWorker:
             grace = int(stored["metadata"]["deletionGracePeriodSeconds"])
         for container in reversed(self.containers):
             if container.id and container.terminated is None:
-                with contextlib.suppress(CRIError, TimeoutError):
-                    runtime.stop(container.id, grace)
+                self.retried(runtime.stop, container.id, grace)
         if self.sandbox is not None:
-            with contextlib.suppress(CRIError):
-                runtime.remove_sandbox(self.sandbox)
+            self.retried(runtime.remove_sandbox, self.sandbox)
+        if self.leave:
+            return
         self.kubelet.devices.remove_pod(self.uid)
         self.kubelet.pod_resources.remove_pod(self.uid)
         for driver, claims in self.prepared.items():
@@ -517,6 +523,20 @@ class PodWorker:
         if stored is not None and stored["metadata"]["uid"] == self.uid:
             with contextlib.suppress(KeyError, ValueError, Exception):
                 self.kubelet.api.delete("pods", meta["name"], meta["namespace"], grace_period=0)
+
+    def retried(self, call: Callable[..., None], *args: Any) -> None:
+        """`call(*args)` until it succeeds, or what it stops is gone already (NotFound), or
+        the kubelet goes (`leave`)."""
+        while not self.leave:
+            try:
+                return call(*args)
+            except CRIError as exc:
+                if exc.code == grpc.StatusCode.NOT_FOUND:
+                    return None
+            except TimeoutError:
+                pass
+            time.sleep(RETRY)
+        return None
 
 
 def _stamp(nanoseconds: int) -> str:

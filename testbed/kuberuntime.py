@@ -54,7 +54,11 @@ GRACE_PERIOD = 30  # terminationGracePeriodSeconds' default
 
 
 class CRIError(RuntimeError):
-    """A CRI call that failed, with the runtime's own message."""
+    """A CRI call that failed, with the runtime's own message and its gRPC code."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNKNOWN) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def unconfined() -> cri.SecurityProfile:
@@ -299,7 +303,7 @@ class KubeRuntime:
         try:
             return method(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            raise CRIError(exc.details() or str(exc.code())) from exc
+            raise CRIError(exc.details() or str(exc.code()), exc.code()) from exc
 
     def version(self) -> cri.VersionResponse:
         answer: cri.VersionResponse = self.call(

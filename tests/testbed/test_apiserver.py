@@ -266,6 +266,32 @@ def test_delete(api: ApiServer, core: Any) -> None:
     assert api.get("namespaces", "team") is None
 
 
+def test_a_namespace_with_running_pods_terminates_until_the_kubelet_finishes_them() -> None:
+    """As the namespace controller and NamespaceLifecycle admission do: its other contents
+    go at once, its pods gracefully; it stays Terminating, refusing new content, until the
+    kubelet's final delete of its last pod (an uninstall waiting for "pods gone" waits for
+    their containers, not for a record that vanished first)."""
+    with ApiServer(graceful_delete=True) as api, api.client() as api_client:
+        core = core_v1(api_client)
+        core.create_namespace({"metadata": {"name": "team"}})
+        core.create_namespaced_config_map("team", {"metadata": {"name": "c"}})
+        core.create_namespaced_pod("team", pod("p", node="gpu-node-0"))
+        core.delete_namespace("team")
+        assert api.objects("configmaps", "team") == []
+        marked = api.get("pods", "p", "team")
+        assert marked is not None
+        assert marked["metadata"]["deletionTimestamp"]
+        space = api.get("namespaces", "team")
+        assert space is not None
+        assert space["status"]["phase"] == "Terminating"
+        refused = failure(lambda: core.create_namespaced_pod("team", pod("q")))
+        assert (refused["code"], refused["reason"]) == (403, "Forbidden")
+        assert "being terminated" in refused["message"]
+        final = client.V1DeleteOptions(grace_period_seconds=0)  # the kubelet's
+        core.delete_namespaced_pod("p", "team", body=final)
+        assert api.get("namespaces", "team") is None
+
+
 def test_watch_resumes_from_a_version_and_sees_every_change_in_order(core: Any) -> None:
     start = core.list_namespaced_pod("default").metadata.resource_version
     core.create_namespaced_pod("default", pod("a"))
