@@ -80,12 +80,31 @@ _OUTER = bytes(b ^ 0x5C for b in range(256))  # opad
 def hmac_sha256(key: bytes, message: bytes) -> str:
     """HMAC-SHA256 (RFC 2104) of `message` under `key`, as hex: `hmac.new(key, message,
     hashlib.sha256).hexdigest()` without importing OpenSSL."""
-    sha256 = _sha256()  # looked up here: a container asking for no GPU never loads it
-    if len(key) > _BLOCK:
-        key = sha256(key).digest()
-    key = key.ljust(_BLOCK, b"\0")
-    inner = sha256(key.translate(_INNER) + message).digest()
-    return sha256(key.translate(_OUTER) + inner).hexdigest()
+    inner, outer = _padded(key)
+    inner = inner.copy()
+    inner.update(message)
+    outer = outer.copy()
+    outer.update(inner.digest())
+    return outer.hexdigest()
+
+
+_PADDED: dict[bytes, tuple[_Hash, _Hash]] = {}  # key → its hashes after the padded key
+_PADDED_KEPT = 16  # more distinct keys than a key ring holds: start over
+
+
+def _padded(key: bytes) -> tuple[_Hash, _Hash]:
+    """SHA-256 after `key` XOR ipad and after `key` XOR opad: the part of every HMAC under
+    `key` that no message changes (RFC 2104's precomputation, what `hmac`'s copy does),
+    made once per key, which the webhook signs every grant with."""
+    found = _PADDED.get(key)
+    if found is None:
+        sha256 = _sha256()  # looked up here: a container asking for no GPU never loads it
+        padded = (sha256(key).digest() if len(key) > _BLOCK else key).ljust(_BLOCK, b"\0")
+        found = (sha256(padded.translate(_INNER)), sha256(padded.translate(_OUTER)))
+        if len(_PADDED) >= _PADDED_KEPT:
+            _PADDED.clear()
+        _PADDED[key] = found
+    return found
 
 
 def mac_matches(expected: str, given: str) -> bool:
@@ -98,9 +117,16 @@ class GrantError(ValueError):
     """A grant that cannot be made or read (no key, malformed value)."""
 
 
+# Every limit variable's name starts with one of these (HAMi-core's `_<n>` ones with their
+# base): one `startswith` rules out the rest of a container's env, which is most of it.
+_LIMIT_STARTS = (*mps.CLIENT_ENV, hamicore.POLICY_ENV, hamicore.MEMORY_ENV, hamicore.CORES_ENV)
+
+
 def is_limit(name: str) -> bool:
     """Whether a variable sets a limit something enforces (MPS's, HAMi-core's)."""
-    return name in mps.CLIENT_ENV or name == hamicore.POLICY_ENV or hamicore.asks((name,))
+    return name.startswith(_LIMIT_STARTS) and (
+        name in mps.CLIENT_ENV or name == hamicore.POLICY_ENV or hamicore.asks((name,))
+    )
 
 
 def bound_limits(env: Mapping[str, str]) -> str:
@@ -160,16 +186,12 @@ class Subject(Value):
         """From the raw env values of `vendor`'s request; `plugin` stays `plugin` (devices
         chosen at Allocate); `pod`: the pod's POD_ANNOTATION, `env`: the container's whole
         environment (its limits are bound)."""
-        device_field = (
-            PLUGIN_DEVICES
-            if visible == PLUGIN_DEVICES
-            else vendor.visible_request({vendor.visible_env: visible or ""}).canonical()
-        )
+        devices, capabilities = canonical_request(visible, caps, vendor)
         return cls(
             namespace,
             container,
-            device_field,
-            vendor.canonical_capabilities(caps),
+            devices,
+            capabilities,
             vendor.grant_tag,
             pod,
             bound_limits(env or {}),
@@ -179,6 +201,18 @@ class Subject(Value):
         fields = (VERSION, self.tag, self.namespace, self.container, self.devices,
                   self.capabilities, self.pod, self.limits)  # fmt: skip
         return "\0".join(fields).encode()
+
+
+def canonical_request(visible: str | None, caps: str | None, vendor: Vendor) -> tuple[str, str]:
+    """(devices, capabilities) of `vendor`'s request as a grant signs them: what `Subject.of`
+    makes of the raw env values, the part of a subject no pod or container is in
+    (nvidia.CapabilityError: capabilities the driver has not)."""
+    devices = (
+        PLUGIN_DEVICES
+        if visible == PLUGIN_DEVICES
+        else vendor.visible_request({vendor.visible_env: visible or ""}).canonical()
+    )
+    return devices, vendor.canonical_capabilities(caps)
 
 
 def pod_of(annotations: Mapping[str, str]) -> str:

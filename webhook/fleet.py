@@ -272,6 +272,13 @@ class Fleet:
         return {g.product: shape.vendor for shape in self.shapes for g in shape.groups}
 
     @functools.cached_property
+    def node_vendors(self) -> tuple[Vendor, ...]:
+        """The vendors of the nodes, in VENDORS order, NVIDIA's always (its env is what images
+        bake): whose env a container that asked for no GPU is voided for."""
+        found = {shape.vendor for shape in self.shapes}
+        return tuple(v for v in VENDORS if v is NVIDIA or v in found)
+
+    @functools.cached_property
     def resources(self) -> tuple[str, ...]:
         """The extended resources the cluster's device plugins list GPUs under, sorted."""
         return tuple(sorted({g.resource for kind in self.kinds for g in kind if g.resource}))

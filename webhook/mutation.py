@@ -37,7 +37,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import devices, grant, limits, nvidia
 from gpuwire.annotations import AnnotationError, GpuRequest, MemoryLimit
-from gpuwire.vendor import AMD, NVIDIA, VENDORS, Vendor, of_resource
+from gpuwire.vendor import AMD, NVIDIA, Vendor, of_resource
 from webhook import affinity, hami
 from webhook import claims as dra_claims
 from webhook.claims import Ask, Claimed
@@ -57,6 +57,9 @@ CDI_ANNOTATIONS = "cdi.k8s.io/"
 NOWHERE = Placement()  # of a pod without GPU containers: no constraint
 # Few distinct values, asked on every admission (the contract module stays import-light).
 _capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
+# What a grant signs of a container's request, the same for a Deployment's every pod: made
+# once, and each pod's grant binds it to that pod (its admission) and its limits.
+_canonical = functools.lru_cache(maxsize=256)(grant.canonical_request)
 
 
 @dataclass(frozen=True)
@@ -727,7 +730,7 @@ class _Mutation:
         desired: dict[str, str | None] = {}
         signed: list[str] = []
         keep_grant = False
-        for vendor in self.cluster_vendors:
+        for vendor in self.fleet.node_vendors:
             name = vendor.visible_env
             value = c.value(name)
             void = value is not None and (
@@ -756,12 +759,6 @@ class _Mutation:
             desired[grant.ENV] = ",".join(signed) or None
         return self.env(c, desired)
 
-    @functools.cached_property
-    def cluster_vendors(self) -> tuple[Vendor, ...]:
-        """The vendors of the fleet's nodes, NVIDIA's always (its env is what images bake)."""
-        found = {n.vendor for n in self.fleet.nodes}
-        return tuple(v for v in VENDORS if v is NVIDIA or v in found)
-
     # --- shared steps
 
     def claims_only(self, request: GpuRequest) -> None:
@@ -784,7 +781,7 @@ class _Mutation:
         (NVIDIA's other mechanisms deny on their own there: no AMD node offers a MIG profile
         or enforces a limit profile.)"""
         value = request.given.get(keys.CAPABILITIES)
-        vendors = {n.vendor for n in placement.nodes}
+        vendors = placement.vendors
         if value is None or not vendors or NVIDIA in vendors:
             return
         raise Denied(
@@ -802,8 +799,7 @@ class _Mutation:
         leaves (NVIDIA where it knows none)."""
         if granted.resource:
             return (of_resource(granted.resource),)
-        found = {n.vendor for n in placement.nodes}
-        return tuple(v for v in VENDORS if v in found) or (NVIDIA,)
+        return placement.vendors or (NVIDIA,)
 
     def sign(
         self,
@@ -818,30 +814,33 @@ class _Mutation:
         hold (its own, with `desired` written over them); Denied where one comes from
         valueFrom (the grant must know its value)."""
         self.granted = True
-        hidden = [
-            n for n in c.named if grant.is_limit(n) and n not in desired and c.value(n) is None
-        ]
+        own = {n: c.value(n) for n in c.named if grant.is_limit(n)}  # the env's limits
+        hidden = [n for n, value in own.items() if n not in desired and value is None]
         if hidden:
             raise Denied(
                 400,
                 f"container {c.name!r}: {hidden[0]} from valueFrom: its GPU grant binds the "
                 "value of each limit variable; give it as a value",
             )
-        env = {**c.values(), **desired}
-        limited = {k: v for k, v in env.items() if v is not None}
+        env = {**own, **desired}
+        limits = grant.bound_limits({k: v for k, v in env.items() if v is not None})
         if self.keyring.keys:  # each vendor's grant binds the same pod and limits
-            subjects = (
-                grant.Subject.of(
-                    self.namespace, c.name, visible, caps, v, pod=self.admission, env=limited
-                )
-                for v in vendors
-            )
-            return ",".join(self.keyring.sign(s) for s in subjects)
-        grant.Subject.of(self.namespace, c.name, visible, caps)  # unknown caps: still refused
+            return ",".join(self.keyring.sign(self.subject(c, visible, caps, v, limits))
+                            for v in vendors)  # fmt: skip
+        _canonical(visible, caps, NVIDIA)  # unknown caps: still refused
         warning = f"no grant key loaded: {grant.ENV} not written"
         if warning not in self.warnings:
             self.warn("no-grant-key", warning)
         return None
+
+    def subject(
+        self, c: Container, visible: str, caps: str | None, vendor: Vendor, limits: str
+    ) -> grant.Subject:
+        """What `vendor`'s grant of container `c` signs: `grant.Subject.of`, with the request's
+        canonical form memoized (only the pod and the limits are this admission's)."""
+        devices, capabilities = _canonical(visible, caps, vendor)
+        return grant.Subject(self.namespace, c.name, devices, capabilities, vendor.grant_tag,
+                             self.admission, limits)  # fmt: skip
 
     def env(self, c: Container, desired: Mapping[str, str | None]) -> list[Op]:
         ops, changes = env_ops(c, desired)

@@ -33,7 +33,7 @@ from typing import Any
 from gpuwire import annotations as keys
 from gpuwire import limits, nvidia
 from gpuwire.annotations import GpuRequest
-from gpuwire.vendor import of_resource
+from gpuwire.vendor import VENDORS, Vendor, of_resource
 from webhook.fleet import (
     HOSTNAME_LABEL,
     MEMORY_LABEL,
@@ -78,6 +78,7 @@ class Placement:
     resource: str | None = None  # what device-plugin containers ask for, if not nvidia.com/gpu
     memories: tuple[int, ...] = ()  # sizes of the GPUs the pod can get there, MiB, ascending
     most_gpus: int | None = None  # the most GPUs a candidate node has
+    vendors: tuple[Vendor, ...] = ()  # of those nodes, in VENDORS order: whose env a pod gets
 
     def gpu_memory_mib(self) -> int | None:
         """The smallest GPU the pod can get: a share of it is never more than asked."""
@@ -635,6 +636,7 @@ class _Placer:
             self.resource,
             self.memories(),
             max((s.gpu_count for s, n in self.shapes.items() if n and s.gpu_count), default=None),
+            tuple(v for v in VENDORS if any(s.vendor is v for s, n in self.shapes.items() if n)),
         )
 
 

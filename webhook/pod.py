@@ -63,6 +63,8 @@ class Container:
     mig: tuple[str, int] | None = None  # a nvidia.com/mig-<profile> resource and its count
     claims: tuple[str, ...] = ()  # resources.claims: the pod's claim entries it uses
     hami: bool = False  # it names HAMi's resources (nvidia.com/gpumem, …): webhook/hami.py
+    # resources.limits and .requests, their shapes checked (quantities are read on use)
+    quantities: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})
 
     @property
     def path(self) -> str:
@@ -98,8 +100,7 @@ class Container:
 
     def count_of(self, resource: str) -> int | None:
         """How many of an extended resource it asks for (limits, else requests), if any."""
-        where = f"spec.{self.field}[{self.position}]"
-        found = _count(_mapping(self.raw.get("resources"), where, ".resources"), where, resource)
+        found = _count(self.quantities, f"spec.{self.field}[{self.position}]", resource)
         return found[1] if found else None
 
 
@@ -137,19 +138,29 @@ def _env(raw: object, where: str) -> tuple[list[dict[str, Any]], dict[str, list[
     return entries, named
 
 
-def _count(resources: dict[str, Any], where: str, wanted: str) -> tuple[str, int] | None:
+def _count(
+    quantities: tuple[Mapping[str, Any], Mapping[str, Any]], where: str, wanted: str
+) -> tuple[str, int] | None:
     """The first resource named `wanted` (or, ending in `-`, starting so) in the limits, else
-    the requests, with its count."""
-    for section, field in (("limits", ".resources.limits"), ("requests", ".resources.requests")):
-        quantity = _mapping(resources.get(section), where, field)
-        for name in quantity:
-            if name == wanted or (wanted.endswith("-") and str(name).startswith(wanted)):
-                text = str(quantity[name]).strip()
-                if not (text.isascii() and text.isdigit()):
-                    raise MalformedPod(
-                        f"{where}.resources.{section}[{name}] is {text!r}, not a whole number"
-                    )
-                return str(name), int(text)
+    the requests (`quantities`), with its count."""
+    prefix = wanted.endswith("-")
+    for i, quantity in enumerate(quantities):
+        if not prefix:  # a lookup, not a pass over every resource the container names
+            if wanted not in quantity:
+                continue
+            name = wanted
+        else:
+            for name in quantity:  # the first that starts so
+                if str(name).startswith(wanted):
+                    break
+            else:
+                continue
+        text = str(quantity[name]).strip()
+        if not (text.isascii() and text.isdigit()):
+            raise MalformedPod(
+                f"{where}.resources.{SECTIONS[i]}[{name}] is {text!r}, not a whole number"
+            )
+        return str(name), int(text)
     return None
 
 
@@ -163,19 +174,30 @@ def _container(raw: object, field: str, index: int) -> Container:
     env, named = _env(body.get("env"), where)
     name = _str(body.get("name"), where, ".name")
     resources = _mapping(body.get("resources"), where, ".resources")
-    gpus = _count(resources, where, nvidia.RESOURCE)
-    mig = _count(resources, where, MIG_RESOURCE_PREFIX)
-    count = None if gpus is None else gpus[1]
-    claims = tuple(
-        _str(
-            _mapping(c, f"{where}.resources.claims[{i}]").get("name"),
-            where,
-            f".resources.claims[{i}].name",
-        )
-        for i, c in enumerate(_list(resources.get("claims"), where, ".resources.claims"))
+    quantities = (
+        _mapping(resources.get("limits"), where, ".resources.limits"),
+        _mapping(resources.get("requests"), where, ".resources.requests"),
     )
-    hami = any(not HAMI_RESOURCES.isdisjoint(resources.get(section) or ()) for section in SECTIONS)
-    return Container(field, index, name, env, named, count, body, mig, claims, hami)
+    gpus = _count(quantities, where, nvidia.RESOURCE)
+    mig = _count(quantities, where, MIG_RESOURCE_PREFIX)
+    count = None if gpus is None else gpus[1]
+    listed = _list(resources.get("claims"), where, ".resources.claims")
+    claims = (
+        tuple(
+            _str(
+                _mapping(c, f"{where}.resources.claims[{i}]").get("name"),
+                where,
+                f".resources.claims[{i}].name",
+            )
+            for i, c in enumerate(listed)
+        )
+        if listed
+        else ()
+    )
+    hami = not (
+        HAMI_RESOURCES.isdisjoint(quantities[0]) and HAMI_RESOURCES.isdisjoint(quantities[1])
+    )
+    return Container(field, index, name, env, named, count, body, mig, claims, hami, quantities)
 
 
 def _resource_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:

@@ -139,10 +139,11 @@ def pod_name(review: Review) -> str:
 def decision(review: Review, outcome: Outcome) -> tuple[int, str, dict[str, Any]]:
     """(log level, line, fields) of one admission: the pod, the uid, and what was granted or
     why it was denied; the warnings come as lines of their own."""
-    pod = f"{review.namespace}/{pod_name(review)}"
+    name = pod_name(review)
+    pod = f"{review.namespace}/{name}"
     fields: dict[str, Any] = {
         "namespace": review.namespace,
-        "pod": pod_name(review),
+        "pod": name,
         "uid": review.uid,
         "outcome": label(outcome),
     }

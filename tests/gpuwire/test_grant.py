@@ -275,6 +275,19 @@ def test_mac_is_what_the_hmac_module_computes(key: bytes, message: bytes) -> Non
     assert hmac_sha256(key, message) == hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
+def test_a_keys_padded_hashes_are_kept_and_each_mac_starts_from_a_copy() -> None:
+    """The hashes after a key's pads are made once per key (the webhook signs every grant
+    with one key): a message never changes what the next one under that key starts from, and
+    more keys than are kept start the memo over, with the same MACs."""
+    key = b"k" * 70  # longer than a block: hashed first
+    macs = [hmac_sha256(key, m) for m in (b"pod-1", b"pod-2", b"pod-1")]
+    assert macs[0] == macs[2] != macs[1]
+    for i in range(40):
+        assert hmac_sha256(bytes([i]), b"x") == hmac.new(bytes([i]), b"x", "sha256").hexdigest()
+    assert hmac_sha256(key, b"pod-1") == macs[0]
+    assert macs[0] == hmac.new(key, b"pod-1", hashlib.sha256).hexdigest()
+
+
 @pytest.mark.parametrize("mac", ["é" * 64, "", "0" * 63, "\udc80"])
 def test_a_mac_that_cannot_match_is_refused_not_an_error(keydir: Path, mac: str) -> None:
     subject = Subject.of("team-a", "trainer", "0", "", pod=POD)

@@ -194,3 +194,20 @@ def test_other_containers_get_void_for_each_vendor_of_the_cluster() -> None:
         "AMD_VISIBLE_DEVICES": "void",
         "NVIDIA_VISIBLE_DEVICES": "void",
     }
+
+
+def test_the_vendors_voided_are_the_snapshots_own() -> None:
+    """The cluster's vendors are taken once per node snapshot: a pod admitted before AMD
+    nodes joined voids NVIDIA's env alone, the same pod after (a new snapshot) AMD's too."""
+    p = pod({a.COUNT: "all", a.CONTAINERS: "app"}, [container("app"), container("sidecar")])
+    nvidia_only = Fleet.of(NVIDIA_NODES)
+    assert nvidia_only.node_vendors == (NVIDIA,)
+    before, _ = admit(p, nodes=nvidia_only)
+    assert env(before, "sidecar") == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    joined = Fleet.of([*NVIDIA_NODES, MI210])
+    assert joined.node_vendors == (NVIDIA, AMD)
+    after, _ = admit(p, nodes=joined)
+    assert env(after, "sidecar") == {
+        "AMD_VISIBLE_DEVICES": "void",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+    }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import jsonpatch
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,8 @@ from tests.webhook.support import (
     A100_80,
     ADMISSION,
     H100,
+    KEYS,
+    NODES,
     OPEN,
     admit,
     container,
@@ -27,6 +30,7 @@ from tests.webhook.support import (
     verifies,
 )
 from webhook.fleet import Fleet
+from webhook.mutation import mutate
 from webhook.policy import Policy, Rule
 from webhook.warned import kind_of
 
@@ -55,6 +59,34 @@ def test_the_grant_is_bound_to_namespace_container_devices_and_capabilities() ->
     assert not verifies(value, "ml", "sidecar", "all", "compute,utility,video")
     assert not verifies(value, "ml", "app", "0", "compute,utility,video")
     assert not verifies(value, "ml", "app", "all", "all")
+
+
+def test_a_deployments_pods_each_get_a_grant_of_their_own_admission() -> None:
+    """What a grant signs of the request is made once for pods that ask alike; the admission
+    and the limits are each pod's own: a second pod's grant is another, and neither verifies
+    as the other's (a copy into another pod grants nothing)."""
+    asked = pod({a.COUNT: "all", a.MEMORY_LIMIT: "10Gi"})
+    values = []
+    for admission in ("admission-1", "admission-2"):
+        outcome = mutate(asked, "ml", OPEN, NODES, KEYS, admission=admission)
+        mutated = jsonpatch.apply_patch(asked, list(outcome.patch))
+        assert mutated["metadata"]["annotations"][grant.POD_ANNOTATION] == admission
+        values.append(env(mutated)[grant.ENV])
+    first, second = values
+    assert first != second
+    limited = {k: v for k, v in env(mutated).items() if grant.is_limit(k)}
+    assert limited  # the limits are bound too
+
+    def signed(value: str, admission: str) -> bool:
+        subject = grant.Subject.of(
+            "ml", "app", "all", "compute,utility", pod=admission, env=limited
+        )
+        return KEYS.verify(value, subject)
+
+    assert signed(first, "admission-1")
+    assert signed(second, "admission-2")
+    assert not signed(first, "admission-2")
+    assert not signed(second, "admission-1")
 
 
 def test_gpu_count_unset_takes_the_policy_default() -> None:
