@@ -22,8 +22,8 @@ container that asks runAsNonRoot of an image that runs as root does not start
 the pod Ready. The pod's status (phase, conditions, IPs, container states and restart
 counts) goes to the API server as it changes. A pod marked for deletion is stopped
 (containers with their grace period, then the sandbox; a CRI call that fails is made again)
-and deleted for good; its devices are freed. Secret, ConfigMap and downward API volumes are re-projected every `refresh`
-seconds (the kubelet's sync, about a minute).
+and deleted for good; its devices are freed. Secret, ConfigMap and downward API volumes are
+re-projected every `refresh` seconds (the kubelet's sync, about a minute).
 
 Left out: the node's own credentials and the Node authorizer (it writes as the admin),
 image pulls (the node has what the test imported), resources and QoS (no cgroup limits),

@@ -32,16 +32,16 @@ import yaml
 
 from scripts import image
 from testbed import containerds, rbac
-from testbed.cluster import Cluster, up
+from testbed.cluster import Cluster
 from testbed.image import NAME as BUSYBOX
-from testbed.image import write_layout_tar
 from testbed.install import NAMESPACE, UNINSTALL, Install, ready, render, wait, workload
+from testbed.lifecycle import gpu_cluster, logs, runtime_ready
 from tests.conftest import requires_binary, requires_root
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ["base", "plugin-less", "cdi", "dra"]
-GENERATIONS = ["sid"]  # containerd 2.x
+GENERATIONS = ["trixie", "sid"]  # containerd 1.7, 2.x
 NODE = "gpu-node-0"
 GPU_NAMESPACE = {"base": "ml", "cdi": "ml", "dra": "ml", "plugin-less": "gpu-node-agents"}
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
@@ -51,19 +51,11 @@ pytestmark = [requires_root(), requires_binary("unshare", "runc", "ip")]
 
 
 @pytest.fixture(scope="module", params=GENERATIONS)
-def cluster(
-    request: pytest.FixtureRequest,
-    gpuwire_image: image.Image,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Cluster]:
+def cluster(request: pytest.FixtureRequest, gpuwire_image: image.Image) -> Iterator[Cluster]:
     generation = containerds.generations().get(request.param)
     if generation is None:
         pytest.skip(f"containerd of {request.param} not fetched (make system-deps)")
-    busybox = write_layout_tar(tmp_path_factory.mktemp("image") / "busybox.tar")
-    labels = {"nvidia.com/gpu.present": "true"}
-    with up(generation, images=[gpuwire_image.archive, busybox], labels=labels) as made:
-        for namespace in set(GPU_NAMESPACE.values()):
-            made.api.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    with gpu_cluster(generation, [gpuwire_image.archive], set(GPU_NAMESPACE.values())) as made:
         yield made
 
 
@@ -104,11 +96,6 @@ def test_a_variant_installs_serves_gpu_pods_and_uninstalls(
 
 
 # --- the story's steps
-
-
-def runtime_ready(cluster: Cluster) -> bool:
-    found = cluster.api.get("nodes", NODE) or {}
-    return (found["metadata"].get("labels") or {}).get("gpuwire.io/runtime-ready") == "true"
 
 
 def host_files_in_place(cluster: Cluster, install: Install) -> None:
@@ -249,9 +236,12 @@ def a_gpu_pod_gets_exactly_its_gpus(cluster: Cluster, variant: str) -> None:
     pod = gpu_pod(variant, uuids)
     namespace = pod["metadata"]["namespace"]
     cluster.api.create(pod)
-    wait(cluster, "the GPU pod's output", lambda: "done" in logs(cluster, "gpu-check", namespace),
-         namespace, 120)  # fmt: skip
-    out = logs(cluster, "gpu-check", namespace)
+
+    def printed() -> bool:
+        return "done" in logs(cluster, "gpu-check", "app", namespace)
+
+    wait(cluster, "the GPU pod's output", printed, namespace, 120)
+    out = logs(cluster, "gpu-check", "app", namespace)
     listed = re.findall(r"^GPU \d+: .*\(UUID: (GPU-[0-9a-f-]+)\)$", out, re.M)
     assert len(listed) == 2, out
     if variant == "plugin-less":
@@ -260,13 +250,6 @@ def a_gpu_pod_gets_exactly_its_gpus(cluster: Cluster, variant: str) -> None:
     assert re.search(r"^libnvidia-ml\.so", out, re.M), out
     cluster.api.delete("pods", "gpu-check", namespace)
     cluster.wait_gone(namespace, {}, 60)
-
-
-def logs(cluster: Cluster, name: str, namespace: str) -> str:
-    pod = cluster.api.get("pods", name, namespace) or {}
-    statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
-    cid = statuses[0].get("containerID", "").removeprefix("containerd://")
-    return cluster.kubelet.runtime.logs(cid) if cid else ""
 
 
 def gpuwire_marks(cluster: Cluster) -> list[str]:

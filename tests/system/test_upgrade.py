@@ -17,7 +17,7 @@ docs/install.md promises:
 - the uninstall restarts containerd once, disturbs neither the GPU pod it waits for nor the
   other pod, and the other pod runs on.
 
-On containerd 2.x (sid), one cluster."""
+On containerd 1.7 (trixie) and 2.x (sid), one cluster each."""
 
 from __future__ import annotations
 
@@ -43,11 +43,13 @@ def upgrade_image(gpuwire_image: image.Image) -> image.Image:
     return image.build(version=UPGRADE_TO)
 
 
-@pytest.fixture(scope="module")
-def cluster(gpuwire_image: image.Image, upgrade_image: image.Image) -> Iterator[Cluster]:
-    generation = containerds.generations().get("sid")
+@pytest.fixture(scope="module", params=["trixie", "sid"])  # containerd 1.7, 2.x
+def cluster(
+    request: pytest.FixtureRequest, gpuwire_image: image.Image, upgrade_image: image.Image
+) -> Iterator[Cluster]:
+    generation = containerds.generations().get(request.param)
     if generation is None:
-        pytest.skip("containerd of sid not fetched (make system-deps)")
+        pytest.skip(f"containerd of {request.param} not fetched (make system-deps)")
     with lifecycle.gpu_cluster(generation, [gpuwire_image.archive, upgrade_image.archive]) as made:
         yield made
 
