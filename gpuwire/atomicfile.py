@@ -13,7 +13,7 @@ import _thread
 import os
 
 
-def replace(path: str, data: bytes, mode: int, durable: bool = True) -> None:
+def replace(path: str, data: bytes, mode: int, durable: bool = True, entry: bool = True) -> None:
     """Write `data` to a temporary file beside `path`, with `mode` whatever the umask, and
     rename it over `path`. The temporary file (`.NAME.PID.THREAD.tmp`, hidden from readers that
     skip dot files, and the thread's too: two threads of a process may replace one file at
@@ -24,7 +24,12 @@ def replace(path: str, data: bytes, mode: int, durable: bool = True) -> None:
     necessarily ensure that the entry in the directory containing the file has also reached
     disk"), so a crash leaves the old file or the new, never an empty or torn one. Off only
     for what lives no longer than the container it belongs to (its `config.json`, its
-    record): a crash that loses the one loses the other."""
+    record): a crash that loses the one loses the other.
+
+    `entry` (with `durable`): the directory fsync'd too. Off only where a later durable write
+    is the commit point and a crash that loses the rename leaves a file found missing and
+    written again (a new DRA claim's spec and token: `deviceplugin.dra.cdi`); the data is
+    fsync'd before the rename all the same, so the file is whole or absent, never empty."""
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.{_thread.get_ident()}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -43,7 +48,7 @@ def replace(path: str, data: bytes, mode: int, durable: bool = True) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
-    if durable:
+    if durable and entry:
         sync_directory(directory or ".")
 
 

@@ -140,10 +140,10 @@ def _mac(keys: KeyRing, key_id: str, token: ClaimToken) -> str:
     return hmac_sha256(keys.keys[key_id], token.message())
 
 
-def write(allocation_dir: str, token: ClaimToken, keys: KeyRing) -> str:
+def write(allocation_dir: str, token: ClaimToken, keys: KeyRing, entry: bool = True) -> str:
     """Write `token` whole (root-only directory, the file world-readable as a mount source,
     as allocation tokens are); returns its path. ClaimTokenError where its names are not
-    ones a file is named by; GrantError without a key."""
+    ones a file is named by; GrantError without a key. `entry`: as `atomicfile.replace`'s."""
     import json
 
     bad = [d.name for d in token.devices if not valid_device(d.name)]
@@ -163,7 +163,7 @@ def write(allocation_dir: str, token: ClaimToken, keys: KeyRing) -> str:
     os.makedirs(allocation_dir, mode=0o700, exist_ok=True)
     os.makedirs(directory(allocation_dir), mode=0o700, exist_ok=True)
     target = path(allocation_dir, token.uid)
-    atomicfile.replace(target, json.dumps(body).encode(), 0o644)
+    atomicfile.replace(target, json.dumps(body).encode(), 0o644, entry=entry)
     return target
 
 

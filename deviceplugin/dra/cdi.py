@@ -14,7 +14,8 @@ the claim's limits env and what holds it (`shares.hold`). The same naming as NVI
 AMD's drivers (`k8s.<driver>`, a class, `<claim UID>-<device>`).
 
 The token is written before the spec and removed with it, so a spec never names a token
-that is not there; both are the prepared claim's files (what unprepare removes).
+that is not there (after a crash, until the claim is prepared again: `_replacing`); both are
+the prepared claim's files (what unprepare removes).
 
 The plugin may run in a container that sees the host under `host_root` (`/host`): the driver
 is discovered there, and every host path in the spec is written as the host sees it.
@@ -159,6 +160,17 @@ def claim_spec(
     return host_paths(cdi.assemble(KIND, devices, common, hook, ldconfig), host_root)
 
 
+def _replacing(path: str) -> bool:
+    """Whether writing `path` replaces a file, so its rename must be on the disk before the
+    checkpoint names it: a crash that lost it would leave the old file, believed. A new
+    file's rename is not waited for (two directory fsyncs of a prepare's three): one a crash
+    loses leaves the file missing, which `prepared.Preparer` finds on the kubelet's next
+    prepare and writes again, as after a reboot that emptied the CDI spec dir; a file a crash
+    kept but the checkpoint does not name is removed at start. Either file is whole or
+    absent: its data is fsync'd before its rename all the same."""
+    return os.path.lexists(path)
+
+
 # A vendor's spec for a claim: (what discovery found, the claim, its results, capabilities,
 # its devices as the token names them, hook, ldconfig, the token's host path, host root,
 # what holds shares) → the spec; `claim_spec` is NVIDIA's.
@@ -212,9 +224,9 @@ class CdiWriter:
         keys = self._keys(ref)
         path = os.path.join(self.directory, spec_file(ref.uid))
         try:
-            claimtoken.write(self.allocation_dir, proof, keys)
+            claimtoken.write(self.allocation_dir, proof, keys, entry=_replacing(token))
             os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            atomicfile.replace(path, json.dumps(spec, indent=1).encode(), 0o644)
+            atomicfile.replace(path, json.dumps(spec).encode(), 0o644, entry=_replacing(path))
         except (OSError, claimtoken.ClaimTokenError) as exc:
             self.remove((path, token))
             raise ClaimError(f"claim {ref}: {exc}") from None

@@ -637,3 +637,47 @@ def test_removed_sockets_are_served_and_registered_again(c: Cluster) -> None:
     ref = put_claim(c.api, "after", ["gpu-0"])
     (answer,) = c.kubelet.prepare(DRIVER, [ref]).values()
     assert answer.error == ""
+
+
+def test_a_claims_files_reach_the_disk_whole_before_the_checkpoint_names_them(
+    c: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file's data is fsync'd before its rename (whole or absent after a crash, never
+    empty); of a new claim's directories only the checkpoint's is synced (a spec or token
+    whose rename a crash lost is missing, and written again as above), and the directory of
+    a file replaced is synced before the checkpoint names it (else a crash left the old)."""
+    plugin = c.start_plugin()
+    c.kubelet.wait_registered(DRIVER)
+    calls: list[str] = []
+    sync, rename, me = os.fsync, os.replace, threading.get_ident()
+
+    def fsync(fd: int) -> None:
+        if threading.get_ident() == me:  # not the plugin's own threads (health, node state)
+            calls.append("fsync " + os.readlink(f"/proc/self/fd/{fd}"))
+        sync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        if threading.get_ident() == me:
+            calls.append(f"rename {dst}")
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    ref = put_claim(c.api, "trainer", ["gpu-1"])
+    uid = ref[2]
+    token = claimtoken.path(c.config.allocation_dir, uid)
+    spec = os.path.join(c.config.cdi_dir, cdi.spec_file(uid))
+    saved = str(checkpoint.path(plugin.preparer.directory))
+
+    def written(path: str) -> list[str]:
+        directory, name = os.path.split(path)
+        return [f"fsync {directory}/.{name}.{os.getpid()}.{me}.tmp", f"rename {path}"]
+
+    plugin.preparer.prepare([_ref(ref)])
+    assert calls == [*written(token), *written(spec), *written(saved),
+                     f"fsync {plugin.preparer.directory}"]  # fmt: skip
+    calls.clear()
+    os.unlink(spec)  # its files gone: the token is replaced, the spec new
+    plugin.preparer.prepare([_ref(ref)])
+    assert calls == [*written(token), f"fsync {os.path.dirname(token)}", *written(spec),
+                     *written(saved), f"fsync {plugin.preparer.directory}"]  # fmt: skip

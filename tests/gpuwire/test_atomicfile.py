@@ -66,6 +66,12 @@ def test_the_data_reaches_the_disk_before_the_rename_and_the_rename_before_it_re
         f"fsync {tmp_path.name}",
     ]
     calls.clear()
+    atomicfile.replace(str(tmp_path / "spec.json"), b"{}", 0o644, entry=False)
+    assert calls == [  # whole or absent after a crash: its caller finds it missing
+        f"fsync .spec.json.{os.getpid()}.{threading.get_ident()}.tmp",
+        "rename",
+    ]
+    calls.clear()
     atomicfile.replace(str(tmp_path / "config.json"), b"{}", 0o600, durable=False)
     assert calls == ["rename"]  # a container's own files: they go with it in a crash
 
