@@ -62,13 +62,13 @@ _capabilities = functools.lru_cache(maxsize=256)(nvidia.parse_capabilities)
 _canonical = functools.lru_cache(maxsize=256)(grant.canonical_request)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Denial:
     code: int  # 400: the request is wrong; 403: the policy forbids it
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Outcome:
     patch: tuple[Op, ...] = ()
     warnings: tuple[str, ...] = ()  # each a `Warned` where the mutation says its kind

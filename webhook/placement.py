@@ -54,7 +54,7 @@ class Unplaceable(ValueError):
     """A request that no node of the cluster can satisfy; the message says what exists."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Demand:
     """What the pod's GPU containers need of a node beyond the annotations' words."""
 

@@ -48,7 +48,7 @@ def _str(value: object, where: str, field: str = "") -> str:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Container:
     """One container. Env entries are indexed by name up front; a value is checked when read,
     as the webhook reads only its own few variables (the API server validates the rest)."""
@@ -212,7 +212,7 @@ def _resource_claims(spec: Mapping[str, Any]) -> dict[str, str | None]:
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Pod:
     raw: Mapping[str, Any]
     annotations: Mapping[str, str]

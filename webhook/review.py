@@ -39,7 +39,7 @@ class BadReview(ValueError):
     """A body that is not an AdmissionReview request."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Review:
     api_version: str
     uid: str
