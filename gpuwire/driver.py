@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 from gpuwire import elf, ldsocache, mig, nvidia, resolve
 from gpuwire.devices import CharDevice, Device, MigDevice, normalise_bus_id
@@ -198,6 +199,31 @@ def _host_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
+# A file's identity → its ELF class, SONAME and ld cache flags. The DRA plugin discovers
+# the driver on every prepare, and the headers were a fifth of that; a file replaced or
+# rewritten (an upgrade, `cp` over it) has a new inode, size, mtime or ctime, so a new key.
+# Timestamps are kernel ticks, not nanoseconds: a file changed within the last second could
+# change again with the same key (git's "racy clean" files), so it is read, not remembered.
+_FileKey = tuple[int, int, int, int, int]
+_facts: dict[_FileKey, tuple[int, str | None, int | None]] = {}
+_FACTS_KEPT = 1024  # files; past it (many upgrades in one process) start again
+_SETTLED_NS = 1_000_000_000  # since its last change, for a file's facts to be remembered
+
+
+def _library_facts(fd: int, st: os.stat_result) -> tuple[int, str | None, int | None]:
+    """`(bits, soname, flags)` of the ELF file open on `fd` (elf.ElfError: not one)."""
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    facts = _facts.get(key)
+    if facts is None:
+        info = elf.read(fd)
+        facts = (info.bits, info.soname, ldsocache.library_flags(info))
+        if st.st_ctime_ns + _SETTLED_NS < time.time_ns():
+            if len(_facts) >= _FACTS_KEPT:
+                _facts.clear()
+            _facts[key] = facts
+    return facts
+
+
 def find_library(root_fd: int, dirs: tuple[str, ...], name: str, bits: int) -> Library | None:
     """The first `dirs/name` under the root that is an ELF library of `bits` bits."""
     for libdir in dirs:
@@ -206,12 +232,12 @@ def find_library(root_fd: int, dirs: tuple[str, ...], name: str, bits: int) -> L
         except (FileNotFoundError, NotADirectoryError):
             continue
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 continue
-            info = elf.read(fd)
-            if info.bits == bits:
-                flags = ldsocache.library_flags(info)
-                return Library(name, _host_path(fd), info.soname, flags)
+            found_bits, soname, flags = _library_facts(fd, st)
+            if found_bits == bits:
+                return Library(name, _host_path(fd), soname, flags)
         except elf.ElfError:
             continue
         finally:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwire import nvidia, sim
+from gpuwire import driver as discovery
+from gpuwire import elf, nvidia, sim
 from gpuwire.devices import Device
 from gpuwire.driver import DiscoveryError, discover, parse_proc_devices, parse_version
 from gpuwire.elfstub import shared_object
@@ -165,3 +166,49 @@ def test_discovery_opens_nothing_it_does_not_close(sim_node: tuple[Path, sim.Mac
     before = len(os.listdir("/proc/self/fd"))
     discover(Roots(str(root)))
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_library_replaced_on_disk_is_seen_by_the_next_discovery(
+    sim_node: tuple[Path, sim.Machine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Facts are remembered by file identity, not path: an upgrade's new file is read."""
+    root, _ = sim_node
+    monkeypatch.setattr(discovery, "_SETTLED_NS", 0)  # the node's files were written just now
+    real_read, reads = elf.read, []
+
+    def read(fd: int) -> elf.Elf:
+        reads.append(fd)
+        return real_read(fd)
+
+    monkeypatch.setattr(elf, "read", read)
+    path = root / nvidia.LIBDIR_DEBIAN / f"libcuda.so.{VERSION}"
+    assert _cuda_soname(root) == "libcuda.so.1"
+    first = len(reads)
+    assert _cuda_soname(root) == "libcuda.so.1"
+    assert len(reads) == first  # nothing changed: no header read again
+    new = path.with_name("new")
+    new.write_bytes(shared_object("libcuda.so.2"))
+    new.replace(path)  # as a package upgrade does: a new inode under the old name
+    assert _cuda_soname(root) == "libcuda.so.2"
+
+
+def test_a_library_rewritten_in_place_just_now_is_read_again(tmp_path: Path) -> None:
+    """A rewrite within one timestamp tick keeps inode, size and times: a file changed in
+    the last second is not remembered, so the stat identity it had is never trusted."""
+    path = tmp_path / "libcuda.so.1"
+    path.write_bytes(shared_object("libcuda.so.1"))
+    with open(path, "r+b") as f:
+        same_tick = os.fstat(f.fileno())
+        assert discovery._library_facts(f.fileno(), same_tick)[1] == "libcuda.so.1"
+        f.write(shared_object("libcuda.so.7"))  # the same inode, the same size
+        f.flush()
+        assert discovery._library_facts(f.fileno(), same_tick)[1] == "libcuda.so.7"
+
+
+def _cuda_soname(root: Path) -> str | None:
+    (cuda,) = (
+        lib
+        for lib in discover(Roots(str(root)), ("compute",)).libraries["compute"]
+        if lib.name == f"libcuda.so.{VERSION}"
+    )
+    return cuda.soname
