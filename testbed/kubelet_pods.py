@@ -283,6 +283,10 @@ class PodWorker:
             container.waiting = ("CreateContainerConfigError", str(exc))
             container.retry_at = time.monotonic() + kubelet.backoff
             return
+        except CRIError as exc:  # the image's user unread: the runtime away (restarting)
+            container.waiting = ("CreateContainerError", str(exc))
+            self.back_off(container)
+            return
         resolved = spec | {
             "env": [{"name": k, "value": v} for k, v in env],
             "command": command,
