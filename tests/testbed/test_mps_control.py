@@ -59,3 +59,42 @@ def test_a_daemon_answers_its_pipe_directory_and_records_every_command(socket_di
     assert all(f"Control {pid}]" in line for line in log)
     gone = control(program, dirs, "get_server_list\n")
     assert (gone.returncode, gone.stderr) == (1, "Cannot find MPS control daemon process\n")
+
+
+def test_a_cuda_client_is_given_its_users_server_with_the_defaults_of_then(
+    socket_dir: Path,
+) -> None:
+    """As the man page has it: a client gets the server of its user, started with the
+    defaults of that moment and keeping them (a later default is the next server's), each
+    server's own limits read and set by pid; a client of another user gets a server of its
+    own; `quit` ends the servers with the daemon."""
+    program = mps_control.install(socket_dir / "node")
+    pipe = socket_dir / "pipe"
+    dirs = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(socket_dir / "log")}
+    assert control(program, dirs, "", "-d").returncode == 0
+    daemon = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    control(program, dirs, "set_default_active_thread_percentage 25\n")
+    first = mps_control.cuda_init(pipe)
+    assert mps_control.cuda_init(pipe) == first  # its user's, running
+    assert status(first)["PPid"] == [str(daemon)]
+    control(program, dirs, "set_default_device_pinned_mem_limit 0 80G\n")
+    asked = f"get_server_list\nget_active_thread_percentage {first}\n"
+    asked += f"get_device_pinned_mem_limit {first} 0\n"
+    assert control(program, dirs, asked).stdout == f"{first}\n25.0\n0\n"
+    control(program, dirs, f"set_active_thread_percentage {first} 10\n")
+    assert control(program, dirs, asked).stdout == f"{first}\n10.0\n0\n"
+    other = mps_control.cuda_init(pipe, uid=1000)
+    assert status(other)["Uid"][0] == "1000"
+    assert not Path(f"/proc/{first}").exists()  # one server at a time
+    asked = f"get_server_list\nget_active_thread_percentage {other}\n"
+    asked += f"get_device_pinned_mem_limit {other} 0\nget_active_thread_percentage {first}\n"
+    answered = control(program, dirs, asked).stdout
+    assert answered == f"{other}\n25.0\n80G\nNo server with pid {first}\n"
+    assert control(program, dirs, "quit\n").returncode == 0
+    until(lambda: not (pipe / "control").exists())  # the daemon quit, its servers ended first
+    assert not Path(f"/proc/{other}").exists()
+
+
+def status(pid: int) -> dict[str, list[str]]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {key: value.split() for key, _, value in (line.partition(":") for line in lines)}
