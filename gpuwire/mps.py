@@ -27,8 +27,10 @@ it creates and removes nothing there (a read-only mount keeps a tenant from putt
 of its own in the place of `control` for the next client), and it gets neither MPS program
 (`PROGRAMS`), which a client needs not (the daemon starts its servers on the host). That
 socket is also the one `nvidia-cuda-mps-control` sends its commands on: NVIDIA's MPS has no
-client-only door, so what a tenant could change through it, the daemon's defaults, is what
-the node agent checks (`Defaults.queries`) and puts back.
+client-only door, so what a tenant could change through it, the daemon's defaults and what
+its servers hold, is what the node agent checks every pass (`Defaults.queries`): defaults
+it puts back, a server holding more than the share it ends (with its clients) by restarting
+the daemon.
 
 The runtime holds `lock(root, uuid)` shared from the moment it finds the daemon ready until
 its process ends (after the container record names the GPU, `gpuwire.records`' `mps`); the
@@ -63,6 +65,7 @@ CLIENT_ENV = (MEMORY_ENV, THREADS_ENV)  # a container asks for MPS limits by the
 CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_SHM = "/dev/shm"
 READY = "ready"
+SERVER_LIST = "get_server_list"  # a daemon's servers' pids, one a line
 SERVER = "nvidia-cuda-mps-server"
 PROGRAMS = (CONTROL, SERVER)  # the driver's, which a client container is not given
 PIPE_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind")  # a client connects, and no more
@@ -141,15 +144,21 @@ class Defaults(Value):
         return out
 
     @staticmethod
-    def queries() -> list[str]:
-        """The control commands that read a daemon's defaults back, in `live`'s order."""
-        return ["get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0"]
+    def queries(server: int | None = None) -> list[str]:
+        """The control commands that read a daemon's defaults back, or what its server of
+        pid `server` holds (set from the defaults as it started, or on it since: MPS's v2
+        interface, docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html), in `live`'s
+        order."""
+        if server is None:
+            return ["get_default_active_thread_percentage", "get_default_device_pinned_mem_limit 0"]
+        return [f"get_active_thread_percentage {server}", f"get_device_pinned_mem_limit {server} 0"]
 
     @classmethod
     def live(cls, answer: str) -> Defaults | None:
-        """What a daemon answered to `queries`: its thread percentage (`25.0`) and device 0's
-        pinned memory limit (`20480M`, `20G`; `0` or nothing: none), as Defaults (100 %
-        reads as None, MPS's own); None where the answer is not that."""
+        """What a daemon answered to `queries` (its own or a server's): the thread
+        percentage (`25.0`) and device 0's pinned memory limit (`20480M`, `20G`; `0` or
+        nothing: none), as Defaults (100 % reads as None, MPS's own); None where the answer
+        is not that."""
         words = answer.split()
         try:
             threads = float(words[0])
@@ -165,8 +174,8 @@ class Defaults(Value):
         return cls(None if threads == 100 else round(threads), int(digits) * scale or None)
 
     def lifted_by(self, live: Defaults) -> list[str]:
-        """What `live` (a daemon's answer) allows beyond these: each default it has looser,
-        as `name: set → live`; a tighter one lifts nothing."""
+        """What `live` (a daemon's or a server's answer) allows beyond these: each limit it
+        has looser, as `name: set → live`; a tighter one lifts nothing."""
         lifted = []
         if self.threads is not None and (live.threads or 100) > self.threads:
             lifted.append(f"active thread percentage {self.threads} → {live.threads or 100}")

@@ -14,11 +14,16 @@ starts one for a new or recovered GPU, and stops the daemons of GPUs gone or unh
 with the same defaults is kept: its clients keep their server. Failures are retried with
 backoff, never fatal to the agent.
 
-Every pass also reads each daemon's live defaults back (`get_default_active_thread_percentage`,
-`get_default_device_pinned_mem_limit 0`): a client reaches the daemon through the same
-socket its commands come on (`gpuwire.mps`), so a tenant can set them. What it lifted is set
-back (the next server gets the share again), logged and counted
-(`gpuwire_mps_defaults_restored_total`); a daemon that does not take them back is restarted.
+Every pass of a GPU shared through MPS also reads its daemon back (`read`: its defaults and
+its servers' list in one command, each server's limits in one more where servers run): a
+client reaches the daemon through the same socket its commands come on (`gpuwire.mps`), so
+a tenant can set the defaults, and a server started meanwhile keeps them (or a tenant sets
+them on the server itself). Defaults it lifted are set back (the next server gets the share
+again), logged and counted (`gpuwire_mps_defaults_restored_total`); a daemon that does not
+take them back is restarted. A server that holds looser limits than the share cannot be set
+back for the clients it has (a server's new limits reach only clients that connect later:
+docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html), so the daemon is restarted, which
+ends the server and its clients, logged and counted (`gpuwire_mps_servers_ended_total`).
 And a daemon whose last client is gone (no container record joins it: `gpuwire.records`'
 `mps`) but whose `/dev/shm` holds files is restarted on an empty one, under its GPU's lock
 (`mps.lock`), so nothing a tenant left there stays for the next.
@@ -58,6 +63,10 @@ class MpsError(RuntimeError):
     """A control daemon that would not start or answer."""
 
 
+class Unread(MpsError):
+    """A daemon's answer that is not what its queries ask for (logged once, not checked)."""
+
+
 def control_binary(driver_root: str) -> str | None:
     """The driver's `nvidia-cuda-mps-control` under `driver_root` (the host, the driver's
     files in this container, or the simulated node), found as the runtime finds binaries."""
@@ -85,6 +94,33 @@ def send(control: str, root: str, uuid: str, commands: Sequence[str], timeout: f
     if done.returncode != 0:
         raise MpsError(f"{' ; '.join(commands)}: {(done.stderr or done.stdout).strip()}")
     return done.stdout
+
+
+def read(control: str, root: str, uuid: str) -> tuple[mps.Defaults, dict[int, mps.Defaults]]:
+    """GPU `uuid`'s daemon's live defaults, and what each of its servers holds (by pid): one
+    command for the defaults and the servers' list, one more where servers run. MpsError
+    where it does not answer; Unread where the answer is not that."""
+    asked = [*mps.Defaults.queries(), mps.SERVER_LIST]
+    lines = _lines(send(control, root, uuid, asked))
+    defaults = mps.Defaults.live(" ".join(lines[:2]))
+    if defaults is None or not all(line.isdigit() for line in lines[2:]):
+        raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}")
+    pids = [int(line) for line in lines[2:]]
+    if not pids:
+        return defaults, {}
+    asked = [query for pid in pids for query in mps.Defaults.queries(pid)]
+    lines = _lines(send(control, root, uuid, asked))
+    held: dict[int, mps.Defaults] = {}
+    for n, pid in enumerate(pids):
+        limits = mps.Defaults.live(" ".join(lines[2 * n : 2 * n + 2]))
+        if limits is None or len(lines) != len(asked):
+            raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}")
+        held[pid] = limits
+    return defaults, held
+
+
+def _lines(answer: str) -> list[str]:
+    return [line.strip() for line in answer.splitlines() if line.strip()]
 
 
 class _Running:
@@ -124,6 +160,7 @@ class Supervisor(Collector):
         self.node = node
         self.running: dict[str, _Running] = {}
         self.restored: dict[str, int] = {}  # uuid → how often its defaults were set back
+        self.ended: dict[str, int] = {}  # uuid → how many servers with lifted limits were ended
         self._failures: dict[str, tuple[int, float]] = {}  # uuid → (count, retry at)
         self._unread: set[int] = set()  # daemons whose answer was not read (logged once)
 
@@ -137,6 +174,16 @@ class Supervisor(Collector):
         for uuid, count in sorted(self.restored.items()):
             restored.add_metric([self.node, uuid], count)
         yield restored
+        ended = CounterMetricFamily(
+            "gpuwire_mps_servers_ended",
+            "How many of a GPU's MPS servers held limits looser than the share the agent set "
+            "(started while a client had lifted the defaults, or lifted on the server) and "
+            "were ended with their clients by restarting the GPU's control daemon.",
+            labels=["node", "uuid"],
+        )
+        for uuid, count in sorted(self.ended.items()):
+            ended.add_metric([self.node, uuid], count)
+        yield ended
 
     def step(self, gpus: Sequence[Device], unhealthy: frozenset[str]) -> None:
         """Make the daemons match the healthy GPUs and their defaults."""
@@ -164,31 +211,57 @@ class Supervisor(Collector):
                 self._start(uuid, defaults)
 
     def _holds(self, uuid: str, daemon: mps.Daemon) -> bool:
-        """Whether the daemon's live defaults are the ones it was given (or tighter): what
-        was lifted is set back and counted; False where it would not take them back (it is
-        stopped, to be started again)."""
+        """Whether the daemon and its servers hold the defaults it was given (or tighter).
+        Defaults a client lifted are set back and counted. A server that holds looser limits
+        (started while they were lifted, or lifted on it) keeps them for its clients, which
+        keep what they connected with, so the daemon is restarted (`quit` ends its servers
+        and so their clients) and each such server counted; so is a daemon that would not
+        take its defaults back. False where it was stopped, to be started again."""
+        if not daemon.defaults.commands():
+            return True  # no share: its clients bring their own limits
         try:
-            answer = send(self.control, self.root, uuid, mps.Defaults.queries())
-        except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("GPU %s: MPS control daemon %d not read: %s", uuid, daemon.pid, exc)
-            return True  # a daemon that died is restarted by the next pass
-        live = mps.Defaults.live(answer)
-        if live is None:
+            live, servers = read(self.control, self.root, uuid)
+        except Unread as exc:
             if daemon.pid not in self._unread:
                 self._unread.add(daemon.pid)
                 log.warning(
-                    "GPU %s: MPS control daemon %d answered %r to %s: not read, not checked",
-                    uuid, daemon.pid, answer.strip(), " ; ".join(mps.Defaults.queries()),
-                )  # fmt: skip
+                    "GPU %s: MPS control daemon %d not read, not checked: %s", uuid, daemon.pid, exc
+                )
             return True
+        except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("GPU %s: MPS control daemon %d not read: %s", uuid, daemon.pid, exc)
+            return True  # a daemon that died is restarted by the next pass
         lifted = daemon.defaults.lifted_by(live)
-        if not lifted:
-            return True
-        self.restored[uuid] = self.restored.get(uuid, 0) + 1
-        log.warning(
-            "GPU %s: MPS control daemon %d's defaults were lifted (%s): setting them back",
-            uuid, daemon.pid, "; ".join(lifted),
-        )  # fmt: skip
+        if lifted:
+            self.restored[uuid] = self.restored.get(uuid, 0) + 1
+            log.warning(
+                "GPU %s: MPS control daemon %d's defaults were lifted (%s): setting them back",
+                uuid, daemon.pid, "; ".join(lifted),
+            )  # fmt: skip
+        if self._ends_loose(uuid, daemon, servers):
+            return False
+        return not lifted or self._set_back(uuid, daemon)
+
+    def _ends_loose(self, uuid: str, daemon: mps.Daemon, servers: dict[int, mps.Defaults]) -> bool:
+        """Restart the daemon where any of its `servers` holds looser limits than its
+        defaults (logged and counted); whether it did."""
+        loose = {
+            pid: what for pid, held in servers.items() if (what := daemon.defaults.lifted_by(held))
+        }
+        for pid, what in loose.items():
+            log.warning(
+                "GPU %s: MPS server %d of control daemon %d holds lifted limits (%s), which its "
+                "clients keep: restarting the daemon ends it and them",
+                uuid, pid, daemon.pid, "; ".join(what),
+            )  # fmt: skip
+        if not loose:
+            return False
+        self.ended[uuid] = self.ended.get(uuid, 0) + len(loose)
+        self.stop(uuid, f"servers with lifted limits: {', '.join(map(str, loose))}")
+        return True
+
+    def _set_back(self, uuid: str, daemon: mps.Daemon) -> bool:
+        """Set the daemon's defaults back; whether it took them (else it is stopped)."""
         try:
             send(self.control, self.root, uuid, daemon.defaults.commands())
             again = mps.Defaults.live(send(self.control, self.root, uuid, mps.Defaults.queries()))

@@ -1,8 +1,9 @@
 """The node agent's MPS control daemons, one per GPU, on a simulated node whose driver has the
 stand-in `nvidia-cuda-mps-control` (testbed/mps_control.py): started with their defaults and
 marked ready, restarted when they die or their defaults change, stopped with their GPU; each
-in a mount namespace whose /dev/shm is its GPU's; their live defaults checked against their
-shares; restarted on an empty /dev/shm when their last client is gone."""
+in a mount namespace whose /dev/shm is its GPU's; their live defaults and their servers'
+limits checked against their shares; restarted on an empty /dev/shm when their last client
+is gone."""
 
 from __future__ import annotations
 
@@ -111,13 +112,76 @@ def test_defaults_a_tenant_lifted_are_set_back_and_counted(
         f"GPU {uuid}: MPS control daemon {pid}'s defaults were lifted (active thread percentage "
         "25 → 100; pinned memory limit 20480 MiB → 81920 MiB): setting them back"
     ) in caplog.text
-    (family,) = supervisor.collect()
-    assert [(s.name, s.labels, s.value) for s in family.samples] == [
+    assert samples(supervisor, "gpuwire_mps_defaults_restored") == [
         ("gpuwire_mps_defaults_restored_total", {"node": "", "uuid": uuid}, 1.0)
     ]
     daemons.send(supervisor.control, root, uuid, ["set_default_active_thread_percentage 10"])
     supervisor.step(gpus, frozenset())  # tighter: lifts nothing
     assert supervisor.restored == {uuid: 1}
+
+
+LIFT = ["set_default_active_thread_percentage 100", "set_default_device_pinned_mem_limit 0 80G"]
+
+
+def test_a_server_started_while_a_tenant_lifted_the_defaults_is_ended_and_counted(
+    node: Path, supervisor: daemons.Supervisor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tenant lifts the defaults, then a client of a user with no server running gets one
+    before the agent's next pass: the server keeps what it started with, and its clients
+    what they connected with. The pass ends it and its clients by restarting the daemon,
+    logs and counts it. Before: the defaults were set back, and the server kept 100 % and
+    80 GiB for every client it served."""
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    root, uuid = supervisor.root, gpus[0].uuid
+    first = supervisor.running[uuid].daemon.pid
+    daemons.send(supervisor.control, root, uuid, LIFT)
+    server = mps_control.cuda_init(mps.pipe_dir(root, uuid), uid=1000)
+    lifted = mps.Defaults(None, 81920)
+    assert daemons.read(supervisor.control, root, uuid) == (lifted, {server: lifted})
+    supervisor.step(gpus, frozenset())
+    assert not Path(f"/proc/{server}").exists()
+    share = mps.Defaults(25, 20480)
+    assert daemons.read(supervisor.control, root, uuid) == (share, {})
+    now = mps.ready(root, uuid)
+    assert now is not None
+    assert (now.pid != first, now.defaults) == (True, share)
+    assert (supervisor.ended, supervisor.restored) == ({uuid: 1}, {uuid: 1})
+    assert (
+        f"GPU {uuid}: MPS server {server} of control daemon {first} holds lifted limits (active "
+        "thread percentage 25 → 100; pinned memory limit 20480 MiB → 81920 MiB), which its "
+        "clients keep: restarting the daemon ends it and them"
+    ) in caplog.text
+    assert samples(supervisor, "gpuwire_mps_servers_ended") == [
+        ("gpuwire_mps_servers_ended_total", {"node": "", "uuid": uuid}, 1.0)
+    ]
+
+
+def test_a_server_holding_the_share_is_left_alone_and_one_lifted_on_it_is_ended(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    """A server that holds its share, or less, serves on; once a tenant lifts what that
+    server holds (its clients from then on would get it), the next pass ends it. Before:
+    the server kept 80 GiB."""
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    root, uuid = supervisor.root, gpus[0].uuid
+    first = supervisor.running[uuid].daemon.pid
+    server = mps_control.cuda_init(mps.pipe_dir(root, uuid))
+    daemons.send(supervisor.control, root, uuid, [f"set_active_thread_percentage {server} 10"])
+    supervisor.step(gpus, frozenset())  # tighter: lifts nothing
+    assert (supervisor.running[uuid].daemon.pid, Path(f"/proc/{server}").exists()) == (first, True)
+    assert supervisor.ended == {}
+    daemons.send(supervisor.control, root, uuid, [f"set_device_pinned_mem_limit {server} 0 80G"])
+    supervisor.step(gpus, frozenset())
+    assert not Path(f"/proc/{server}").exists()
+    assert supervisor.running[uuid].daemon.pid != first
+    assert (supervisor.ended, supervisor.restored) == ({uuid: 1}, {})
+
+
+def samples(supervisor: daemons.Supervisor, name: str) -> list[tuple[str, dict[str, str], float]]:
+    (family,) = [f for f in supervisor.collect() if f.name == name]
+    return [(s.name, s.labels, s.value) for s in family.samples]
 
 
 def test_a_daemon_whose_last_client_is_gone_is_restarted_on_an_empty_shm(

@@ -124,6 +124,7 @@ TENANT = """
 tenant 'set_default_active_thread_percentage 100' 'set_default_device_pinned_mem_limit 0 80G'
 tenant get_default_active_thread_percentage 'get_default_device_pinned_mem_limit 0' |
   sed 's/^/now: /'
+tenant cuda_init | sed 's/^/server: /'
 rm /tmp/nvidia-mps/control 2>&1 | sed 's/^/rm: /'
 command -v nvidia-cuda-mps-control nvidia-cuda-mps-server | sed 's/^/program: /'
 true
@@ -135,11 +136,13 @@ def test_a_tenant_keeps_neither_its_daemons_socket_nor_what_it_sets_there(
     lab: Lab, delivery: str
 ) -> None:
     """A container of GPU 0's 25 % share reaches its daemon through the one socket NVIDIA's
-    MPS gives clients and commands alike (gpuwire.mps), and sets the defaults to the whole
-    GPU. It cannot remove or replace that socket (the pipe directory is read-only), has no
-    MPS program, and the agent's next pass sets the share back. Before: it could remove the
-    socket (the next client would find no daemon and run unlimited), had both programs, and
-    the daemon kept 100 %."""
+    MPS gives clients and commands alike (gpuwire.mps), sets the defaults to the whole GPU,
+    and connects as a CUDA client does, which starts a server with them. It cannot remove or
+    replace that socket (the pipe directory is read-only), has no MPS program, and the
+    agent's next pass sets the share back and ends that server (and so its clients) by
+    restarting the daemon. Before: it could remove the socket (the next client would find no
+    daemon and run unlimited), had both programs, the daemon kept 100 %, and then the
+    server kept it."""
     bundle = make_bundle(
         lab, granted_env(lab, "0", limits=MPS_LIMITS), delivery=delivery, script=TENANT
     )
@@ -151,11 +154,15 @@ def test_a_tenant_keeps_neither_its_daemons_socket_nor_what_it_sets_there(
     assert seen["rm"] == ["rm: can't remove '/tmp/nvidia-mps/control': Read-only file system"]
     assert "program" not in seen
     root, uuid = supervisor(lab).root, lab.uuid(0)
+    (server,) = (Path(f"/proc/{pid}") for pid in seen["server"])
+    assert server.exists()
+    share = mps.Defaults(25, lab.machine.devices[0].memory_mib // 4)
+    lifted = mps.Defaults(None, 80 * 1024)
+    assert daemons.read(supervisor(lab).control, root, uuid) == (lifted, {int(server.name): lifted})
     supervisor(lab).step(lab.machine.devices[:2], frozenset())
-    queries = mps.Defaults.queries()
-    answer = daemons.send(supervisor(lab).control, root, uuid, queries).split()
-    assert answer == ["25.0", f"{lab.machine.devices[0].memory_mib // 4}M"]
-    assert supervisor(lab).restored == {uuid: 1}
+    assert not server.exists()
+    assert daemons.read(supervisor(lab).control, root, uuid) == (share, {})
+    assert (supervisor(lab).restored, supervisor(lab).ended) == ({uuid: 1}, {uuid: 1})
 
 
 WRITES = VIEW_SCRIPT + "echo secret > /dev/shm/team-a\n"
