@@ -26,7 +26,8 @@ docs.nvidia.com/deploy/mps/latest/mpsv2-interface.html), so the daemon is restar
 ends the server and its clients, logged and counted (`gpuwire_mps_servers_ended_total`).
 And a daemon whose last client is gone (no container record joins it: `gpuwire.records`'
 `mps`) but whose `/dev/shm` holds files is restarted on an empty one, under its GPU's lock
-(`mps.lock`), so nothing a tenant left there stays for the next.
+(`mps.lock`), so nothing a tenant left there stays for the next; a daemon stopped takes its
+`/dev/shm` with it.
 """
 
 from __future__ import annotations
@@ -372,7 +373,8 @@ class Supervisor(Collector):
                 time.sleep(0.05)
 
     def stop(self, uuid: str, why: str) -> None:
-        """`quit` the GPU's daemon (after removing its marker: nothing new joins it)."""
+        """`quit` the GPU's daemon (after removing its marker: nothing new joins it), then
+        remove its `/dev/shm`: nothing its clients wrote stays on the host."""
         running = self.running.pop(uuid)
         mps.unmark(self.root, uuid)
         log.info("GPU %s: stopping its MPS control daemon %d: %s", uuid, running.daemon.pid, why)
@@ -384,6 +386,7 @@ class Supervisor(Collector):
             _end(running.process)
         else:
             _end_adopted(running.daemon)
+        shutil.rmtree(mps.shm_dir(self.root, uuid), ignore_errors=True)  # what its clients left
 
     def _reap(self, running: _Running) -> None:
         if running.process is not None:

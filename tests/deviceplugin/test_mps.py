@@ -3,7 +3,7 @@ stand-in `nvidia-cuda-mps-control` (testbed/mps_control.py): started with their 
 marked ready, restarted when they die or their defaults change, stopped with their GPU; each
 in a mount namespace whose /dev/shm is its GPU's; their live defaults and their servers'
 limits checked against their shares; restarted on an empty /dev/shm when their last client
-is gone."""
+is gone, and that /dev/shm removed when they stop."""
 
 from __future__ import annotations
 
@@ -177,6 +177,22 @@ def test_a_server_holding_the_share_is_left_alone_and_one_lifted_on_it_is_ended(
     assert not Path(f"/proc/{server}").exists()
     assert supervisor.running[uuid].daemon.pid != first
     assert (supervisor.ended, supervisor.restored) == ({uuid: 1}, {})
+
+
+def test_a_stopped_daemon_leaves_nothing_its_clients_wrote(
+    node: Path, supervisor: daemons.Supervisor
+) -> None:
+    """A daemon stopped (its GPU unhealthy or gone, the agent stopping) takes its
+    /dev/shm, and what its tenants wrote there, with it. Before: it stayed on the host."""
+    gpus = sim.load_machine(node).devices
+    supervisor.step(gpus, frozenset())
+    shm = [Path(mps.shm_dir(supervisor.root, g.uuid)) for g in gpus]
+    for directory in shm:
+        (directory / "team-a").write_text("secret\n")
+    supervisor.step(gpus, frozenset({gpus[1].uuid}))
+    assert [d.exists() for d in shm] == [True, False]
+    supervisor.close()
+    assert [d.exists() for d in shm] == [False, False]
 
 
 def samples(supervisor: daemons.Supervisor, name: str) -> list[tuple[str, dict[str, str], float]]:
