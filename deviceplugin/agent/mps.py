@@ -65,7 +65,12 @@ class MpsError(RuntimeError):
 
 
 class Unread(MpsError):
-    """A daemon's answer that is not what its queries ask for (logged once, not checked)."""
+    """A daemon's answer that is not what its queries ask for; `part`: to which, "defaults"
+    (its own) or "servers" (what they hold)."""
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
 
 
 def control_binary(driver_root: str) -> str | None:
@@ -105,7 +110,7 @@ def read(control: str, root: str, uuid: str) -> tuple[mps.Defaults, dict[int, mp
     lines = _lines(send(control, root, uuid, asked))
     defaults = mps.Defaults.live(" ".join(lines[:2]))
     if defaults is None or not all(line.isdigit() for line in lines[2:]):
-        raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}")
+        raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}", "defaults")
     pids = [int(line) for line in lines[2:]]
     if not pids:
         return defaults, {}
@@ -115,7 +120,7 @@ def read(control: str, root: str, uuid: str) -> tuple[mps.Defaults, dict[int, mp
     for n, pid in enumerate(pids):
         limits = mps.Defaults.live(" ".join(lines[2 * n : 2 * n + 2]))
         if limits is None or len(lines) != len(asked):
-            raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}")
+            raise Unread(f"{' ; '.join(asked)}: answered {' ; '.join(lines)!r}", "servers")
         held[pid] = limits
     return defaults, held
 
@@ -164,6 +169,7 @@ class Supervisor(Collector):
         self.ended: dict[str, int] = {}  # uuid → how many servers with lifted limits were ended
         self._failures: dict[str, tuple[int, float]] = {}  # uuid → (count, retry at)
         self._unread: set[int] = set()  # daemons whose answer was not read (logged once)
+        self._read: set[tuple[int, str]] = set()  # (daemon pid, Unread.part) read at least once
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         restored = CounterMetricFamily(
@@ -223,6 +229,8 @@ class Supervisor(Collector):
         try:
             live, servers = read(self.control, self.root, uuid)
         except Unread as exc:
+            if (daemon.pid, exc.part) in self._read:  # it answered as we read: a client's value
+                return self._ends_unread(uuid, daemon, exc)
             if daemon.pid not in self._unread:
                 self._unread.add(daemon.pid)
                 log.warning(
@@ -232,6 +240,7 @@ class Supervisor(Collector):
         except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
             log.warning("GPU %s: MPS control daemon %d not read: %s", uuid, daemon.pid, exc)
             return True  # a daemon that died is restarted by the next pass
+        self._read |= {(daemon.pid, "defaults")} | ({(daemon.pid, "servers")} if servers else set())
         lifted = daemon.defaults.lifted_by(live)
         if lifted:
             self.restored[uuid] = self.restored.get(uuid, 0) + 1
@@ -242,6 +251,20 @@ class Supervisor(Collector):
         if self._ends_loose(uuid, daemon, servers):
             return False
         return not lifted or self._set_back(uuid, daemon)
+
+    def _ends_unread(self, uuid: str, daemon: mps.Daemon, exc: Unread) -> bool:
+        """A daemon read before that answers what the agent does not read: a value a client
+        set (a unit it does not know) stands where a limit was, so the daemon is restarted
+        as for lifted defaults or a lifted server, and counted as that. False: stopped."""
+        log.warning(
+            "GPU %s: MPS control daemon %d's %s are no longer read as before (%s): a client "
+            "set them; restarting the daemon",
+            uuid, daemon.pid, exc.part, exc,
+        )  # fmt: skip
+        counted = self.restored if exc.part == "defaults" else self.ended
+        counted[uuid] = counted.get(uuid, 0) + 1
+        self.stop(uuid, f"its {exc.part} are no longer read")
+        return False
 
     def _ends_loose(self, uuid: str, daemon: mps.Daemon, servers: dict[int, mps.Defaults]) -> bool:
         """Restart the daemon where any of its `servers` holds looser limits than its
@@ -347,7 +370,9 @@ class Supervisor(Collector):
             self._answers(uuid, process)
             if defaults.commands():
                 send(self.control, self.root, uuid, defaults.commands())
-            send(self.control, self.root, uuid, ["get_default_active_thread_percentage"])
+                self._first_read(uuid, process.pid)
+            else:
+                send(self.control, self.root, uuid, ["get_default_active_thread_percentage"])
             start = process_start(process.pid)
             if start is None:
                 raise MpsError(f"exited with status {process.wait()}")
@@ -357,6 +382,18 @@ class Supervisor(Collector):
             _end(process)
             raise
         return _Running(daemon, process)
+
+    def _first_read(self, uuid: str, pid: int) -> None:
+        """Read a new daemon back once its defaults are set: from then on an answer the
+        agent does not read is a client's doing (`_ends_unread`); one it never read (a
+        driver that answers otherwise) is logged once and not checked."""
+        try:
+            read(self.control, self.root, uuid)
+        except Unread as exc:
+            self._unread.add(pid)
+            log.warning("GPU %s: MPS control daemon %d not read, not checked: %s", uuid, pid, exc)
+        else:
+            self._read.add((pid, "defaults"))
 
     def _answers(self, uuid: str, process: subprocess.Popen[bytes]) -> None:
         """Wait until the new daemon answers a command (it makes its pipes as it starts)."""

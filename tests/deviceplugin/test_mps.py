@@ -72,7 +72,8 @@ def test_each_healthy_gpu_gets_a_daemon_with_its_defaults_marked_ready(
         "get_default_active_thread_percentage",
         "set_default_active_thread_percentage 25",
         "set_default_device_pinned_mem_limit 0 20480M",
-        "get_default_active_thread_percentage",
+        *mps.Defaults.queries(),  # read back once: what the agent checks from then on
+        mps.SERVER_LIST,
     ]
     assert commands(root, gpus[1].uuid) == ["get_default_active_thread_percentage"] * 2
     environ = Path(f"/proc/{first.pid}/environ").read_bytes().split(b"\0")
@@ -177,6 +178,35 @@ def test_a_server_holding_the_share_is_left_alone_and_one_lifted_on_it_is_ended(
     assert not Path(f"/proc/{server}").exists()
     assert supervisor.running[uuid].daemon.pid != first
     assert (supervisor.ended, supervisor.restored) == ({uuid: 1}, {})
+
+
+def test_an_answer_a_tenant_made_unreadable_ends_what_gave_it(
+    node: Path, supervisor: daemons.Supervisor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon whose defaults and servers the agent has read once answers as it reads:
+    an answer it no longer reads is a value a client set there (a unit it does not know,
+    `80T`), so the daemon is restarted as if lifted, ending the server that holds it.
+    Before: such an answer was logged once and that daemon never checked again, so the
+    value stayed, whatever it gave."""
+    gpus = sim.load_machine(node).devices[:1]
+    supervisor.step(gpus, frozenset())
+    root, uuid = supervisor.root, gpus[0].uuid
+    first = supervisor.running[uuid].daemon.pid
+    daemons.send(supervisor.control, root, uuid, ["set_default_device_pinned_mem_limit 0 80T"])
+    supervisor.step(gpus, frozenset())
+    second = supervisor.running[uuid].daemon.pid
+    assert second != first
+    assert daemons.read(supervisor.control, root, uuid) == (mps.Defaults(25, 20480), {})
+    assert (supervisor.ended, supervisor.restored) == ({}, {uuid: 1})
+    server = mps_control.cuda_init(mps.pipe_dir(root, uuid))
+    supervisor.step(gpus, frozenset())  # its server read once: held
+    assert supervisor.running[uuid].daemon.pid == second
+    daemons.send(supervisor.control, root, uuid, [f"set_device_pinned_mem_limit {server} 0 80T"])
+    supervisor.step(gpus, frozenset())
+    assert not Path(f"/proc/{server}").exists()
+    assert supervisor.running[uuid].daemon.pid != second
+    assert (supervisor.ended, supervisor.restored) == ({uuid: 1}, {uuid: 1})
+    assert "no longer read as before" in caplog.text
 
 
 def test_a_stopped_daemon_leaves_nothing_its_clients_wrote(
