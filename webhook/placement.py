@@ -36,7 +36,6 @@ from gpuwire.annotations import GpuRequest
 from gpuwire.vendor import VENDORS, Vendor, of_resource
 from webhook.fleet import (
     HOSTNAME_LABEL,
-    MEMORY_LABEL,
     PRODUCT_LABEL,
     Fleet,
     Gpu,
@@ -115,19 +114,20 @@ def models_matching(
 
 
 def _holds(e: Expression, shape: Shape) -> bool:
-    """A model or memory expression against a node's two label values (those of its vendor's
-    labeller: a node of another vendor has neither)."""
-    if e["key"] == shape.vendor.product_label:
-        value: str | int | None = shape.product
-    else:
-        value = shape.memory_mib if e["key"] == shape.vendor.memory_label else None
+    """A model or memory expression against a node's two label values as spelled there
+    (those of its vendor's labeller: a node of another vendor has neither)."""
+    vendor, value = shape.vendor, None
+    if e["key"] == vendor.product_label:
+        value = shape.product
+    elif e["key"] == vendor.memory_label and shape.memory_mib is not None:
+        value = vendor.label_memory(shape.memory_mib)
     if e["operator"] == "Exists":
         return value is not None
     if e["operator"] == "In":
         return value in e["values"]
     if e["operator"] == "NotIn":
         return value is None or value not in e["values"]
-    return isinstance(value, int) and value > int(e["values"][0])  # Gt, on the memory label
+    return value is not None and value.isdigit() and int(value) > int(e["values"][0])  # Gt
 
 
 def _group_of(node: Node, device: Gpu | Mig) -> Group:
@@ -296,7 +296,11 @@ class _Placer:
             )
             return
         self.least = least
-        self.labelled.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
+        for vendor in VENDORS:  # the floor as each vendor's label says it, where GPUs fit
+            shapes = [s for s in self.fleet.shapes if s.vendor is vendor]
+            if any(self.fits(g) for s in shapes for g in s.groups):
+                labelled = (s.memory_mib for s in shapes if s.memory_mib is not None)
+                self.labelled.append(vendor.memory_requirement(least, labelled))
         self.words = True
 
     def candidates(self) -> None:

@@ -160,6 +160,20 @@ def test_memory_selects_amd_gpus_too() -> None:
     assert [n.name for n in placed.nodes] == ["amd-mi300x-0", "amd-mi300x-1"]
 
 
+@pytest.mark.parametrize("count", ["all", "2"])
+def test_a_memory_floor_on_amd_nodes_keeps_the_model_in_the_affinity(count: str) -> None:
+    """AMD's `amd.com/gpu.vram` (`192G`) is no number: the floor is the values present that
+    reach it, beside the model's label, so an AMD node of another model that joins later
+    is no candidate (no hostname list that only names today's nodes)."""
+    asked = {a.MODEL: "MI300X", a.MIN_MEMORY: "100Gi", a.COUNT: count}
+    mutated, _ = admit(pod(asked), nodes=CLUSTER)
+    (term,) = required_terms(mutated)
+    assert term["matchExpressions"] == [
+        {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI300X"]},
+        {"key": "amd.com/gpu.vram", "operator": "In", "values": ["192G"]},
+    ]
+
+
 @pytest.mark.parametrize(
     ("annotations", "said"),
     [
