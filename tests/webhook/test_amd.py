@@ -121,6 +121,51 @@ def test_models_of_two_vendors_are_an_or_named_by_hostname() -> None:
     assert grants(seen["GPUWIRE_GRANT"], "app", "all", caps) == {"nvidia", "amd"}
 
 
+@pytest.mark.parametrize(
+    ("model", "resource", "selected", "left_out"),
+    [
+        (  # two MI300X nodes hold 2 of them, one H100 node 2 H100s (the mixed one has one)
+            "H100,MI300X",
+            "amd.com/gpu",
+            {"key": "amd.com/gpu.product-name", "operator": "In",
+             "values": ["AMD_Instinct_MI300X"]},
+            "left out: NVIDIA-H100-80GB-HBM3 on gpu-h100-0 (nvidia.com/gpu)",
+        ),
+        (  # two A100 nodes, one MI210 node with 2 or more (the labeller's one has one)
+            "A100,MI210",
+            "nvidia.com/gpu",
+            {"key": "nvidia.com/gpu.product", "operator": "In",
+             "values": ["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB"]},
+            "left out: AMD_Instinct_MI210 on amd-mi210-0 (amd.com/gpu)",
+        ),
+        (  # three nodes each: the tie goes to the resource asked
+            "!T4",
+            "nvidia.com/gpu",
+            {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["Tesla-T4"]},
+            "(as many as any, ties going to the resource asked); left out: AMD_Instinct_MI210, "
+            "AMD_Instinct_MI300X on amd-mi210-0, amd-mi300x-0, amd-mi300x-1 (amd.com/gpu)",
+        ),
+    ],
+)  # fmt: skip
+def test_an_or_across_vendors_with_a_count_takes_the_resource_of_more_candidates(
+    model: str, resource: str, selected: dict[str, Any], left_out: str
+) -> None:
+    """A container asks for one resource (its resources are an AND): an OR of two vendors'
+    models with a count goes to the resource listing them on more nodes, said in a warning
+    naming the models and nodes it leaves."""
+    mutated, outcome = admit(pod({a.MODEL: model, a.COUNT: "2"}), nodes=CLUSTER)
+    assert mutated["spec"]["containers"][0]["resources"] == {"limits": {resource: "2"}}
+    (term,) = required_terms(mutated)
+    assert selected in term["matchExpressions"]  # the model, by the label of the one vendor
+    (warned,) = [w for w in outcome.warnings if "left out" in w]
+    assert f"a container asks for one resource: {resource}" in warned
+    assert left_out in warned
+    seen = amd_env(mutated)  # the grant and env of that resource's vendor alone
+    caps = seen.get("NVIDIA_DRIVER_CAPABILITIES")
+    vendor = "amd" if resource == "amd.com/gpu" else "nvidia"
+    assert grants(seen["GPUWIRE_GRANT"], "app", grant.PLUGIN_DEVICES, caps) == {vendor}
+
+
 def test_a_pod_for_amd_nodes_gets_amds_env_and_nothing_of_nvidias() -> None:
     mutated, _ = admit(pod({a.MODEL: "MI300X", a.COUNT: "all"}), nodes=CLUSTER)
     seen = amd_env(mutated)
