@@ -6,6 +6,8 @@ through, so that nothing else asks which vendor it has. What a vendor provides:
 
 - names: the extended resource, the label prefix, the CDI kind, the env that names a
   container's GPUs and the one for driver capabilities (AMD has none), all request env;
+- `limits`: whether a GPU of it can be shared under an enforced limit profile (MPS and
+  HAMi-core are CUDA's: AMD's cannot, a container gets its GPUs whole);
 - visibility semantics: `visible_request` (a container's env → `devices.Request`), `select`
   (a request against what discovery found → `Selection`), `capabilities`;
 - discovery: `discover(roots, capabilities)` (NVIDIA: procfs and the driver's files, no
@@ -61,6 +63,7 @@ class Vendor:
     request_env: tuple[str, ...]  # every env a container's request is read from
     grant_tag: str
     files: bool  # whether containers get driver files (libraries, binaries) laid out per image
+    limits: bool  # whether enforced limit profiles (MPS, HAMi-core) can share its GPUs
     product_label: str  # the node label its labeller names a node's GPU model by
     control_nodes: tuple[str, ...]  # names under /dev every GPU container of it gets
 
@@ -163,6 +166,7 @@ class _Nvidia(Vendor):
     )
     grant_tag = "gpuwire-grant-v1"
     files = True
+    limits = True
     product_label = nvidia.LABEL_PREFIX + "gpu.product"
     control_nodes = tuple(
         name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
@@ -287,6 +291,7 @@ class _Amd(Vendor):
     request_env = (amd.VISIBLE_DEVICES_ENV,)
     grant_tag = "gpuwire-grant-v1-amd"
     files = False  # ROCm's user space lives in the image
+    limits = False  # MPS and HAMi-core are CUDA's
     product_label = amd.LABEL_PREFIX + "gpu.product-name"
     control_nodes = (amd.KFD_NODE,)
 

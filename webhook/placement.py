@@ -330,11 +330,24 @@ class _Placer:
         )
 
     def enforcement(self) -> None:
-        """Limits go only to nodes that enforce their profile; none anywhere is a denial."""
+        """Limits go only to nodes that enforce their profile; none anywhere is a denial, and
+        so are limits for a pod whose candidates are all of vendors no profile shares (AMD's),
+        said so."""
         wanted = self.demand.enforced
         if not wanted:
             return
         asked = ", ".join(f"{k}: {v!r}" for k, v in self.given(keys.MEMORY_LIMIT, keys.CORES_LIMIT))
+        vendors = self.vendors()
+        if vendors and not any(v.limits for v in vendors):
+            sharers = " or ".join(v.name.upper() for v in VENDORS if v.limits)
+            raise Unplaceable(
+                f"{asked} needs profile {', '.join(wanted)} ({self.demand.profile_source}), "
+                f"{sharers}'s way to share a GPU under a limit, and the pod can only run on "
+                f"{' or '.join(v.name.upper() for v in vendors)} nodes "
+                f"({listing(sorted(n.name for n in self.nodes))}), whose GPUs a container gets "
+                f"whole; accepted: no limit there ({keys.MEMORY_LIMIT}, {keys.CORES_LIMIT} or "
+                f"HAMi's resources), or a model {sharers} nodes have"
+            )
         available = self.fleet.enforced
         enforced_here = ", ".join(
             f"{p} ({available[p]} node{'s' if available[p] > 1 else ''})" for p in sorted(available)

@@ -219,6 +219,9 @@ def test_a_memory_floor_on_amd_nodes_keeps_the_model_in_the_affinity(count: str)
     ]
 
 
+SHARED = "NVIDIA's way to share a GPU under a limit, and the pod can only run on AMD nodes"
+
+
 @pytest.mark.parametrize(
     ("annotations", "said"),
     [
@@ -233,7 +236,18 @@ def test_a_memory_floor_on_amd_nodes_keeps_the_model_in_the_affinity(count: str)
         ),
         (
             {a.MODEL: "MI300X", a.MEMORY_LIMIT: "8Gi"},
-            "which no node with gpuwire.io/gpu-model: 'MI300X' enforces",
+            f"gpuwire.io/gpu-memory-limit: '8Gi' needs profile hami (the policy's default "
+            f"limitProfile: hami), {SHARED} (amd-mi300x-0, amd-mi300x-1)",
+        ),
+        (
+            {a.MODEL: "MI300X", a.CORES_LIMIT: "50"},
+            f"gpuwire.io/gpu-cores-limit: '50' needs profile hami (the policy's default "
+            f"limitProfile: hami), {SHARED}",
+        ),
+        (  # a profile without limits has no effect, and on AMD nodes no meaning either
+            {a.MODEL: "MI300X", a.LIMIT_PROFILE: "mps"},
+            "gpuwire.io/limit-profile: 'mps' is NVIDIA's (mps: a GPU shared under a limit), "
+            "and the pod can only run on AMD nodes (amd-mi300x-0, amd-mi300x-1)",
         ),
     ],
 )
@@ -243,6 +257,46 @@ def test_nvidia_only_annotations_for_amd_nodes_are_denied(
     denial = deny(pod(annotations), nodes=CLUSTER)
     assert denial.code == 400
     assert said in denial.message
+
+
+@pytest.mark.parametrize(
+    ("annotations", "nodes"), [({a.MODEL: "MI300X"}, CLUSTER), ({}, AMD_ONLY)], ids=["model", "amd"]
+)
+@pytest.mark.parametrize(
+    ("hami", "said"),
+    [
+        ("nvidia.com/gpumem", "gpuwire.io/gpu-memory-limit: \"4000Mi (HAMi's nvidia.com/gpumem"),
+        ("nvidia.com/gpucores", "gpuwire.io/gpu-cores-limit: \"30% (HAMi's nvidia.com/gpucores"),
+    ],
+)
+def test_hamis_limits_for_a_pod_only_amd_nodes_can_run_are_denied(
+    annotations: dict[str, str], nodes: Fleet, hami: str, said: str
+) -> None:
+    """HAMi's resources are limits HAMi-core enforces, a CUDA library: on a pod that can
+    only land on AMD nodes (by its model, or on a cluster of AMD nodes alone) they are
+    denied as NVIDIA's, not as a profile no node happens to enforce."""
+    app = container()
+    app["resources"] = {"limits": {"nvidia.com/gpu": 1, hami: 4000 if "mem" in hami else 30}}
+    denial = deny(pod(annotations, [app]), nodes=nodes)
+    assert said in denial.message
+    assert SHARED in denial.message
+
+
+def test_a_profile_alone_on_an_amd_only_cluster_is_denied() -> None:
+    denial = deny(pod({a.LIMIT_PROFILE: "hami", a.COUNT: "all"}), nodes=AMD_ONLY)
+    assert denial.message.startswith("gpuwire.io/limit-profile: 'hami' is NVIDIA's")
+
+
+def test_an_exclusion_on_an_amd_only_cluster_selects_by_amds_label() -> None:
+    """`!MI210` where every node is AMD's: the other AMD models, by AMD's product label."""
+    mutated, _ = admit(pod({a.MODEL: "!MI210", a.COUNT: "2"}), nodes=AMD_ONLY)
+    assert mutated["spec"]["containers"][0]["resources"] == {"limits": {"amd.com/gpu": "2"}}
+    (term,) = required_terms(mutated)
+    assert term["matchExpressions"] == [
+        {"key": "amd.com/gpu.product-name", "operator": "Exists"},
+        {"key": "amd.com/gpu.product-name", "operator": "NotIn", "values": ["AMD_Instinct_MI210"]},
+    ]
+    assert grants(amd_env(mutated)["GPUWIRE_GRANT"], "app", grant.PLUGIN_DEVICES) == {"amd"}
 
 
 def test_other_containers_get_void_for_each_vendor_of_the_cluster() -> None:
