@@ -49,6 +49,10 @@ VALID_MODES = {
     "QPX": ("NPS1", "NPS4"),
     "CPX": ("NPS1", "NPS4"),
 }
+# The memory modes its firmware supports, which amdgpu lists in `available_memory_partition`
+# (`amdgpu_gmc.c`: `gmc.supported_nps_modes`): all of the above, as an MI300X on a current
+# VBIOS lists them (`NPS1, NPS2, NPS4`; an older VBIOS lists no NPS2, AMD's partitioning docs).
+MEMORY_MODES = tuple(m for m in amd.MEMORY_PARTITIONS if any(m in v for v in VALID_MODES.values()))
 
 
 @dataclass(frozen=True)
@@ -443,9 +447,9 @@ def _write_pci(root: Path, g: SimAmdGpu) -> None:
         _write(base / "unique_id", f"{g.unique_id:016x}\n")
     if g.compute:
         _write(base / "current_compute_partition", g.compute + "\n")
-        _write(base / "available_compute_partition", ",".join(VALID_MODES) + "\n")
+        _write(base / "available_compute_partition", ", ".join(VALID_MODES) + "\n")
         _write(base / "current_memory_partition", g.memory + "\n")
-        _write(base / "available_memory_partition", "NPS1,NPS4\n")
+        _write(base / "available_memory_partition", ", ".join(MEMORY_MODES) + "\n")
     for block, ue in (("umc", g.ras_ue), ("gfx", 0), ("sdma", 0)):
         _write(base / "ras" / f"{block}_err_count", f"ue: {ue}\nce: 0\n")
     _symlink(root / amd.PCI_DEVICES / g.bus, f"../../../devices/{pci_path(g)}")

@@ -353,6 +353,12 @@ def _pci_text(pci: str | None, name: str) -> str:
     return ((_read(f"{pci}/{name}") if pci else None) or "").strip()
 
 
+def _listed(text: str) -> tuple[str, ...]:
+    """The modes an `available_*` file lists: amdgpu joins them with ", " (`SPX, DPX, QPX,
+    CPX`; `amdgpu_gfx.c`, `amdgpu_gmc.c` `available_memory_partition_show`)."""
+    return tuple(mode.strip().upper() for mode in text.split(","))
+
+
 def _problem(pci: str | None, node: KfdNode, render: int, dev_root: str) -> str:
     """What the kernel says is wrong with a GPU, or ""."""
     # older kernels print no gfx_target_version at all (libhsakmt then looked the GFX
@@ -460,8 +466,8 @@ def discover(roots: Roots) -> AmdNode:
         facts = read_pci(pci)
         if facts.compute:
             modes[bus] = (
-                tuple(_pci_text(pci, "available_compute_partition").upper().split(",")),
-                tuple(_pci_text(pci, "available_memory_partition").upper().split(",")),
+                _listed(_pci_text(pci, "available_compute_partition")),
+                _listed(_pci_text(pci, "available_memory_partition")),
             )
         # the partition that keeps the GPU's own DRM nodes first, then by render minor
         members.sort(key=lambda n: (drm.get(_render(n), (-1, ""))[1] != pci, _render(n)))

@@ -6,6 +6,8 @@ through, so that nothing else asks which vendor it has. What a vendor provides:
 
 - names: the extended resource, the label prefix, the CDI kind, the env that names a
   container's GPUs and the one for driver capabilities (AMD has none), all request env;
+- `limits`: whether a GPU of it can be shared under an enforced limit profile (MPS and
+  HAMi-core are CUDA's: AMD's cannot, a container gets its GPUs whole);
 - visibility semantics: `visible_request` (a container's env → `devices.Request`), `select`
   (a request against what discovery found → `Selection`), `capabilities`;
 - discovery: `discover(roots, capabilities)` (NVIDIA: procfs and the driver's files, no
@@ -16,8 +18,10 @@ through, so that nothing else asks which vendor it has. What a vendor provides:
 - `grant_tag`: what a grant for this vendor's env is signed under, so that one vendor's grant
   never verifies as the other's;
 - node labels (its own labeller's: NVIDIA's GPU Feature Discovery, AMD's node labeller):
-  `product_label` and `label_product` (how it spells a product there), `labelled_memory` and
-  `labelled_count` (what its labels say of a node's GPUs), which the webhook's fleet reads.
+  `product_label` and `label_product` (how it spells a product there), `memory_label`,
+  `label_memory` and `memory_requirement` (how node affinity asks for a memory floor there),
+  `labelled_memory` and `labelled_count` (what its labels say of a node's GPUs), which the
+  webhook's fleet and placement read.
 
 A node runs one vendor (its config's `vendor`); the webhook learns each node's from its
 labels and `gpuwire.io/gpus`. The modules are imported when first used: a start imports only
@@ -30,7 +34,7 @@ from gpuwire import amd, devices, nvidia
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     from gpuwire.devices import Device, Request, Selection
@@ -59,6 +63,7 @@ class Vendor:
     request_env: tuple[str, ...]  # every env a container's request is read from
     grant_tag: str
     files: bool  # whether containers get driver files (libraries, binaries) laid out per image
+    limits: bool  # whether enforced limit profiles (MPS, HAMi-core) can share its GPUs
     product_label: str  # the node label its labeller names a node's GPU model by
     control_nodes: tuple[str, ...]  # names under /dev every GPU container of it gets
 
@@ -66,10 +71,19 @@ class Vendor:
         """A GPU's or partition's own device nodes, as names under /dev."""
         raise NotImplementedError
 
-    memory_label: str | None  # its labeller's node label of GPU memory in MiB, if it has one
+    memory_label: str  # its labeller's node label of a node's GPU memory
 
     def label_product(self, name: str) -> str:
         """A product name as `product_label`'s value spells it."""
+        raise NotImplementedError
+
+    def label_memory(self, mib: int) -> str:
+        """A size in MiB as `memory_label`'s value spells it (what `labelled_memory` reads)."""
+        raise NotImplementedError
+
+    def memory_requirement(self, least_mib: int, labelled: Iterable[int]) -> dict[str, Any]:
+        """A node selector requirement admitting the nodes whose `memory_label` says at least
+        `least_mib`; `labelled`: the sizes (MiB) that label says on the cluster's nodes."""
         raise NotImplementedError
 
     def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
@@ -152,6 +166,7 @@ class _Nvidia(Vendor):
     )
     grant_tag = "gpuwire-grant-v1"
     files = True
+    limits = True
     product_label = nvidia.LABEL_PREFIX + "gpu.product"
     control_nodes = tuple(
         name for name, _, _ in (nvidia.CTL_NODE, *nvidia.UVM_NODES, nvidia.MODESET_NODE)
@@ -165,8 +180,15 @@ class _Nvidia(Vendor):
     def label_product(self, name: str) -> str:
         return nvidia.gfd_product(name)
 
+    def label_memory(self, mib: int) -> str:
+        return str(mib)
+
+    def memory_requirement(self, least_mib: int, labelled: Iterable[int]) -> dict[str, Any]:
+        """GFD's label is MiB, a number: Gt."""
+        return {"key": self.memory_label, "operator": "Gt", "values": [str(least_mib - 1)]}
+
     def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
-        return _int(labels.get(nvidia.LABEL_PREFIX + "gpu.memory"))
+        return _int(labels.get(self.memory_label))
 
     def labelled_count(self, labels: Mapping[str, str]) -> int | None:
         return _int(labels.get(nvidia.LABEL_PREFIX + "gpu.count"))
@@ -269,20 +291,30 @@ class _Amd(Vendor):
     request_env = (amd.VISIBLE_DEVICES_ENV,)
     grant_tag = "gpuwire-grant-v1-amd"
     files = False  # ROCm's user space lives in the image
+    limits = False  # MPS and HAMi-core are CUDA's
     product_label = amd.LABEL_PREFIX + "gpu.product-name"
     control_nodes = (amd.KFD_NODE,)
 
     def gpu_node_names(self, device: Device) -> tuple[str, ...]:
         return (f"dri/renderD{device.minor}",)
 
-    memory_label = None  # `amd.com/gpu.vram` is `192G`: no number node affinity compares
+    memory_label = amd.LABEL_PREFIX + "gpu.vram"  # GiB with a `G`: `192G`
 
     def label_product(self, name: str) -> str:
         return amd.label_value(name)
 
+    def label_memory(self, mib: int) -> str:
+        return f"{mib // 1024}G"
+
+    def memory_requirement(self, least_mib: int, labelled: Iterable[int]) -> dict[str, Any]:
+        """`192G` is no number node affinity compares (Gt takes an integer): the values
+        present that are at least the floor, In. A node of a new size joining later is no
+        candidate, as a model that joins later is not."""
+        values = sorted({self.label_memory(m) for m in labelled if m >= least_mib})
+        return {"key": self.memory_label, "operator": "In", "values": values}
+
     def labelled_memory(self, labels: Mapping[str, str]) -> int | None:
-        """`amd.com/gpu.vram`: GiB with a `G` (`192G`)."""
-        gib = _int(labels.get(amd.LABEL_PREFIX + "gpu.vram", "").removesuffix("G"))
+        gib = _int(labels.get(self.memory_label, "").removesuffix("G"))
         return None if gib is None else gib * 1024
 
     def labelled_count(self, labels: Mapping[str, str]) -> int | None:

@@ -31,7 +31,6 @@ from kubeclient import listfile
 log = logging.getLogger(__name__)
 
 PRODUCT_LABEL = NVIDIA.product_label
-MEMORY_LABEL = NVIDIA.memory_label  # MiB
 REPLICAS_LABEL = nvidia.LABEL_PREFIX + "gpu.replicas"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 GPUS_ANNOTATION = nodegpus.ANNOTATION

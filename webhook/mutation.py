@@ -776,21 +776,28 @@ class _Mutation:
         )
 
     def nvidia_only(self, request: GpuRequest, placement: Placement) -> None:
-        """Driver capabilities are what NVIDIA's runtime mounts: asked for a pod that can only
-        run on AMD nodes (ROCm's user space is in the image), they are a denial, not dropped.
-        (NVIDIA's other mechanisms deny on their own there: no AMD node offers a MIG profile
-        or enforces a limit profile.)"""
-        value = request.given.get(keys.CAPABILITIES)
+        """Driver capabilities are what NVIDIA's runtime mounts, an enforced limit profile
+        (MPS, HAMi-core) NVIDIA's way to share a GPU: asked for a pod that can only run on AMD
+        nodes, they are a denial, not dropped (a profile without limits: not only a warning).
+        (NVIDIA's other mechanisms deny on their own there: no AMD node offers a MIG profile,
+        and placement denies limits no node there enforces.)"""
         vendors = placement.vendors
-        if value is None or not vendors or NVIDIA in vendors:
+        if not vendors or NVIDIA in vendors:
+            return
+        enforced = [p for p in request.profiles if limits.PROFILES[p].enforced]
+        if keys.CAPABILITIES in request.given:
+            key, what = keys.CAPABILITIES, "the driver capabilities NVIDIA's runtime mounts"
+            why = "ROCm's user space is in the image"
+        elif enforced:
+            key, what = keys.LIMIT_PROFILE, f"{', '.join(enforced)}: a GPU shared under a limit"
+            why = "a container gets its GPUs whole"
+        else:
             return
         raise Denied(
             400,
-            f"{keys.CAPABILITIES}: {value!r} is NVIDIA's (the driver capabilities NVIDIA's "
-            f"runtime mounts), and the pod can only run on AMD nodes "
-            f"({', '.join(sorted(n.name for n in placement.nodes))}); accepted: no "
-            f"{keys.CAPABILITIES} for AMD GPUs (ROCm's user space is in the image), or a model "
-            "NVIDIA nodes have",
+            f"{key}: {request.given[key]!r} is NVIDIA's ({what}), and the pod can only run on "
+            f"AMD nodes ({', '.join(sorted(n.name for n in placement.nodes))}); accepted: no "
+            f"{key} for AMD GPUs ({why}), or a model NVIDIA nodes have",
         )
 
     def vendors(self, granted: _Devices, placement: Placement) -> tuple[Vendor, ...]:

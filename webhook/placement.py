@@ -36,7 +36,6 @@ from gpuwire.annotations import GpuRequest
 from gpuwire.vendor import VENDORS, Vendor, of_resource
 from webhook.fleet import (
     HOSTNAME_LABEL,
-    MEMORY_LABEL,
     PRODUCT_LABEL,
     Fleet,
     Gpu,
@@ -115,19 +114,20 @@ def models_matching(
 
 
 def _holds(e: Expression, shape: Shape) -> bool:
-    """A model or memory expression against a node's two label values (those of its vendor's
-    labeller: a node of another vendor has neither)."""
-    if e["key"] == shape.vendor.product_label:
-        value: str | int | None = shape.product
-    else:
-        value = shape.memory_mib if e["key"] == shape.vendor.memory_label else None
+    """A model or memory expression against a node's two label values as spelled there
+    (those of its vendor's labeller: a node of another vendor has neither)."""
+    vendor, value = shape.vendor, None
+    if e["key"] == vendor.product_label:
+        value = shape.product
+    elif e["key"] == vendor.memory_label and shape.memory_mib is not None:
+        value = vendor.label_memory(shape.memory_mib)
     if e["operator"] == "Exists":
         return value is not None
     if e["operator"] == "In":
         return value in e["values"]
     if e["operator"] == "NotIn":
         return value is None or value not in e["values"]
-    return isinstance(value, int) and value > int(e["values"][0])  # Gt, on the memory label
+    return value is not None and value.isdigit() and int(value) > int(e["values"][0])  # Gt
 
 
 def _group_of(node: Node, device: Gpu | Mig) -> Group:
@@ -296,7 +296,11 @@ class _Placer:
             )
             return
         self.least = least
-        self.labelled.append({"key": MEMORY_LABEL, "operator": "Gt", "values": [str(least - 1)]})
+        for vendor in VENDORS:  # the floor as each vendor's label says it, where GPUs fit
+            shapes = [s for s in self.fleet.shapes if s.vendor is vendor]
+            if any(self.fits(g) for s in shapes for g in s.groups):
+                labelled = (s.memory_mib for s in shapes if s.memory_mib is not None)
+                self.labelled.append(vendor.memory_requirement(least, labelled))
         self.words = True
 
     def candidates(self) -> None:
@@ -326,11 +330,24 @@ class _Placer:
         )
 
     def enforcement(self) -> None:
-        """Limits go only to nodes that enforce their profile; none anywhere is a denial."""
+        """Limits go only to nodes that enforce their profile; none anywhere is a denial, and
+        so are limits for a pod whose candidates are all of vendors no profile shares (AMD's),
+        said so."""
         wanted = self.demand.enforced
         if not wanted:
             return
         asked = ", ".join(f"{k}: {v!r}" for k, v in self.given(keys.MEMORY_LIMIT, keys.CORES_LIMIT))
+        vendors = self.vendors()
+        if vendors and not any(v.limits for v in vendors):
+            sharers = " or ".join(v.name.upper() for v in VENDORS if v.limits)
+            raise Unplaceable(
+                f"{asked} needs profile {', '.join(wanted)} ({self.demand.profile_source}), "
+                f"{sharers}'s way to share a GPU under a limit, and the pod can only run on "
+                f"{' or '.join(v.name.upper() for v in vendors)} nodes "
+                f"({listing(sorted(n.name for n in self.nodes))}), whose GPUs a container gets "
+                f"whole; accepted: no limit there ({keys.MEMORY_LIMIT}, {keys.CORES_LIMIT} or "
+                f"HAMi's resources), or a model {sharers} nodes have"
+            )
         available = self.fleet.enforced
         enforced_here = ", ".join(
             f"{p} ({available[p]} node{'s' if available[p] > 1 else ''})" for p in sorted(available)
@@ -442,9 +459,11 @@ class _Placer:
 
     def plugin_resource(self) -> None:
         """The one resource device-plugin containers ask for, listing enough devices: where
-        they name a model, `nvidia.com/gpu` where it lists only fitting GPUs on some candidate,
-        else the resource that does on most candidates; the candidates narrow to its nodes.
-        Limits are sized from the candidates' GPUs: there, the nodes that list the resource."""
+        they name a model, the resource that lists only fitting GPUs on most candidates (ties:
+        the one asked, then by name); the candidates narrow to its nodes, with a warning
+        naming those it leaves out. A container's resources are an AND, so an OR of models
+        under two resources (two vendors' GPUs) is one of them there. Limits are sized from
+        the candidates' GPUs: there, the nodes that list the resource."""
         wanted, asks = self.demand.plugin, self.demand.asks
         # a cluster without the asked resource's vendor (an AMD-only one asked for
         # `nvidia.com/gpu`): the resource that its nodes list
@@ -458,10 +477,11 @@ class _Placer:
             for resource, devices in (kind.pure if self.words else kind.devices).items():
                 if devices >= wanted:
                     by_resource.setdefault(resource, {})[shape] = nodes
-        if asks in by_resource:
+        renames = asks == nvidia.RESOURCE and (self.words or unlisted)
+        if not renames and asks in by_resource:
             self.shapes = by_resource[asks]
             return
-        if asks != nvidia.RESOURCE or not (self.words or unlisted) or not by_resource:
+        if not renames or not by_resource:
             listed = sorted({r for s in self.shapes for r in self.kind(s.groups).devices})
             left = f" that {self.others(())} leaves" if self.words or self.narrowed else ""
             raise Unplaceable(
@@ -470,11 +490,50 @@ class _Placer:
                 f"{keys.MODEL} naming a model one of them lists alone"
             )
         counted = {r: sum(map(len, shapes.values())) for r, shapes in by_resource.items()}
-        chosen = min(counted, key=lambda r: (-counted[r], r))
-        self.resource = chosen
+        chosen = min(counted, key=lambda r: (-counted[r], r != asks, r))
+        self.left_out(by_resource, chosen, counted)
+        self.resource = None if chosen == asks else chosen
         self.shapes = by_resource[chosen]
 
+    def left_out(
+        self, by_resource: dict[str, Shapes], chosen: str, counted: dict[str, int]
+    ) -> None:
+        """Warn of the candidates the chosen resource leaves out (nodes where only another
+        resource lists fitting GPUs: another vendor's, a model listed apart) and what they have."""
+        kept = by_resource[chosen]
+        dropped = {s for shapes in by_resource.values() for s in shapes if s not in kept}
+        if not dropped:
+            return
+        nodes = sorted(n.name for s in dropped for n in self.shapes[s])
+        fitting = (g for s in dropped for g in self.kind(s.groups).fitting if g.resource != chosen)
+        products = sorted({g.product for g in fitting})
+        others = sorted(set(by_resource) - {chosen})
+        if sum(n == counted[chosen] for n in counted.values()) == 1:
+            why = "the most of them"
+        elif chosen == self.demand.asks:
+            why = "as many as any, ties going to the resource asked"
+        else:
+            why = "as many as any, ties going to the first by name"
+        self.warnings.append(
+            f"the pod's GPU annotations ({self.others(())}) fit GPUs under "
+            f"{' and '.join(sorted(by_resource))}, and a container asks for one resource: "
+            f"{chosen}, listed on {counted[chosen]} of the candidate nodes ({why}); left out: "
+            f"{listing(products)} on {listing(nodes)} ({', '.join(others)}); {keys.MODEL} chooses"
+        )
+
     # --- the affinity
+
+    def own_labels(self) -> None:
+        """Keep the model and memory expressions on the labels of the candidates' vendors: no
+        node carries two vendors' labels, so another vendor's expression (of a model a count
+        or memory floor left out, of the vendor a resource left out) would only force the
+        candidates to be named by hostname."""
+        wanted = {key for v in self.vendors() for key in (v.product_label, v.memory_label)}
+        self.labelled = [e for e in self.labelled if e["key"] in wanted]
+
+    def vendors(self) -> tuple[Vendor, ...]:
+        """The candidates' vendors, in VENDORS order."""
+        return tuple(v for v in VENDORS if any(s.vendor is v for s, n in self.shapes.items() if n))
 
     def expressions(self) -> tuple[Expression, ...]:
         """Expressions admitting exactly the candidates among the nodes the pod could land
@@ -628,6 +687,7 @@ class _Placer:
         self.excluded_uuids()
         self.mig()
         self.plugin_resource()
+        self.own_labels()
         return Placement(
             self.expressions(),
             tuple(sorted(self.nodes, key=lambda n: n.name)),
@@ -636,7 +696,7 @@ class _Placer:
             self.resource,
             self.memories(),
             max((s.gpu_count for s, n in self.shapes.items() if n and s.gpu_count), default=None),
-            tuple(v for v in VENDORS if any(s.vendor is v for s, n in self.shapes.items() if n)),
+            self.vendors(),
         )
 
 

@@ -61,28 +61,36 @@ def test_mi300x_in_spx_is_eight_whole_gpus_in_one_fully_connected_hive(tmp_path:
         assert amd.family(gpu.gfx_target_version) == "AI"
     # the partition platform devices exist in every mode; in SPX KFD lists none of them
     assert len(list((tmp_path / "sys/devices/platform").glob("amdgpu_xcp_*"))) == 56
-    assert node.modes["0000:05:00.0"] == (("SPX", "DPX", "QPX", "CPX"), ("NPS1", "NPS4"))
 
 
-@pytest.mark.parametrize("memory", ["NPS1", "NPS4"])
-def test_mi300x_in_cpx_is_eight_partitions_per_gpu_each_a_device(
-    tmp_path: Path, memory: str
+MODES = [(c, m) for c, memories in amdsim.VALID_MODES.items() for m in memories]
+
+
+@pytest.mark.parametrize(("compute", "memory"), MODES, ids=[f"{c}-{m}" for c, m in MODES])
+def test_mi300x_in_every_mode_amdgpu_allows_is_its_partitions_each_a_device(
+    tmp_path: Path, compute: str, memory: str
 ) -> None:
-    machine = amdsim.make_machine(8, "MI300X", compute="CPX", memory=memory)
+    """Every compute and memory mode the simulator has (amdgpu's valid pairs): a partition
+    is a device of its own, with its share of the GPU, its parent, its DRM nodes."""
+    machine = amdsim.make_machine(8, "MI300X", compute=compute, memory=memory)
     node = written(tmp_path, machine)
-    assert len(node.devices) == 64
-    first = node.gpus[:8]
+    n = amd.COMPUTE_PARTITIONS[compute]
+    assert len(node.devices) == 8 * n
+    assert [d.index for d in node.devices] == list(range(8 * n))
+    first = node.gpus[:n]
     assert {g.device.pci_bus_id for g in first} == {"0000:05:00.0"}
-    assert [g.partition for g in first] == list(range(8))
-    assert {g.parent for g in first} == {amd.uuid(machine.gpus[0].unique_id)}
-    assert len({g.device.uuid for g in node.gpus}) == 64  # each partition its own unique id
+    assert [g.partition for g in first] == list(range(n))
+    parent = amd.uuid(machine.gpus[0].unique_id) if n > 1 else ""
+    assert {g.parent for g in first} == {parent}
+    assert len({g.device.uuid for g in node.gpus}) == 8 * n  # each partition its own unique id
     for gpu in node.gpus:
-        # a partition's share: one XCD of eight, its share of the memory partition
-        assert (gpu.compute_units, gpu.device.memory_mib) == (38, 24576)
-        assert gpu.partition_type == f"cpx_{memory.lower()}"
+        # a partition's share: its XCDs of eight, its share of the memory partition
+        assert (gpu.compute_units, gpu.device.memory_mib) == (304 // n, 196608 // n)
+        assert gpu.partition_type == f"{compute}_{memory}".lower()
     # the first partition keeps the GPU's own DRM nodes; the others are amdgpu_xcp_<n>'s
-    assert [(g.card, g.device.minor) for g in first] == [(1 + i, 128 + i) for i in range(8)]
-    assert [d.index for d in node.devices] == list(range(64))
+    assert [(g.card, g.device.minor) for g in first] == [(1 + i, 128 + i) for i in range(n)]
+    # what amdgpu lists as the modes the GPU may be put in: the current ones among them
+    assert node.modes["0000:05:00.0"] == (("SPX", "DPX", "QPX", "CPX"), ("NPS1", "NPS2", "NPS4"))
 
 
 def test_a_repartitioned_gpu_shows_its_new_devices(tmp_path: Path) -> None:

@@ -121,6 +121,51 @@ def test_models_of_two_vendors_are_an_or_named_by_hostname() -> None:
     assert grants(seen["GPUWIRE_GRANT"], "app", "all", caps) == {"nvidia", "amd"}
 
 
+@pytest.mark.parametrize(
+    ("model", "resource", "selected", "left_out"),
+    [
+        (  # two MI300X nodes hold 2 of them, one H100 node 2 H100s (the mixed one has one)
+            "H100,MI300X",
+            "amd.com/gpu",
+            {"key": "amd.com/gpu.product-name", "operator": "In",
+             "values": ["AMD_Instinct_MI300X"]},
+            "left out: NVIDIA-H100-80GB-HBM3 on gpu-h100-0 (nvidia.com/gpu)",
+        ),
+        (  # two A100 nodes, one MI210 node with 2 or more (the labeller's one has one)
+            "A100,MI210",
+            "nvidia.com/gpu",
+            {"key": "nvidia.com/gpu.product", "operator": "In",
+             "values": ["NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB"]},
+            "left out: AMD_Instinct_MI210 on amd-mi210-0 (amd.com/gpu)",
+        ),
+        (  # three nodes each: the tie goes to the resource asked
+            "!T4",
+            "nvidia.com/gpu",
+            {"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["Tesla-T4"]},
+            "(as many as any, ties going to the resource asked); left out: AMD_Instinct_MI210, "
+            "AMD_Instinct_MI300X on amd-mi210-0, amd-mi300x-0, amd-mi300x-1 (amd.com/gpu)",
+        ),
+    ],
+)  # fmt: skip
+def test_an_or_across_vendors_with_a_count_takes_the_resource_of_more_candidates(
+    model: str, resource: str, selected: dict[str, Any], left_out: str
+) -> None:
+    """A container asks for one resource (its resources are an AND): an OR of two vendors'
+    models with a count goes to the resource listing them on more nodes, said in a warning
+    naming the models and nodes it leaves."""
+    mutated, outcome = admit(pod({a.MODEL: model, a.COUNT: "2"}), nodes=CLUSTER)
+    assert mutated["spec"]["containers"][0]["resources"] == {"limits": {resource: "2"}}
+    (term,) = required_terms(mutated)
+    assert selected in term["matchExpressions"]  # the model, by the label of the one vendor
+    (warned,) = [w for w in outcome.warnings if "left out" in w]
+    assert f"a container asks for one resource: {resource}" in warned
+    assert left_out in warned
+    seen = amd_env(mutated)  # the grant and env of that resource's vendor alone
+    caps = seen.get("NVIDIA_DRIVER_CAPABILITIES")
+    vendor = "amd" if resource == "amd.com/gpu" else "nvidia"
+    assert grants(seen["GPUWIRE_GRANT"], "app", grant.PLUGIN_DEVICES, caps) == {vendor}
+
+
 def test_a_pod_for_amd_nodes_gets_amds_env_and_nothing_of_nvidias() -> None:
     mutated, _ = admit(pod({a.MODEL: "MI300X", a.COUNT: "all"}), nodes=CLUSTER)
     seen = amd_env(mutated)
@@ -160,6 +205,23 @@ def test_memory_selects_amd_gpus_too() -> None:
     assert [n.name for n in placed.nodes] == ["amd-mi300x-0", "amd-mi300x-1"]
 
 
+@pytest.mark.parametrize("count", ["all", "2"])
+def test_a_memory_floor_on_amd_nodes_keeps_the_model_in_the_affinity(count: str) -> None:
+    """AMD's `amd.com/gpu.vram` (`192G`) is no number: the floor is the values present that
+    reach it, beside the model's label, so an AMD node of another model that joins later
+    is no candidate (no hostname list that only names today's nodes)."""
+    asked = {a.MODEL: "MI300X", a.MIN_MEMORY: "100Gi", a.COUNT: count}
+    mutated, _ = admit(pod(asked), nodes=CLUSTER)
+    (term,) = required_terms(mutated)
+    assert term["matchExpressions"] == [
+        {"key": "amd.com/gpu.product-name", "operator": "In", "values": ["AMD_Instinct_MI300X"]},
+        {"key": "amd.com/gpu.vram", "operator": "In", "values": ["192G"]},
+    ]
+
+
+SHARED = "NVIDIA's way to share a GPU under a limit, and the pod can only run on AMD nodes"
+
+
 @pytest.mark.parametrize(
     ("annotations", "said"),
     [
@@ -174,7 +236,18 @@ def test_memory_selects_amd_gpus_too() -> None:
         ),
         (
             {a.MODEL: "MI300X", a.MEMORY_LIMIT: "8Gi"},
-            "which no node with gpuwire.io/gpu-model: 'MI300X' enforces",
+            f"gpuwire.io/gpu-memory-limit: '8Gi' needs profile hami (the policy's default "
+            f"limitProfile: hami), {SHARED} (amd-mi300x-0, amd-mi300x-1)",
+        ),
+        (
+            {a.MODEL: "MI300X", a.CORES_LIMIT: "50"},
+            f"gpuwire.io/gpu-cores-limit: '50' needs profile hami (the policy's default "
+            f"limitProfile: hami), {SHARED}",
+        ),
+        (  # a profile without limits has no effect, and on AMD nodes no meaning either
+            {a.MODEL: "MI300X", a.LIMIT_PROFILE: "mps"},
+            "gpuwire.io/limit-profile: 'mps' is NVIDIA's (mps: a GPU shared under a limit), "
+            "and the pod can only run on AMD nodes (amd-mi300x-0, amd-mi300x-1)",
         ),
     ],
 )
@@ -184,6 +257,46 @@ def test_nvidia_only_annotations_for_amd_nodes_are_denied(
     denial = deny(pod(annotations), nodes=CLUSTER)
     assert denial.code == 400
     assert said in denial.message
+
+
+@pytest.mark.parametrize(
+    ("annotations", "nodes"), [({a.MODEL: "MI300X"}, CLUSTER), ({}, AMD_ONLY)], ids=["model", "amd"]
+)
+@pytest.mark.parametrize(
+    ("hami", "said"),
+    [
+        ("nvidia.com/gpumem", "gpuwire.io/gpu-memory-limit: \"4000Mi (HAMi's nvidia.com/gpumem"),
+        ("nvidia.com/gpucores", "gpuwire.io/gpu-cores-limit: \"30% (HAMi's nvidia.com/gpucores"),
+    ],
+)
+def test_hamis_limits_for_a_pod_only_amd_nodes_can_run_are_denied(
+    annotations: dict[str, str], nodes: Fleet, hami: str, said: str
+) -> None:
+    """HAMi's resources are limits HAMi-core enforces, a CUDA library: on a pod that can
+    only land on AMD nodes (by its model, or on a cluster of AMD nodes alone) they are
+    denied as NVIDIA's, not as a profile no node happens to enforce."""
+    app = container()
+    app["resources"] = {"limits": {"nvidia.com/gpu": 1, hami: 4000 if "mem" in hami else 30}}
+    denial = deny(pod(annotations, [app]), nodes=nodes)
+    assert said in denial.message
+    assert SHARED in denial.message
+
+
+def test_a_profile_alone_on_an_amd_only_cluster_is_denied() -> None:
+    denial = deny(pod({a.LIMIT_PROFILE: "hami", a.COUNT: "all"}), nodes=AMD_ONLY)
+    assert denial.message.startswith("gpuwire.io/limit-profile: 'hami' is NVIDIA's")
+
+
+def test_an_exclusion_on_an_amd_only_cluster_selects_by_amds_label() -> None:
+    """`!MI210` where every node is AMD's: the other AMD models, by AMD's product label."""
+    mutated, _ = admit(pod({a.MODEL: "!MI210", a.COUNT: "2"}), nodes=AMD_ONLY)
+    assert mutated["spec"]["containers"][0]["resources"] == {"limits": {"amd.com/gpu": "2"}}
+    (term,) = required_terms(mutated)
+    assert term["matchExpressions"] == [
+        {"key": "amd.com/gpu.product-name", "operator": "Exists"},
+        {"key": "amd.com/gpu.product-name", "operator": "NotIn", "values": ["AMD_Instinct_MI210"]},
+    ]
+    assert grants(amd_env(mutated)["GPUWIRE_GRANT"], "app", grant.PLUGIN_DEVICES) == {"amd"}
 
 
 def test_other_containers_get_void_for_each_vendor_of_the_cluster() -> None:
