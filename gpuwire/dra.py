@@ -14,6 +14,9 @@ WHOLE_CLASS = "gpu.gpuwire.io"
 SHARED_CLASS = "shared.gpu.gpuwire.io"
 MIG_CLASS = "mig.gpu.gpuwire.io"
 AMD_CLASS = "amd.gpu.gpuwire.io"  # AMD GPUs and partitions (AMD's driver's class `gpu.amd.com`)
+# The limitProfile the shared class's config enforces: a claim of it naming another fails its
+# prepare (`deviceplugin.dra.claims`), so the webhook asks for no other.
+SHARED_CLASS_PROFILE = "hami"
 
 # Device attributes.
 TYPE = "type"

@@ -23,7 +23,8 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
   plugin's request policy), a share of the GPU taken against the smallest shared GPU that
   fits; the DRA plugin turns what was consumed into the limit profile's env at prepare; an
   enforced profile (hami, mps) → a selector on its `<profile>Limits` attribute, the shared
-  GPUs whose node holds a share with it;
+  GPUs whose node holds a share with it; an advisory one is denied (the shared class
+  enforces `hami`: the plugin would fail the claim's prepare);
 * a MIG profile (`mig-profile`, or a container's `nvidia.com/mig-<profile>`) → the MIG class
   and a selector on `profile`, counted by the count; named MIG devices by their `uuid`;
 * capabilities and the limit profile → the claim's opaque `GpuConfig`;
@@ -326,15 +327,23 @@ class _Translation:
 
     def enforcing(self, shared: list[PoolDevice]) -> list[PoolDevice]:
         """Of the shared GPUs, those where the limit profile's mechanism holds a share (its
-        `<profile>Limits` attribute true; the DRA plugin refuses to prepare a share elsewhere);
-        an informational profile is held by nothing, and goes anywhere, with a warning."""
+        `<profile>Limits` attribute true; the DRA plugin refuses to prepare a share elsewhere).
+        An advisory profile is held by nothing, and the shared class enforces its own
+        (`dra.SHARED_CLASS_PROFILE`), whose prepare fails a claim naming another: a denial
+        here (under `auto`, the device-plugin way, where a share is held whatever the
+        profile)."""
         profile = self.ask.profile
-        if profile is None or profile not in limits.ENFORCED:
-            if profile is not None:
-                self.warnings.append(
-                    f"profile {profile!r} is advisory: the framework reads it, nothing enforces it"
-                )
+        if profile is None:
             return shared
+        if profile not in limits.ENFORCED:
+            enforced = dra.SHARED_CLASS_PROFILE
+            raise self.fail(
+                (keys.LIMIT_PROFILE, keys.MEMORY_LIMIT, keys.CORES_LIMIT),
+                f"holds the share with limit profile {profile!r}, which is advisory (held by "
+                f"nothing); a share of a shared GPU is held by the profile its DeviceClass "
+                f"{dra.SHARED_CLASS} enforces, {enforced!r}, and the DRA plugin fails a claim "
+                f"that names another; accepted: {keys.LIMIT_PROFILE}: {enforced}",
+            )
         held = [d for d in shared if profile in d.enforces]
         if not held:
             here = sorted({p for d in shared for p in d.enforces})

@@ -69,9 +69,8 @@ def detached_mount(host_path: str, options: Sequence[str] = MOUNT_OPTIONS) -> in
     return tree
 
 
-def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str] = ()) -> None:
-    """Apply `edits` to the created container whose init process is `pid`; the mounts at
-    `held` (those that hold its limits) only where no link of the image leads them."""
+def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str) -> None:
+    """Apply `edits` to the created container whose init process is `pid`."""
 
     from gpuwire import syscalls  # the prestart hook's alone
     from runtime_hook.injection import cgroup
@@ -86,21 +85,32 @@ def apply(pid: int, rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str
         def enter() -> None:
             syscalls.setns(mnt_ns, syscalls.CLONE_NEWNS)
 
-        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update, held))
+        child.run(lambda: _inside(enter, rootfs, edits, trees, ldconfig_fd, ldcache.update))
 
     _all_or_nothing(steps)
 
 
-def prepare(rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str] = ()) -> None:
-    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it; refuse
-    a root where a link leads a mount at `held` (those that hold the limits) elsewhere."""
+def refuse_links(rootfs: str, passed: Sequence[tuple[str | None, str, str]]) -> None:
+    """Refuse a container where runc, mounting what holds its limits, would pass a link
+    (`passed`: `spec.passed_through`, the image's paths and its volumes'): the mount would
+    go onto the link's target, and the container could take the link away, and the limit
+    with it."""
+    try:
+        for directory, path, volume in passed:
+            root_fd = resolve.open_root(directory or rootfs)
+            try:
+                inroot.refuse_links_to(root_fd, path, volume)
+            finally:
+                os.close(root_fd)
+    except OSError as exc:
+        raise InjectionError(str(exc)) from None
+
+
+def prepare(rootfs: str, edits: Edits, ldconfig: str) -> None:
+    """Make the links and the ld cache of `edits` in `rootfs`, before runc creates it."""
 
     def steps(journal: inroot.Journal) -> None:
         root_fd = journal.keep(resolve.open_root(rootfs))
-        for path in held:
-            inroot.refuse_links_to(root_fd, path)
-        if not (edits.links or edits.ldcache_folders):
-            return
         ldconfig_fd = journal.keep(ldcache.open_ldconfig(ldconfig))
         dirs = inroot.Dirs(root_fd, journal)
         folders = edits.ldcache_folders
@@ -112,7 +122,7 @@ def prepare(rootfs: str, edits: Edits, ldconfig: str, held: Sequence[str] = ()) 
         # The child isolates itself at once (as ldconfig needs), so it runs ldconfig directly.
         child.run(lambda: _inside(ldcache.isolate, rootfs, cache, trees, ldconfig_fd, ldcache.run))
 
-    if held or edits.links or edits.ldcache_folders:
+    if edits.links or edits.ldcache_folders:
         _all_or_nothing(steps)
 
 
@@ -142,12 +152,10 @@ def _inside(
     trees: list[int],
     ldconfig_fd: int,
     make_cache: Callable[[str, list[str], int], None],
-    held: Sequence[str] = (),
 ) -> None:
-    """In the namespaces `enter` enters: nodes, mounts (those at `held` only where no link
-    leads them), links and the cache, which is left to `make_cache` (`ldcache.update`, or
-    `ldcache.run` where `enter` already isolated) where gpuwire cannot write it; all or
-    nothing."""
+    """In the namespaces `enter` enters: nodes, mounts, links and the cache, which is left
+    to `make_cache` (`ldcache.update`, or `ldcache.run` where `enter` already isolated)
+    where gpuwire cannot write it; all or nothing."""
     from gpuwire import syscalls
 
     enter()
@@ -155,8 +163,6 @@ def _inside(
     journal = inroot.Journal()
     try:
         root_fd = journal.keep(resolve.open_root(rootfs))
-        for path in held:
-            inroot.refuse_links_to(root_fd, path)
         dirs = inroot.Dirs(root_fd, journal)
         for node in edits.device_nodes:
             parent, _, name = node["path"].rpartition("/")

@@ -142,11 +142,12 @@ def mount_target(dir_fd: int, name: str, journal: Journal) -> int:
     return fd
 
 
-def refuse_links_to(root_fd: int, path: str) -> None:
-    """Refuse `path` in the root where the image has a link on its way there (any component):
-    a mount that holds a limit (HAMi-core's preload list and library, MPS's pipes) would go
-    onto the link's target, and the container could then take the link away, and the limit
-    with it. What is not there yet is fine: it is made where the path says."""
+def refuse_links_to(root_fd: int, path: str, volume: str = "") -> None:
+    """Refuse `path` in the root (the image's, or that of a volume mounted at `volume`) where
+    a link is on its way there (any component): a mount that holds a limit (HAMi-core's
+    preload list and library, MPS's pipes) would go onto the link's target, and the
+    container could then take the link away, and the limit with it. What is not there yet
+    is fine: it is made where the path says."""
     probe = path.rstrip("/")
     while probe:
         try:
@@ -157,9 +158,10 @@ def refuse_links_to(root_fd: int, path: str) -> None:
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
+            where = f"the volume at {volume}" if volume else "the image"
             raise OSError(
-                f"cannot mount over {path!r}: the image has a link on the way there, which the "
-                "container could take away, and what is mounted with it"
+                f"cannot mount over {volume + path!r}: {where} has a link on the way there, "
+                "which the container could take away, and what is mounted with it"
             ) from None
 
 

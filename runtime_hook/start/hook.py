@@ -84,9 +84,11 @@ def inject_into(state: dict[str, object], bundle: str, spec: Spec) -> int:
             pid = state.get("pid")
             if not isinstance(pid, int):
                 raise ValueError("the OCI state on stdin has no container pid")
+            # what holds its limits, the engine's mounts included, onto no link, or no start
+            inject.refuse_links(decided.rootfs, ocispec.passed_through(spec, decided.held))
             if not decided.by_engine:  # prepared claims alone: the engine applied it all
                 edits = ocispec.missing(spec, decided.edits)  # else what the engine did not
-                inject.apply(pid, decided.rootfs, edits, settings.ldconfig, decided.held)
+                inject.apply(pid, decided.rootfs, edits, settings.ldconfig)
             recording.keep("gpuwire-hook", settings, container, spec, decided, pid=pid)
     except (OSError, ValueError, RuntimeError) as exc:
         log.write(settings.log, "gpuwire-hook", container, f"injection failed: {exc}")

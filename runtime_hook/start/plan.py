@@ -10,15 +10,18 @@ applied already (devices, mounts, env, and what holds a share's limits: `devicep
 its edits are laid out as a CDI spec lays them out (`gpuwire.edits.host_layout`), so that
 writing them into `config.json` again adds nothing the engine wrote. Where the claims are
 the only proof, no limit is joined again and `by_engine` tells the shim and the prestart hook
-to inject nothing else. A container that also holds a device-plugin allocation has GPUs no
-engine gave it: those are injected (what the spec lacks: `runtime_hook.start.spec.missing`)
-and joined to what holds their limits, as any allocation's are.
+to inject nothing else; what holds the claims' shares is checked all the same (`held`: the
+spec's mounts at HAMi-core's paths, onto no link of the image's or a volume's). A container
+that also holds a device-plugin allocation has GPUs no engine gave it: those are injected
+(what the spec lacks: `runtime_hook.start.spec.missing`) and joined to what holds their
+limits, as any allocation's are.
 """
 
 from __future__ import annotations
 
 import os
 
+from gpuwire import hamicore
 from gpuwire.devices import Selection
 from gpuwire.edits import Edits, Layout, host_layout
 from runtime_hook.start import enforcement, trust
@@ -31,8 +34,13 @@ if TYPE_CHECKING:
     from runtime_hook.start.spec import Spec
 
 
+# Where a prepared claim's CDI spec mounts what holds its share (`deviceplugin.dra.shares`:
+# HAMi-core, the one mechanism on that path).
+CLAIM_HELD = (hamicore.CONTAINER_LIBRARY, hamicore.CONTAINER_PRELOAD)
+
+
 class Plan:
-    __slots__ = ("by_engine", "edits", "joined", "outcome", "rootfs")
+    __slots__ = ("by_engine", "claim_held", "edits", "joined", "outcome", "rootfs")
 
     def __init__(
         self,
@@ -41,12 +49,14 @@ class Plan:
         edits: Edits | None,
         joined: enforcement.Joined | None = None,
         by_engine: bool = False,
+        claim_held: tuple[str, ...] = (),
     ) -> None:
         self.outcome = outcome
         self.rootfs = rootfs
         self.edits = edits  # None: nothing to inject
         self.joined = joined  # the mechanisms that hold its limits, if it asked for any
         self.by_engine = by_engine  # the engine applied them (prepared claims' CDI specs)
+        self.claim_held = claim_held  # where the engine mounted what holds claims' shares
 
     def joins(self, mechanism: str) -> bool:
         """Whether the container is joined to `mechanism` (`mps`, `hami`)."""
@@ -54,8 +64,9 @@ class Plan:
 
     @property
     def held(self) -> list[str]:
-        """Where the mounts that hold its limits go in the container."""
-        return [m["containerPath"] for m in self.joined.mounts] if self.joined else []
+        """Where the mounts that hold its limits go in the container: gpuwire's, the engine's."""
+        joined = [m["containerPath"] for m in self.joined.mounts] if self.joined else []
+        return list(dict.fromkeys([*joined, *self.claim_held]))
 
 
 def is_debian(rootfs: str) -> bool:
@@ -96,8 +107,9 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
         outcome.mig_controls,
         config.amd_cards,
     )
+    claim_held = _claim_held(spec) if claimed else ()
     if by_engine:
-        return Plan(outcome, rootfs, edits, by_engine=True)
+        return Plan(outcome, rootfs, edits, by_engine=True, claim_held=claim_held)
     try:
         entries = ocispec.env_entries(spec)
         share = outcome.verdict.share
@@ -113,7 +125,13 @@ def make(spec: Spec, bundle: str, config: Config, *, sets_env: bool = True) -> P
         edits.mounts = [m for m in edits.mounts if _name(m) not in joined.withheld]
         edits.mounts += joined.mounts
         edits.env.update(joined.env)
-    return Plan(outcome, rootfs, edits, joined)
+    return Plan(outcome, rootfs, edits, joined, claim_held=claim_held)
+
+
+def _claim_held(spec: Spec) -> tuple[str, ...]:
+    """Those of CLAIM_HELD the spec mounts (a claim's share held by HAMi-core)."""
+    mounted = {ocispec.destination(m) for m in ocispec.mounts(spec)}
+    return tuple(p for p in CLAIM_HELD if p in mounted)
 
 
 def _name(mount: Mount) -> str:

@@ -102,11 +102,10 @@ def edit_bundle(bundle: str, container: str, settings: Config) -> None:
         from runtime_hook.injection import inject
 
         hooked = ocispec.ldcache_hooks(spec) if decided.by_engine else []
-        # what holds the limits, where the image's files lie under it (not in runc's /dev)
-        held = [p for p in decided.held if not ocispec.mounted_over(spec, p)]
         try:
+            inject.refuse_links(decided.rootfs, ocispec.passed_through(spec, decided.held))
             for links in _links_and_caches(decided.edits, decided.by_engine, hooked):
-                inject.prepare(decided.rootfs, links, settings.ldconfig, held)
+                inject.prepare(decided.rootfs, links, settings.ldconfig)
         except inject.InjectionError as exc:
             log.write(settings.log, "gpuwire-runtime", container, f"injection failed: {exc}")
             raise

@@ -24,6 +24,7 @@ from gpuwire.vendor import VENDORS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
     from gpuwire.edits import Edits
@@ -131,14 +132,40 @@ def mounts(spec: Spec) -> list[dict[str, Any]]:
     return list(spec.get("mounts") or ())
 
 
-def mounted_over(spec: Spec, path: str) -> bool:
-    """Whether a mount of the spec's own (runc's `/dev` tmpfs, a volume) covers `path`, so
-    the image's files there are not what the container sees."""
-    for mount in mounts(spec):
-        over = str(mount.get("destination", "")).rstrip("/")
-        if over and (path == over or path.startswith(over + "/")):
-            return True
-    return False
+def destination(mount: dict[str, Any]) -> str:
+    """A mount's destination, absolute and normalised (runc takes a relative one from `/`)."""
+    return os.path.normpath("/" + str(mount.get("destination", "")).lstrip("/"))
+
+
+def _is_bind(mount: dict[str, Any]) -> bool:
+    options = mount.get("options") or ()
+    return mount.get("type") == "bind" or "bind" in options or "rbind" in options
+
+
+def passed_through(spec: Spec, paths: Iterable[str]) -> list[tuple[str | None, str, str]]:
+    """What runc passes through to reach each of `paths` (absolute, in the container) as it
+    mounts there: (the host directory a bind mount of the spec's brings, the path in it, the
+    mount's destination) for each volume the path lies under, innermost first, then (None,
+    the path in the image, ""). runc resolves a destination in the root as the spec's earlier
+    mounts left it, following links; each mount's own destination is reached the same way.
+    A volume's files are the pod's (an init container's, another container's, an earlier
+    pod's), as the image's are, so a link in either leads a mount elsewhere; a mount of a
+    new filesystem (runc's `/dev` tmpfs) holds none of them: only the way to it counts."""
+    out: list[tuple[str | None, str, str]] = []
+    for path in paths:
+        before = mounts(spec)
+        while True:
+            for i in range(len(before) - 1, -1, -1):  # the last mount there is the one seen
+                over = destination(before[i])
+                if over != "/" and (path == over or path.startswith(over + "/")):
+                    break
+            else:
+                out.append((None, path, ""))
+                break
+            if path != over and _is_bind(before[i]):
+                out.append((str(before[i].get("source", "")), path[len(over) :], over))
+            path, before = over, before[:i]
+    return out
 
 
 def rootfs(spec: Spec, bundle: str) -> str:

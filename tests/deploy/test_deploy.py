@@ -21,7 +21,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpuwire import cli
+from deviceplugin.dra import claims
+from deviceplugin.dra.devices import DraDevice
+from deviceplugin.dra.shares import Holders, hold
+from gpuwire import cli, dra, sim
 from runtime_hook.start import config, resident
 from webhook import policy
 
@@ -653,6 +656,48 @@ def test_the_dra_plugin_may_do_what_it_does_and_no_more() -> None:
     assert host_path(daemonset, "dra-plugin", flag(daemonset, "dra-plugin", "--host-root")) == "/"
     hook = flag(daemonset, "dra-plugin", "--hook")
     assert hook == f"{LAUNCHERS}/gpuwire-hook"  # where the node installer puts the launcher
+
+
+def claim_of(device_class: Obj, own: Obj | None) -> Obj:
+    """A claim of a share of GPU 0 of `device_class`, with its own GpuConfig `own`, as the
+    scheduler allocates it: the class's configs (FromClass), then the claim's (FromClaim)."""
+    configs = [{"source": "FromClass", "requests": ["gpus"], **c}
+               for c in device_class["spec"].get("config") or ()]  # fmt: skip
+    if own is not None:
+        parameters = {"apiVersion": dra.CONFIG_API_VERSION, "kind": dra.CONFIG_KIND, **own}
+        configs.append({"source": "FromClaim", "opaque": {"driver": dra.DRIVER,
+                                                          "parameters": parameters}})  # fmt: skip
+    result = {"request": "gpus", "driver": dra.DRIVER, "pool": "node-a", "device": "gpu-0",
+              "shareID": "s1", "consumedCapacity": {"memory": "20Gi"}}  # fmt: skip
+    devices = {"results": [result], "config": configs}
+    return {"metadata": {"uid": "u1"}, "status": {"allocation": {"devices": devices}}}
+
+
+def test_the_shipped_shared_class_holds_every_share_with_hami(tmp_path: Path) -> None:
+    """A claim of the shipped shared class asking an advisory profile of its own fails its
+    prepare, naming both; one asking none is held by HAMi-core. Before: the class set no
+    config, and the claim's `pytorch` share was prepared with no library, unlimited."""
+    shared = find(render("overlays/dra"), "DeviceClass", dra.SHARED_CLASS)
+    gpu = DraDevice("gpu-0", sim.make_machine(gpus=1).devices[0], {}, shared=True)
+    ref = claims.ClaimRef("team-a", "shared", "u1")
+
+    def prepared(own: Obj | None) -> list[claims.Result]:
+        return claims.results(claim_of(shared, own), ref, dra.DRIVER, "node-a", {"gpu-0": gpu}, {})
+
+    with pytest.raises(claims.ClaimError) as caught:
+        prepared({"limitProfile": "pytorch"})
+    assert str(caught.value).startswith(
+        "claim team-a/shared: config 1 (FromClaim): limitProfile 'pytorch' would replace "
+        "'hami', which its DeviceClass enforces (claim team-a/shared: config 0 (FromClass))"
+    )
+    (found,) = prepared(None)
+    assert found.config.limit_profile == dra.SHARED_CLASS_PROFILE  # what the webhook asks
+    env, mounts = hold([found], Holders("/usr/local/vgpu/libvgpu.so", str(tmp_path)))
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "20480m"
+    assert [m["containerPath"] for m in mounts] == [
+        "/usr/local/vgpu/libvgpu.so",
+        "/etc/ld.so.preload",
+    ]
 
 
 @functools.cache

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuwire import resolve
-from runtime_hook.injection import inroot
+from runtime_hook.injection import inject, inroot
 from runtime_hook.injection.inroot import Journal
+from runtime_hook.start import spec as ocispec
 
 
 @pytest.fixture
@@ -108,3 +109,44 @@ def test_device_nodes_keep_an_identical_one_and_refuse_a_different_one(rootfs: P
     journal.undo()
     assert not (rootfs / "dev/nvidiactl").exists()
     assert (rootfs / "dev/nvidia0").exists()  # it was there before
+
+
+def test_a_limits_mount_is_refused_where_runc_would_pass_a_link_of_the_pods(
+    rootfs: Path, tmp_path: Path
+) -> None:
+    """runc reaches a mount's destination through the spec's earlier mounts: a link in a
+    volume over HAMi-core's path (the pod's files, as the image's are) is refused, naming the
+    volume; under a new filesystem (runc's /dev tmpfs) only the way to its mount point
+    counts; a mount at the path itself (a claim's, the engine's) is reached through what lies
+    under it. Before: anything under a mount of the spec's was not checked."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "vgpu").symlink_to("/tmp")
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc/ld.so.preload").symlink_to("/elsewhere")
+    spec = {
+        "mounts": [
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "dev/shm", "type": "bind", "source": "/x", "options": ["rbind"]},
+            {"destination": "/usr/local", "type": "none", "source": str(volume),
+             "options": ["rbind", "rw"]},
+            {"destination": "/etc/ld.so.preload", "type": "bind", "source": "/p"},
+        ]
+    }  # fmt: skip
+    library, preload = "/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload"
+    passed = ocispec.passed_through(spec, [library, "/dev/shm", preload])
+    assert passed == [
+        (str(volume), "/vgpu/libvgpu.so", "/usr/local"),
+        (None, "/usr/local", ""),
+        (None, "/dev", ""),
+        (None, preload, ""),
+    ]
+    with pytest.raises(inject.InjectionError) as caught:
+        inject.refuse_links(str(rootfs), passed[:2])
+    assert str(caught.value) == (
+        "cannot mount over '/usr/local/vgpu/libvgpu.so': the volume at /usr/local has a link "
+        "on the way there, which the container could take away, and what is mounted with it"
+    )
+    inject.refuse_links(str(rootfs), passed[2:3])  # the image's /dev: not there, made by runc
+    with pytest.raises(inject.InjectionError, match=r"preload': the image has a link"):
+        inject.refuse_links(str(rootfs), passed[3:])

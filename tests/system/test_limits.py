@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,10 @@ import pytest
 
 from deviceplugin.agent import mps as daemons
 from deviceplugin.plugin.allocate import Strategies, response
-from gpuwire import allocation, claimtoken, mps
+from gpuwire import allocation, claimtoken, hamicore, mps, sim
 from gpuwire.claimtoken import ClaimDevice, ClaimToken
 from gpuwire.driver import discover
-from gpuwire.edits import container_edits, host_layout
+from gpuwire.edits import bind_mount, container_edits, host_layout
 from gpuwire.roots import Roots
 from runtime_hook.start import spec as ocispec
 from testbed import mps_control
@@ -220,28 +221,54 @@ def test_a_hami_core_container_preloads_the_library_and_sees_its_limit(
 
 
 @pytest.mark.parametrize(
-    ("link", "target", "limits"),
+    ("link", "target", "proof", "volume"),
     [
-        ("etc/ld.so.preload", "ld.so.preload.image", HAMI_LIMITS),
-        ("tmp", "var/tmp", MPS_LIMITS),
+        ("etc/ld.so.preload", "ld.so.preload.image", "hami", None),
+        ("tmp", "var/tmp", "mps", None),
+        ("etc/ld.so.preload", "ld.so.preload.image", "claim", None),
+        ("vgpu", "tmp", "hami", "/usr/local"),
+        ("vgpu", "tmp", "claim", "/usr/local"),
     ],
 )
 @pytest.mark.parametrize("delivery", ["shim", "prestart"])
 def test_an_image_whose_link_leads_a_limits_mount_elsewhere_does_not_start(
-    lab: Lab, delivery: str, link: str, target: str, limits: dict[str, str]
+    lab: Lab, delivery: str, link: str, target: str, proof: str, volume: str | None
 ) -> None:
-    """runc (the shim) and the hook would mount HAMi-core's preload list, or MPS's pipes,
-    where the image's link leads; the container could then remove the link, and with it the
-    limit (ld.so reads /etc/ld.so.preload, an MPS client its pipe directory, by path)."""
-    bundle = make_bundle(lab, granted_env(lab, "0", limits=limits), delivery=delivery)
-    rootfs = bundle.path / "rootfs"
-    (rootfs / target).parent.mkdir(parents=True, exist_ok=True)
-    if (rootfs / link).is_dir():
-        (rootfs / link).rename(rootfs / target)
-    (rootfs / link).symlink_to(f"/{target}")
+    """runc (the shim) and the hook would mount HAMi-core's preload list and library, or
+    MPS's pipes, where a link leads: the image's, or one in a volume over their path (the
+    pod's files: an init container's); the container could then remove the link, and with
+    it the limit (ld.so reads /etc/ld.so.preload, an MPS client its pipe directory, by
+    path). Whatever proves the start: a grant with limits, or a claim alone whose CDI spec
+    the engine applied (its HAMi-core share). Before: a claim alone was not checked, and
+    under the shim nothing under a volume was."""
+    mounts = []
+    if volume is not None:
+        directory = lab.root / f"volume-{uuid.uuid4().hex[:8]}"
+        directory.mkdir()
+        (directory / link).symlink_to(f"/{target}")
+        mounts.append({"destination": volume, "type": "bind", "source": str(directory),
+                       "options": ["rbind", "rw"]})  # fmt: skip
+    if proof == "claim":
+        if volume is None:  # without the link: the engine's start, checked, held
+            out = run(claimed(lab, 0, delivery, share=True), delivery)
+            assert out.returncode == 0, out.stderr
+            assert view(out.stdout)["preload"] == ["/usr/local/vgpu/libvgpu.so"]
+            assert lab.log_lines()[-1].endswith(": claim")
+        bundle = claimed(lab, 0, delivery, mounts=mounts, share=True)
+    else:
+        limits = HAMI_LIMITS if proof == "hami" else MPS_LIMITS
+        bundle = make_bundle(lab, granted_env(lab, "0", limits=limits), delivery=delivery,
+                             mounts=mounts)  # fmt: skip
+    if volume is None:
+        rootfs = bundle.path / "rootfs"
+        (rootfs / target).parent.mkdir(parents=True, exist_ok=True)
+        if (rootfs / link).is_dir():
+            (rootfs / link).rename(rootfs / target)
+        (rootfs / link).symlink_to(f"/{target}")
     out = run(bundle, delivery)
     assert out.returncode != 0
-    assert "the image has a link on the way there, which the container could take away" in (
+    where = f"the volume at {volume}" if volume else "the image"
+    assert f"{where} has a link on the way there, which the container could take away" in (
         out.stderr
     )
 
@@ -372,31 +399,48 @@ def test_the_prestart_hook_starts_a_replica_only_with_its_share_in_effect(
 # passes them).
 
 
+def claimed(
+    lab: Lab,
+    claim: int,
+    delivery: str,
+    env: dict[str, str] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+    share: bool = False,
+) -> Bundle:
+    """A bundle of a container holding a claim of GPU `claim` (`share`: a share held by
+    HAMi-core, its limits, library and preload list), as the engine applied its CDI spec
+    after `mounts`, beside `env`."""
+    device = ClaimDevice("gpu-0", lab.uuid(claim), share)
+    token = ClaimToken(CLAIM_UID, NAMESPACE, "trainer-gpus", (POD_UID,), (device,))
+    claimtoken.write(str(lab.allocations), token, lab.keys)
+    own = {"NVIDIA_VISIBLE_DEVICES": lab.uuid(claim)} if env is None else env
+    bundle = make_bundle(lab, own, delivery=delivery, mounts=mounts)
+    driver = discover(Roots(str(lab.node)), ("compute", "utility"))
+    edits = container_edits(
+        driver, driver.devices[claim : claim + 1], ("compute", "utility"), host_layout(driver)
+    )
+    edits.mounts.append(
+        bind_mount(claimtoken.path(str(lab.allocations), CLAIM_UID),
+                   claimtoken.container_path(CLAIM_UID, "gpu-0"))
+    )  # fmt: skip
+    if share:
+        state, library = str(lab.root / "claim-hami"), str(lab.node / sim.HAMI_LIBRARY)
+        hamicore.write_preload(state)
+        edits.env.update(HAMI_LIMITS)
+        edits.mounts += [bind_mount(*b) for b in hamicore.binds(library, state)]
+    bundle.spec = ocispec.apply(bundle.spec, edits)
+    bundle.save()
+    return bundle
+
+
 def claimed_beside(
     lab: Lab, claim: int, allocated: int, share: allocation.Share | None, delivery: str
 ) -> Bundle:
     """A bundle of a container holding a claim of GPU `claim` and an allocation of GPU
     `allocated` (`-specs`: with its DeviceSpecs)."""
-    token = ClaimToken(
-        CLAIM_UID, NAMESPACE, "trainer-gpus", (POD_UID,), (ClaimDevice("gpu-0", lab.uuid(claim)),)
-    )
-    claimtoken.write(str(lab.allocations), token, lab.keys)
     strategies = Strategies(device_specs=delivery.endswith("-specs"), dev_root=str(lab.node))
     env, mounts, nodes = replica(lab, allocated, share, strategies)
-    mounts.append(
-        {
-            "destination": claimtoken.container_path(CLAIM_UID, "gpu-0"),
-            "type": "bind",
-            "source": claimtoken.path(str(lab.allocations), CLAIM_UID),
-            "options": ["rbind", "ro"],
-        }
-    )
-    bundle = make_bundle(lab, env, delivery=delivery.removesuffix("-specs"), mounts=mounts)
-    driver = discover(Roots(str(lab.node)), ("compute", "utility"))
-    claimed = container_edits(
-        driver, driver.devices[claim : claim + 1], ("compute", "utility"), host_layout(driver)
-    )
-    bundle.spec = ocispec.apply(bundle.spec, claimed)
+    bundle = claimed(lab, claim, delivery.removesuffix("-specs"), env, mounts)
     bundle.spec["linux"]["devices"] += nodes
     bundle.save()
     return bundle

@@ -540,15 +540,26 @@ def test_an_enforced_profile_no_shared_gpu_holds_is_denied(enforcing: Cluster) -
     assert "held there: hami" in outcome.denial.message
 
 
-def test_an_advisory_profile_takes_any_shared_gpu_with_a_warning(enforcing: Cluster) -> None:
-    asked = {**SHARE, "gpuwire.io/limit-profile": "pytorch"}
-    outcome = enforcing.admit(asked)
-    assert any("'pytorch' is advisory" in w for w in outcome.warnings)
-    (template,) = outcome.templates
-    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
-    assert not any("Limits" in s["cel"]["expression"] for s in exactly["selectors"])
-    # six shares of 4 GiB on a node's two T4s of 15 GiB: the seventh lands on the other node
-    assert {enforcing.run(asked).decision.node for _ in range(7)} == {"unheld", "held"}
+def test_an_advisory_profile_for_a_share_is_denied_naming_what_the_class_enforces(
+    enforcing: Cluster,
+) -> None:
+    """The shared class enforces hami (its config): a claim naming an advisory profile would
+    fail its prepare. Before: admitted with a warning, its claim made to fail (or, under a
+    class enforcing none, its share held by nothing)."""
+    outcome = enforcing.admit({**SHARE, "gpuwire.io/limit-profile": "pytorch"})
+    assert outcome.denial is not None
+    assert outcome.denial.message == (
+        "gpuwire.io/limit-profile: 'pytorch' holds the share with limit profile 'pytorch', "
+        "which is advisory (held by nothing); a share of a shared GPU is held by the profile "
+        "its DeviceClass shared.gpu.gpuwire.io enforces, 'hami', and the DRA plugin fails a "
+        "claim that names another; accepted: gpuwire.io/limit-profile: hami"
+    )
+    by_policy = enforcing.admit(SHARE, Policy(allocation="dra", limit_profiles=("jax",)))
+    assert by_policy.denial is not None
+    assert by_policy.denial.message.startswith(
+        "gpuwire.io/gpu-memory-limit: '4Gi' holds the share with limit profile 'jax', which "
+        "is advisory"
+    )
 
 
 # --- MIG devices (published by the DRA plugin for GPUs in MIG mode)
