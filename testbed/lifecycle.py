@@ -14,12 +14,15 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.admission import Rejection
+from testbed.apiserver import StatusError
 from testbed.cluster import Cluster, up
 from testbed.containerds import Generation
 from testbed.image import NAME as BUSYBOX
@@ -30,6 +33,7 @@ from testbed.kuberuntime import CRIError
 Obj = dict[str, Any]
 GPU_NODE = {"nvidia.com/gpu.present": "true"}  # what the DaemonSets' node affinity asks
 PODS = "ml"  # the workloads' namespace
+WEBHOOK = "gpuwire"  # the MutatingWebhookConfiguration (deploy/base)
 UPGRADE_TO = "0.2.0"  # the version an upgrade goes to (pyproject's is the one installed)
 WAITING = "waiting: containers still run with gpuwire's runtime"  # deploy/node/install-node
 TASKS = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
@@ -208,3 +212,75 @@ class Watch:
             len(self.other),
             self.disturbed(self.other),
         )
+
+
+@dataclass(frozen=True)
+class Early:
+    """What a GPU pod created during an install went through until it ran."""
+
+    refused: int  # creates the API server refused (the webhook not serving yet)
+    admitted_before_ready: bool  # created while the node was not ready for GPU pods
+    bound_before_ready: tuple[str, ...]  # nodes it was bound to while not ready (none)
+    failures: tuple[str, ...]  # what its containers waited on that says a start failed
+
+
+class EarlyPod:
+    """A GPU pod created as soon as the API server takes it once an install began (the
+    webhook's configuration is there: a pod before it is no GPU pod of gpuwire's), as a
+    controller creates one: a create the webhook refused (not serving yet) is tried again.
+    Watched until it runs, it says whether the scheduler held it back until the node was
+    ready (the RuntimeClass's nodeSelector on gpuwire.io/runtime-ready) and whether any of
+    its starts failed on the way (`no runtime for "gpuwire"`, a sandbox that failed)."""
+
+    FAILED = ("Failed to create pod sandbox", "CreateContainerError", "RunContainerError")
+
+    def __init__(self, cluster: Cluster, made: Obj) -> None:
+        self.cluster, self.made = cluster, made
+        self.refused, self.admitted_before_ready = 0, False
+        self.bound: set[str] = set()
+        self.failures: list[str] = []
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="early-pod", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        name = self.made["metadata"]["name"]
+        api = self.cluster.api
+        while api.get("mutatingwebhookconfigurations", WEBHOOK) is None:
+            if self.stopping.wait(0.05):
+                return
+        while not self.stopping.is_set():
+            ready_now = runtime_ready(self.cluster)
+            try:
+                self.cluster.api.create(self.made)
+            except (Rejection, StatusError):  # the admin's create, refused by admission
+                self.refused += 1
+                self.stopping.wait(0.2)
+                continue
+            self.admitted_before_ready = not ready_now
+            break
+        while not self.stopping.is_set():
+            ready_now, found = runtime_ready(self.cluster), pod(self.cluster, name)
+            if found is None:
+                return
+            node = found["spec"].get("nodeName")
+            if node and not ready_now:
+                self.bound.add(node)
+            for state in (found.get("status") or {}).get("containerStatuses") or ():
+                waiting = (state.get("state") or {}).get("waiting") or {}
+                said = f"{waiting.get('reason', '')}: {waiting.get('message', '')}"
+                if any(f in said for f in self.FAILED) and said not in self.failures:
+                    self.failures.append(said)
+            if running_as(found) is not None:
+                return
+            self.stopping.wait(0.2)
+
+    def result(self, timeout: float = 120) -> Early:
+        """Once it runs (or `timeout`: then as it was)."""
+        self.thread.join(timeout)
+        self.stopping.set()
+        self.thread.join()
+        return Early(
+            self.refused, self.admitted_before_ready, tuple(sorted(self.bound)),
+            tuple(self.failures),
+        )  # fmt: skip

@@ -4,7 +4,10 @@ pyproject's version, a GPU pod started, then `kubectl apply -k` with the image o
 version (testbed/lifecycle.py: UPGRADE_TO, a build of its own), then the uninstall. What
 docs/install.md promises:
 
-- the install restarts containerd once and disturbs no running pod;
+- the install restarts containerd once and disturbs no running pod; a GPU pod asked for
+  while it runs, as a controller asks (again while the webhook refuses it, not serving yet),
+  is never bound to the node before the node is ready for GPU pods (the RuntimeClass's
+  nodeSelector), none of its starts fails on the way, and it runs with its GPU;
 - the upgrade disturbs neither pod and does not restart containerd (its configuration names
   the launchers through `current`, the same for every version); `current` names the new
   version; the old version's files go once nothing uses them, and nothing of a running
@@ -65,11 +68,18 @@ def test_install_upgrade_and_uninstall_disturb_no_running_pod(
     setup = Install(cluster, "base", gpuwire_image.name)
     lifecycle.start(cluster, lifecycle.sleeper("plain"))
     watch = Watch(cluster, other=["plain"])
+    early = lifecycle.EarlyPod(cluster, lifecycle.sleeper("gpu-early", gpus=1))
     lifecycle.install(setup)
     installed = watch.done("install")
     assert (installed.containerd_restarts, installed.other_disturbed) == (1, ())
     assert lifecycle.versions(cluster) == [old]
     assert lifecycle.current(cluster) == old
+    went = early.result()
+    print(f"\na GPU pod created during the install: {went}")
+    assert went.refused or went.admitted_before_ready  # it was asked for during the install
+    assert (went.bound_before_ready, went.failures) == ((), ())
+    assert len(GPU_LINE.findall(lifecycle.logs(cluster, "gpu-early", "app"))) == 1
+    lifecycle.stop(cluster, "gpu-early")
     old_gpu, _ = lifecycle.start(cluster, lifecycle.sleeper("gpu-old", gpus=1))
 
     watch = Watch(cluster, gpu=["gpu-old"], other=["plain"])
