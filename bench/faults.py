@@ -2,6 +2,7 @@
 are injected at random (seeded) times, and invariants checked throughout and at the end.
 
     sudo .venv/bin/python -m bench.faults [--seconds 75] [--seed 1] [--workers 3] [--rounds 1]
+                                          [--overlap]
 
 The world is bench/world.py's: every gpuwire process real (both node agents, the resident,
 two webhook replicas), containerd over CRI, the kubelet and API server stand-ins. The
@@ -10,14 +11,17 @@ scheduler stand-in's allocator), started by the kubelet's part (Allocate, or
 NodePrepareResources, then CRI), held a while and deleted: a whole GPU from the device plugin;
 a GPU with an MPS memory limit (joined to its MPS control daemon); a plugin-less pod that
 takes every GPU of the node (a grant, daemonset-style); a DRA claim of a whole H100; a DRA
-share of the shared H100 (consumable capacity, HAMi-core); a DRA MIG device. A step that
+share of the shared H100 (consumable capacity, HAMi-core); a DRA MIG device; each worker
+takes the kinds in rounds, each once per round in a random order. A step that
 fails because a part is away is tried again for a while, as the kubelet's sync loop does;
 a pod then ends Running or with the error it met.
 
-Faults, each kind once per round at a random time (`--rounds` for more): SIGKILL and restart
-of node A's agent while an Allocate is in flight (the device plugin) and right after an MPS
-pod joined its daemon (the node agent: daemons, holders), of node B's agent while a
-NodePrepareResources is in flight (the DRA plugin), of the resident, of one webhook replica;
+Faults, each kind once per round at a random time (`--rounds` for more; `--overlap`: each
+pair of `OVERLAPS` too, its two at once): SIGKILL and restart of node A's agent while an
+Allocate is in flight (the device plugin) and while an MPS pod holds its daemon's GPU (the
+node agent: labels, daemons, holders), of node B's agent while a NodePrepareResources is in
+flight (the DRA plugin), each of these three while one of the node's GPUs is faulting (XIDs
+until the kill); of the resident, of one webhook replica;
 containerd restarted (killed, started on the same state); the kubelet stand-ins restarted
 (re-registration, re-prepare); the API server unreachable from the nodes and the webhook
 for 10 s; ENOSPC on the agents' state and CDI directories for 5 s; an XID storm on one GPU;
@@ -26,17 +30,21 @@ a GPU falling off the bus (gone from the driver, XID 79) for 6 s.
 Invariants:
 - no GPU or MIG device held by two exclusive holders at once, and no share beyond the
   shared GPU's memory;
-- no container sees a device it was not allocated or granted (what it printed of /dev and
-  nvidia-smi against the Allocate answer, the claim's allocation, the grant);
+- no container sees a device it was not allocated or granted: the GPUs `nvidia-smi -L` lists,
+  and the `/dev/nvidia<minor>` and `/dev/nvidia-caps/nvidia-cap<minor>` files it has, against
+  those of the Allocate answer's devices, the claim's allocation, or the grant;
 - every pod ends Running with what it asked for, or with an error, in bounded time;
-- after a fault, health converges to the truth within a bound (`--health-within`, 5 s): an XID'd or
-  lost GPU unhealthy (ListAndWatch, the slice's taint), a recovered one healthy again after
-  the quiet period; an agent restarted still holds the GPUs it held unhealthy;
+- after a fault, health converges to the truth within a bound (`--health-within`, 5 s): an
+  XID'd or lost GPU unhealthy (ListAndWatch, the slice's taint), a recovered one healthy
+  again after the quiet period; a process that holds health, killed while a GPU faulted,
+  publishes it unhealthy first when started again (`HOLDING`) where its quiet period is not
+  over, and healthy once it is;
 - at the end, nothing leaked: no container record, claim CDI spec, prepared claim, claim or
   allocation token, extra MPS daemon, CRI sandbox, resident child, or mount is left.
 
-It prints the faults injected, the pod starts by kind, every violation (the goal: none) and
-the recovery time of each fault kind: from the fault (its end, for the unreachable API
+It prints the faults injected, the pod starts by kind, every violation (the goal: none), what
+each restarted health holder published first and whether its kill hit its moment, and the
+recovery time of each fault kind: from the fault (its end, for the unreachable API
 server, the full disk and a GPU back on the bus) until the part serves again: a killed
 process registered or ready again, containerd answering and a pod run on it, a pod run on
 the DRA node after the API server or the disk came back, a GPU healthy again.
@@ -69,8 +77,9 @@ import jsonpatch
 from bench.world import MIG_B, NODE_A, NODE_B, RECOVER_AFTER, SHARED_B, Node, World, built
 from deviceplugin.dra import checkpoint
 from deviceplugin.dra.devices import Sharing, devices
+from deviceplugin.gpus import healthfile
 from deviceplugin.gpus.simulated import SimDiscovery
-from gpuwire import claimtoken, dra, mps, nvidia, records, sim
+from gpuwire import claimtoken, dra, mps, nodegpus, nvidia, records, sim
 from scripts.demo.base import IMAGE, VIEWED
 from testbed.containerd import CRI_NAMESPACE
 from testbed.cri import api_pb2 as cri
@@ -91,6 +100,19 @@ SETTLE = 20.0  # seconds the end's leak checks wait for sweeps and daemons to ca
 PARTITION_SECONDS, ENOSPC_SECONDS, OFF_BUS_SECONDS = 10.0, 5.0, 6.0
 KINDS = ("plugin", "mps", "all", "dra", "share", "mig")
 SHARE_GIB = 20  # what a share pod asks of the shared H100 (80 GB): four fit
+# The processes that hold health: the moment each is killed at, and what the restarted one
+# publishes first of it (the device plugin's ListAndWatch; the node agent's labels job, on
+# the same process; the DRA plugin's NodeWatchResources).
+HOLDING = {
+    "device-plugin": ("allocate", "ListAndWatch"),
+    "node-agent": ("mps-pod", "gpuwire.io/gpus"),
+    "dra-plugin": ("prepare", "NodeWatchResources"),
+}
+MARK = nvidia.LABEL_PREFIX + "cuda.driver-version.full"  # a label only the labels job writes
+# Faults that come together on real nodes, injected at once with --overlap: containerd
+# restarting while the API server is away; the kubelet restarting (claims prepared again)
+# onto a full disk.
+OVERLAPS = (("api-unreachable", "containerd"), ("kubelet", "enospc"))
 FAULTS = (
     "device-plugin", "node-agent", "dra-plugin", "resident", "webhook", "containerd",
     "kubelet", "api-unreachable", "enospc", "xid-storm", "off-bus",
@@ -117,6 +139,8 @@ class Tally:
     moments: dict[str, threading.Event] = field(
         default_factory=lambda: defaultdict(threading.Event)
     )
+    hit: dict[str, list[bool]] = field(default_factory=lambda: defaultdict(list))  # moment hit
+    kept: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
     def violation(self, text: str) -> None:
         with self.lock:
@@ -303,6 +327,19 @@ def start_dra(world: World, tally: Tally, pod: Obj, kind: str) -> Running:
 
 
 @functools.cache
+def device_files(root: Path) -> dict[str, tuple[str, ...]]:
+    """A node's GPUs and MIG devices (by UUID) → the device files that give them: a GPU's
+    `/dev/nvidia<minor>`; a MIG device's GPU's, and its two capabilities'
+    (`/dev/nvidia-caps/nvidia-cap<minor>`)."""
+    node = SimDiscovery(root).discover()
+    files: dict[str, tuple[str, ...]] = {d.uuid: (f"/dev/nvidia{d.minor}",) for d in node.devices}
+    for m in node.mig_devices:
+        caps = tuple(f"/dev/nvidia-caps/nvidia-cap{c}" for c in (m.gi_cap, m.ci_cap))
+        files[m.uuid] = (f"/dev/nvidia{m.parent_minor}", *caps)
+    return files
+
+
+@functools.cache
 def dra_names(root: Path) -> dict[str, str]:
     """A DRA node's device names (`gpu-1`, `gpu-0-mig-1g10gb-…`) → the GPU or MIG device UUID
     each is, as its plugin names them."""
@@ -376,6 +413,15 @@ def check_view(
     beyond = uuids - granted
     if beyond:
         tally.violation(f"{running.name} sees {sorted(beyond)}, granted {sorted(granted)}")
+    files = device_files(running.node.root)
+    allowed = {f for u in granted for f in files.get(u, ())}
+    present = {f"/dev/{n}" for n in " ".join(seen.get("devices", [])).split()
+               if n.removeprefix("nvidia").isdigit()}  # fmt: skip
+    present |= {f"/dev/nvidia-caps/{n}" for n in " ".join(seen.get("caps", [])).split()
+                if n.removeprefix("nvidia-cap").isdigit()}  # fmt: skip
+    if present - allowed:
+        tally.violation(f"{running.name} has {sorted(present - allowed)}, granted "
+                        f"{sorted(granted)} ({sorted(allowed)})")  # fmt: skip
     if kind != "all" and not uuids:
         tally.violation(f"{running.name} ({kind}) sees no GPU: {seen.get('smi')}")
     with tally.lock:
@@ -425,9 +471,12 @@ def unprepare(world: World, refs: list[tuple[str, str, str]]) -> None:
 def worker(
     world: World, tally: Tally, rng: random.Random, deadline: float, faults: threading.Event
 ) -> None:
-    """Pods, one after another, until the time is up and every fault has been injected."""
+    """Pods, one after another, until the time is up and every fault has been injected: the
+    kinds in rounds, each once per round in a random order (so a short run starts each)."""
+    kinds: list[str] = []
     while time.monotonic() < deadline or not faults.is_set():
-        kind = rng.choice(KINDS)
+        kinds = kinds or rng.sample(KINDS, len(KINDS))
+        kind = kinds.pop()
         try:
             running = start(world, tally, kind)
         except Failed as exc:
@@ -478,31 +527,9 @@ def b_taints(world: World) -> dict[str, bool]:
 def inject(world: World, tally: Tally, kind: str, rng: random.Random) -> float:
     """One fault; returns the seconds until the part served again."""
     started = time.monotonic()
-    if kind in ("device-plugin", "node-agent"):
-        wait_for(tally, "allocate" if kind == "device-plugin" else "mps-pod")
-        unhealthy = {u for u, h in a_health(world).items() if h != "Healthy"}
-        before = world.kubelet_a.registrations[:]
-        world.a.agent.kill()
-        started = time.monotonic()
-        world.a.agent.start()
-        until(lambda: len(world.kubelet_a.registrations) > len(before)
-              and nvidia.RESOURCE in world.kubelet_a.plugins
-              and bool(world.kubelet_a.plugins[nvidia.RESOURCE].snapshots), timeout=60)  # fmt: skip
-        after = {u for u, h in a_health(world).items() if h != "Healthy"}
-        if not unhealthy <= after and time.monotonic() - started < RECOVER_AFTER:
-            tally.violation(f"{kind}: unhealthy {sorted(unhealthy)} forgotten by the restart")
-        if kind == "node-agent":
-            daemons = str(world.a.root.parent / "mps")
-            until(lambda: all(mps.ready(daemons, d.uuid) for d in world.a.devices), timeout=60)
-    elif kind == "dra-plugin":
-        wait_for(tally, "prepare")
-        infos = len(world.kubelet_b.infos)
-        world.b.agent.kill()
-        started = time.monotonic()
-        world.b.agent.start()
-        until(lambda: len(world.kubelet_b.infos) > infos, timeout=60)
-        world.kubelet_b.wait_registered(dra.DRIVER, timeout=60)
-    elif kind == "resident":
+    if kind in HOLDING:
+        return restart_holding_health(world, tally, kind, rng)
+    if kind == "resident":
         world.restart_resident()
     elif kind == "webhook":
         replica = rng.choice(world.replicas)
@@ -557,6 +584,118 @@ def inject(world: World, tally: Tally, kind: str, rng: random.Random) -> float:
         started = time.monotonic()
         converge(world, tally, node, gpu.uuid, unhealthy=False, what=kind, after=RECOVER_AFTER)
     return time.monotonic() - started
+
+
+def restart_holding_health(world: World, tally: Tally, kind: str, rng: random.Random) -> float:
+    """SIGKILL of a process that holds health, at its moment, while one of its node's GPUs
+    is faulting (XIDs until the kill, so the quiet period runs from about then), and started
+    again: the restarted process's first publication (what `HOLDING` names) must hold the
+    GPU unhealthy where the quiet period was not over when it published, and the GPU is
+    healthy again once it is. Returns the seconds until the process served again."""
+    node = world.b if kind == "dra-plugin" else world.a
+    moment, published = HOLDING[kind]
+    gpu = node.devices[rng.choice([1, 2])].uuid
+    old: Any = (world.kubelet_b.plugins.get(dra.DRIVER) if node is world.b
+                else world.kubelet_a.plugins.get(nvidia.RESOURCE))  # fmt: skip
+    with faulting(node.root, gpu):
+        converge(world, tally, node, gpu, unhealthy=True, what=kind)
+        wait_for(tally, moment)
+        hit = tally.moments[moment].is_set()
+        node.agent.kill()
+    started = time.monotonic()
+    kept = healthfile.load(node.tmpfs[0], time.time(), time.time()).get(gpu)
+    if kind == "node-agent":
+        relabel(world, NODE_A)
+    node.agent.start()
+    if node is world.b:
+        until(lambda: (p := world.kubelet_b.plugins.get(dra.DRIVER)) is not None
+              and p is not old and p.health_messages > 0, timeout=60)  # fmt: skip
+    else:
+        until(lambda: (p := world.kubelet_a.plugins.get(nvidia.RESOURCE)) is not None
+              and p is not old and bool(p.snapshots), timeout=60)  # fmt: skip
+    if kind == "node-agent":
+        until(lambda: MARK in node_labels(world, NODE_A), timeout=60)
+    seen_at = time.time()
+    first = first_publication(world, kind, gpu)
+    served = time.monotonic() - started
+    with tally.lock:
+        tally.hit[kind].append(hit)
+    if kind == "node-agent":
+        daemons = str(world.a.root.parent / "mps")
+        until(lambda: all(mps.ready(daemons, d.uuid) for d in world.a.devices), timeout=60)
+    if kept is None:  # faulting until the kill: the book had it, and so had its file
+        tally.violation(f"{kind}: {gpu}'s fault not on disk at the kill")
+        return served
+    due = kept[0] + RECOVER_AFTER  # the wall-clock end of its quiet period
+    if seen_at >= due:
+        outcome = "not checked (the restart outlasted the quiet period)"
+    elif first == "Unhealthy":
+        outcome = "still unhealthy"
+    else:
+        outcome = "forgotten"
+        early = due - seen_at
+        tally.violation(f"{kind}: {gpu} {first} in the restarted process's first "
+                        f"{published}, {early:.1f} s before its quiet period ended")  # fmt: skip
+    with tally.lock:
+        tally.kept[kind][outcome] += 1
+    left = max(0.0, due - time.time())
+    converge(world, tally, node, gpu, unhealthy=False, what=kind, after=left)
+    return served
+
+
+@contextlib.contextmanager
+def faulting(root: Path, uuid_: str, every: float = 0.5) -> Iterator[None]:
+    """A critical XID on the GPU every `every` seconds while the block runs."""
+    stop = threading.Event()
+
+    def storm() -> None:
+        while True:
+            sim.inject_fault(root, uuid_, 48)
+            if stop.wait(every):
+                return
+
+    thread = threading.Thread(target=storm, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def plugin_a(world: World) -> Any:
+    return world.kubelet_a.plugins[nvidia.RESOURCE]
+
+
+def first_publication(world: World, kind: str, uuid_: str) -> str:
+    """The GPU's health in what the restarted process published first (`HOLDING`)."""
+    if kind == "device-plugin":
+        health = {d.ID: d.health for d in plugin_a(world).snapshots[0]}
+        return str(health.get(uuid_, "absent"))
+    if kind == "node-agent":
+        gpus = {g.uuid: g for g in node_gpus(world, NODE_A)}
+        return "absent" if uuid_ not in gpus else "Healthy" if gpus[uuid_].healthy else "Unhealthy"
+    name = {u: n for n, u in dra_names(world.b.root).items()}[uuid_]
+    return world.kubelet_b.device_health(dra.DRIVER).get(name, "absent")
+
+
+def node_labels(world: World, name: str) -> dict[str, str]:
+    return dict(((world.api.get("nodes", name) or {}).get("metadata") or {}).get("labels") or {})
+
+
+def node_gpus(world: World, name: str) -> tuple[nodegpus.NodeGpu, ...]:
+    meta = (world.api.get("nodes", name) or {}).get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(nodegpus.ANNOTATION)
+    return nodegpus.decode(text) if text else ()
+
+
+def relabel(world: World, name: str) -> None:
+    """Take `MARK` off the Node, so that its coming back says the agent's labels job has
+    run: that pass wrote what it holds of the GPUs' health too (one patch)."""
+    node = world.api.get("nodes", name)
+    assert node is not None
+    node["metadata"]["labels"].pop(MARK, None)
+    world.api.put(node)
 
 
 def pod_runs(tally: Tally, since: float, node: str, within: float = 60.0) -> None:
@@ -616,7 +755,10 @@ def _cri_answers(node: Node) -> bool:
     return False
 
 
-def injector(world: World, tally: Tally, rng: random.Random, schedule: list[tuple[float, str]],
+Schedule = list[tuple[float, tuple[str, ...]]]  # when, and the faults injected at once
+
+
+def injector(world: World, tally: Tally, rng: random.Random, schedule: Schedule,
              begun: float, done: threading.Event) -> None:  # fmt: skip
     try:
         inject_all(world, tally, rng, schedule, begun)
@@ -624,20 +766,30 @@ def injector(world: World, tally: Tally, rng: random.Random, schedule: list[tupl
         done.set()
 
 
-def inject_all(world: World, tally: Tally, rng: random.Random,
-               schedule: list[tuple[float, str]], begun: float) -> None:  # fmt: skip
-    for at, kind in schedule:
+def inject_all(world: World, tally: Tally, rng: random.Random, schedule: Schedule,
+               begun: float) -> None:  # fmt: skip
+    for at, kinds in schedule:
         time.sleep(max(0.0, begun + at - time.monotonic()))
-        print(f"{time.monotonic() - begun:6.1f} s  fault {kind}", flush=True)
-        with tally.lock:
-            tally.faults.append((time.monotonic() - begun, kind))
-        try:
-            took = inject(world, tally, kind, rng)
-        except Exception as exc:
-            tally.violation(f"fault {kind}: not recovered: {type(exc).__name__}: {exc}")
-            continue
-        with tally.lock:
-            tally.recovery[kind].append(took)
+        together = [threading.Thread(target=inject_one, daemon=True,
+                                     args=(world, tally, kind, random.Random(rng.random()), begun))
+                    for kind in kinds]  # fmt: skip
+        for thread in together:
+            thread.start()
+        for thread in together:
+            thread.join()
+
+
+def inject_one(world: World, tally: Tally, kind: str, rng: random.Random, begun: float) -> None:
+    print(f"{time.monotonic() - begun:6.1f} s  fault {kind}", flush=True)
+    with tally.lock:
+        tally.faults.append((time.monotonic() - begun, kind))
+    try:
+        took = inject(world, tally, kind, rng)
+    except Exception as exc:
+        tally.violation(f"fault {kind}: not recovered: {type(exc).__name__}: {exc}")
+        return
+    with tally.lock:
+        tally.recovery[kind].append(took)
 
 
 def mps_pods(world: World, tally: Tally, done: threading.Event) -> None:
@@ -653,9 +805,11 @@ def mps_pods(world: World, tally: Tally, done: threading.Event) -> None:
         time.sleep(0.2)
 
 
-def plan(rng: random.Random, seconds: float, rounds: int) -> list[tuple[float, str]]:
-    """Each kind once per round, in a random order, at random times within its slot."""
-    kinds = [k for _ in range(rounds) for k in rng.sample(FAULTS, len(FAULTS))]
+def plan(rng: random.Random, seconds: float, rounds: int, overlap: bool = False) -> Schedule:
+    """Each kind once per round (with `overlap`, each of `OVERLAPS` too, its two at once), in
+    a random order, at random times within its slot."""
+    units = [(k,) for k in FAULTS] + (list(OVERLAPS) if overlap else [])
+    kinds = [u for _ in range(rounds) for u in rng.sample(units, len(units))]
     slot = (seconds - 10.0) / len(kinds)
     return [(5.0 + i * slot + rng.uniform(0, slot * 0.4), k) for i, k in enumerate(kinds)]
 
@@ -716,12 +870,12 @@ def settle(world: World) -> list[str]:
 
 def campaign(
     seconds: float, seed: int, workers: int = 3, rounds: int = 1, logs: Path | None = None,
-    health_within: float = 5.0,
+    health_within: float = 5.0, overlap: bool = False,
 ) -> Tally:  # fmt: skip
-    """`logs`: where the agents' logs are copied at the end."""
+    """`logs`: where the agents' logs are copied at the end; `overlap`: `OVERLAPS` too."""
     rng = random.Random(seed)
     tally = Tally(health_within=health_within)
-    schedule = plan(rng, seconds, rounds)
+    schedule = plan(rng, seconds, rounds, overlap)
     with built() as world:
         print(f"world up in {world.workdir}; faults at {[round(t) for t, _ in schedule]} s",
               flush=True)  # fmt: skip
@@ -764,6 +918,13 @@ def report(tally: Tally, seconds: float, seed: int) -> str:
     lines.append(f"health, seconds from the fault until published so ({bound}), median, max:")
     for what, seen in sorted(tally.converged.items()):
         lines.append(f"  {what:24} {statistics.median(seen):6.2f} {max(seen):6.2f}  n={len(seen)}")
+    lines.append("health across a restart (a GPU faulting until the kill, in the restarted "
+                 "process's first publication):")  # fmt: skip
+    for kind, (moment, published) in HOLDING.items():
+        outcomes = ", ".join(f"{o} {n}" for o, n in sorted(tally.kept[kind].items()))
+        hits = tally.hit[kind]
+        lines.append(f"  {kind:16} {published}: {outcomes or 'none'}; killed with {moment} in "
+                     f"flight: {sum(hits)} of {len(hits)}")  # fmt: skip
     lines.append("recovery, seconds from the fault until the part serves again (median, max):")
     for kind in FAULTS:
         took = tally.recovery.get(kind)
@@ -784,12 +945,14 @@ def main() -> int:
     parser.add_argument("--logs", metavar="DIR", type=Path, help="keep the agents' logs here")
     parser.add_argument("--health-within", type=float, default=5.0, metavar="SECONDS",
                         help="the bound on a fault's health becoming the truth")  # fmt: skip
+    parser.add_argument("--overlap", action="store_true",
+                        help="also inject each pair of OVERLAPS at once, each round")  # fmt: skip
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench.faults runs containers: run it as root", file=sys.stderr)
         return 2
     tally = campaign(args.seconds, args.seed, args.workers, args.rounds, args.logs,
-                     args.health_within)  # fmt: skip
+                     args.health_within, args.overlap)  # fmt: skip
     print(report(tally, args.seconds, args.seed))
     if args.json:
         figures = {"starts": tally.starts, "violations": tally.violations,

@@ -65,7 +65,9 @@ A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
 SHARED_B = 3  # node B's shared GPU
 MIG_B = 0  # node B's GPU in MIG mode
 READY = "ready"  # the installer's ready file (deploy/node/install-node), in a node's dir
-RECOVER_AFTER = 3.0  # the quiet period after which a GPU is healthy again (both agents)
+# The quiet period after which a GPU is healthy again (both agents): longer than a node
+# agent takes to start again, so that a restart with a faulting GPU can be seen to keep it.
+RECOVER_AFTER = 10.0
 TMPFS = "size=2m,mode=0755"
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_CLASS = ROOT / "deploy/base/runtimeclass.yaml"

@@ -223,13 +223,26 @@ def _checked(owner: Owner) -> Owner:
     return owner
 
 
-def _claimed(path: str) -> Owner | None:
+def _claimed(path: str, token: str) -> Owner | None:
+    """The claim's owner; a claim that is not whole (`Owner.text` ends with its sandbox line)
+    or not text is refused: no pod may have a token whose owner cannot be told."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
-    with os.fdopen(fd) as f:
-        return Owner.parse(f.read())
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode()
+        owner = Owner.parse(text)
+        if not owner.sandbox or ("=" in text and not text.endswith("\n")):
+            raise ValueError("cut short")
+    except ValueError as exc:
+        raise AllocationError(
+            f"allocation {token}'s claim {path} is unreadable ({exc}): whom it belongs to "
+            "cannot be told, so no pod gets it"
+        ) from None
+    return owner
 
 
 def _publish(path: str, text: str, *, replace: bool) -> bool:
@@ -269,11 +282,11 @@ def claim(
     """
     presenter = _checked(Owner(sandbox, pod))
     path = os.path.join(directory, f"{token}.claim")
-    owner = _claimed(path)
+    owner = _claimed(path, token)
     if owner is None:
         if not write or _publish(path, presenter.text(), replace=False):
             return presenter
-        owner = _claimed(path) or presenter  # another start claimed it a moment ago
+        owner = _claimed(path, token) or presenter  # another start claimed it a moment ago
     refusal = owner.refusal(presenter)
     if refusal:
         raise AllocationError(f"allocation {token} belongs to {refusal}")

@@ -42,7 +42,10 @@ prioritized list, device taints and consumable capacity on). Each rule, and wher
    while All has gathered its devices by the selectors alone (`validateDeviceRequest`), so
    one tainted device among them means no allocation on this node. A result carries the
    request's tolerations.
-9. At most 32 results per claim (`AllocationResultsMaxSize`).
+9. At most 32 results per claim (`AllocationResultsMaxSize`): before any device is tried,
+   what a claim needs (its ExactCount counts, the devices All gathered on the node, a
+   firstAvailable list's least) over 32 is an error ("exceeds the claim limit"), so All on
+   a node with 33 matching devices fails the attempt rather than finding no allocation.
 10. Result: `config` is each class's config (FromClass, for the requests using it) then the
     claim's configs whose `requests` name a chosen request (FromClaim); `nodeSelector`
     names the node when a device came from its own slice.
@@ -230,10 +233,11 @@ class _Allocator:
         self.in_use = in_use
         self.features = features
         self.devices, self.incomplete, self.invalid = self._pools(slices)
-        self.claims = [self._claim(c) for c in claims]
         self.used: set[DeviceID] = set()  # whole, in this pass
         self.consumed: dict[DeviceID, dict[str, Fraction]] = {}  # shares, in this pass
         self._selected: dict[tuple[int, DeviceID], bool] = {}  # by (id of the request, device)
+        self.gathered: dict[int, list[_Device]] = {}  # All's devices, by id of the request
+        self.claims = [self._claim(c) for c in claims]
 
     # --- what the node sees (rule 1)
 
@@ -299,10 +303,11 @@ class _Allocator:
                 raise AllocationError(
                     f"claim {name}: empty constraint (unsupported constraint type?)"
                 )
+        for alt in (a for alts in requests for a in alts if a.mode == "All"):
+            self.gathered[id(alt)] = self.gather(alt, name)
         least = sum(
-            min(a.count for a in alts)
+            min(a.count if a.mode == "ExactCount" else len(self.gathered[id(a)]) for a in alts)
             for alts in requests
-            if all(a.mode == "ExactCount" for a in alts)
         )
         if least > MAX_RESULTS:
             raise AllocationError(
@@ -355,6 +360,24 @@ class _Allocator:
             tuple(r.get("tolerations") or ()),
             sub,
         )
+
+    def gather(self, alt: _Alternative, claim: str) -> list[_Device]:
+        """All's devices on the node: every candidate, its share checked against the cluster
+        (not this pass), from a complete pool (`validateDeviceRequest`)."""
+        wanted = [
+            d
+            for d in self.devices
+            if self.selected(alt, d)
+            and (not d.multi or self.fits(d, self.share(alt, d) or {}, False))
+        ]
+        for d in wanted:
+            pool = "/".join(d.id[:2])
+            if pool in self.incomplete:
+                raise AllocationError(
+                    f"claim {claim}, request {alt.name}: asks for all devices, but resource "
+                    f"pool {pool} is currently being updated"
+                )
+        return wanted
 
     # --- one device for one request (rules 2, 3, 7, 8)
 
@@ -480,11 +503,12 @@ class _Allocator:
         for alt in claim.requests[j]:
             if alt.subrequest and alt.count > MAX_RESULTS:
                 continue
-            candidates = [d for d in self.devices if self.selected(alt, d)]
             if alt.mode == "All":
-                if self.all_of(claim, alt, candidates, i, j):
+                if self.all_of(claim, alt, self.gathered[id(alt)], i, j):
                     return True
-            elif self.pick(claim, alt, candidates, alt.count, 0, i, j):
+                continue
+            candidates = [d for d in self.devices if self.selected(alt, d)]
+            if self.pick(claim, alt, candidates, alt.count, 0, i, j):
                 return True
         return False
 
@@ -505,20 +529,10 @@ class _Allocator:
         return False
 
     def all_of(
-        self, claim: _Claim, alt: _Alternative, candidates: list[_Device], i: int, j: int
+        self, claim: _Claim, alt: _Alternative, wanted: list[_Device], i: int, j: int
     ) -> bool:
-        wanted = [
-            d for d in candidates if not d.multi or self.fits(d, self.share(alt, d) or {}, False)
-        ]
         if not wanted:
             return False
-        for d in wanted:
-            pool = "/".join(d.id[:2])
-            if pool in self.incomplete:
-                raise AllocationError(
-                    f"claim {claim.name}, request {alt.name}: asks for all devices, but resource "
-                    f"pool {pool} is currently being updated"
-                )
         added = 0
         for d in wanted:
             if not self.usable(claim, alt, d):

@@ -12,7 +12,8 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
 * `gpu-min-memory` → `capacity memory >= <MiB>`; named GPUs (`gpu-uuid`, `use-gpuuuid`) and
   excluded ones → selectors on `uuid` (exactly those GPUs, not their whole node);
 * a count → `ExactCount` (at most `dra.CLAIM_DEVICES_MAX`, what a claim can hold), `all` →
-  `All`, tolerating gpuwire's health taints: every GPU of the node, the unhealthy included,
+  `All` (denied where a node has more that fit than a claim holds), tolerating gpuwire's
+  health taints: every GPU of the node, the unhealthy included,
   as on the plugin-less path (an untolerated taint on one of them would keep the claim off
   the node whole: the allocator gathers All's devices by the selectors, then fails on a
   taint); several GPUs → a `matchAttribute` constraint on
@@ -395,6 +396,7 @@ class _Translation:
         most = max(len(found) for found in by_node.values())
         want = self.ask.count
         if want == "all":
+            self.all_within(limit, {n: len(found) for n, found in by_node.items()})
             return most
         if want > limit:
             raise Unplaceable(
@@ -419,6 +421,26 @@ class _Translation:
                     f"request: {island}"
                 )
         return want
+
+    def all_within(self, limit: int, counts: dict[str, int]) -> None:
+        """`all` on a node with more devices than a claim holds is a claim the scheduler's
+        allocator refuses there ("exceeds the claim limit"), failing the pod's scheduling
+        attempt at that node whatever the others have: Unplaceable, naming it."""
+        over = sorted((n for n, k in counts.items() if k > limit), key=lambda n: (-counts[n], n))
+        if not over:
+            return
+        node = over[0]
+        beside = f" ({len(over) - 1} more node(s) over {limit})" if len(over) > 1 else ""
+        fitting = sorted(f"{n}: {k}" for n, k in counts.items() if k <= limit)
+        anyway = f", whichever other node would fit ({listing(fitting, 3)})" if fitting else ""
+        raise Unplaceable(
+            f"{self.count_source()} asks for every {self.what()} of a node that fits the "
+            f"request, and node {node} has {counts[node]}{beside}; a claim holds at most "
+            f"{limit} (the Kubernetes limit on a claim's devices), and the scheduler's "
+            "allocator fails the pod's scheduling at a node with more ('exceeds the claim "
+            f"limit'){anyway}; accepted: {keys.COUNT} up to {limit}, or a narrower request "
+            "(fewer of a node's devices fit it)"
+        )
 
     def what(self) -> str:
         if self.request.partition is not None:

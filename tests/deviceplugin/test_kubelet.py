@@ -16,13 +16,17 @@ from pathlib import Path
 import grpc
 import pytest
 
+from deviceplugin.agent.labels import GPUS_ANNOTATION
 from deviceplugin.api import api_pb2
 from deviceplugin.config import STATE_DIR, Config
+from deviceplugin.gpus import healthfile
 from deviceplugin.plugin import sweep
 from deviceplugin.plugin.resources import Rule
-from gpuwire import allocation, cli, sim
+from gpuwire import allocation, cli, nodegpus, sim
 from gpuwire.grant import KeyRing
+from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
+from testbed.waiting import until
 from tests.deviceplugin.support import serving
 
 RESOURCE = "nvidia.com/gpu"
@@ -192,6 +196,42 @@ def test_a_fault_survives_a_plugin_restart(
         first = {d.ID: d.health for d in again.snapshots[0]}
     assert first == {d.uuid: "Unhealthy" if d.uuid == bad else "Healthy" for d in machine.devices}
     assert (root / STATE_DIR.lstrip("/") / "health.json").is_file()  # the simulated node's own
+
+
+def test_a_torn_health_state_is_rebuilt_from_the_nodes_gpus_annotation(
+    config: Config, kubelet: Kubelet, sim_node: tuple[Path, sim.Machine], tmp_path: Path
+) -> None:
+    """The device-plugin role's health file cut short: not believed, nor is every GPU taken
+    for healthy (a GPU that faulted a second ago would be offered to new work): what the
+    labels told the API server (the Node's gpuwire.io/gpus) is the first ListAndWatch, and
+    the bad file is kept aside."""
+    root, machine = sim_node
+    bad = machine.devices[2].uuid
+    with ApiServer() as api:
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-node"}})
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        config = replace(config, recover_after=600.0, labels=True, label_interval=0.2,
+                         node_name="gpu-node", kubeconfig=kubeconfig)  # fmt: skip
+        with serving(config):
+            plugin_ = kubelet.plugin(RESOURCE)
+            sim.inject_fault(root, bad, 79)
+            until(lambda: [g.uuid for g in annotated(api) if not g.healthy] == [bad])
+        state = Path(config.node_state())
+        whole = (state / healthfile.NAME).read_text()
+        (state / healthfile.NAME).write_text(whole[: len(whole) // 2])
+        with serving(config):
+            again = kubelet.wait(lambda: (p := kubelet.plugins.get(RESOURCE)) is not plugin_
+                                 and p is not None and p.snapshots and p)  # fmt: skip
+            first = {d.ID: d.health for d in again.snapshots[0]}
+    assert first == {d.uuid: "Unhealthy" if d.uuid == bad else "Healthy" for d in machine.devices}
+    assert [p.name.split(".bad-")[0] for p in state.glob("*.bad-*")] == [healthfile.NAME]
+    assert healthfile.load(state, 0.0, 0.0).keys() == {bad}
+
+
+def annotated(api: ApiServer) -> tuple[nodegpus.NodeGpu, ...]:
+    node = api.get("nodes", "gpu-node") or {}
+    text = (node.get("metadata", {}).get("annotations") or {}).get(GPUS_ANNOTATION)
+    return nodegpus.decode(text) if text else ()
 
 
 def test_ignored_xid_changes_nothing(

@@ -13,8 +13,11 @@ from pathlib import Path
 from deviceplugin import cli
 from deviceplugin.agent import holding
 from deviceplugin.agent.labels import GPUS_ANNOTATION
+from deviceplugin.agent.node import NodeAgent
 from deviceplugin.config import Config
 from deviceplugin.dra.plugin import DraPlugin
+from deviceplugin.gpus import healthfile
+from deviceplugin.gpus.simulated import SimDiscovery
 from gpuwire import holders, mig, nodegpus, sim
 from testbed.apiserver import ApiServer
 from testbed.waiting import until
@@ -106,3 +109,38 @@ def run_plugin_less(api: ApiServer, config: Config, machine: sim.Machine, restar
         thread.join(timeout=20)
     assert not thread.is_alive()
     api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})  # unlabelled
+
+
+def test_the_plugin_less_agent_rebuilds_a_torn_health_state_from_the_nodes_gpus(
+    tmp_path: Path, sim_node: tuple[Path, sim.Machine]
+) -> None:
+    """The plugin-less agent's health file cut short: not believed, nor is every GPU taken for
+    healthy: the GPUs the Node's gpuwire.io/gpus said were unhealthy are unhealthy again (and
+    labelled so from the rebuilt state once the Node has forgotten); the bad file is kept
+    aside."""
+    root, machine = sim_node
+    bad = machine.devices[3].uuid
+    with ApiServer() as api:
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        config = Config(sim=str(root), node_name=NODE, kubeconfig=kubeconfig,
+                        label_interval=0.2, recover_after=600.0)  # fmt: skip
+        stop = threading.Event()
+        thread = threading.Thread(target=cli._watch, args=(config, None, stop), daemon=True)
+        thread.start()
+        try:
+            until(lambda: len(annotated(api)) == 4)
+            sim.inject_fault(root, bad, 48)
+            until(lambda: [g.uuid for g in annotated(api) if not g.healthy] == [bad])
+        finally:
+            stop.set()
+            thread.join(timeout=20)
+        state = Path(config.node_state())
+        whole = (state / healthfile.NAME).read_text()
+        (state / healthfile.NAME).write_text(whole[: len(whole) // 2])
+        agent = NodeAgent(replace(config, labels=True), SimDiscovery(str(root)), str(state))
+        agent.discovery.close()
+        assert agent.health.unhealthy() == {bad}
+        assert [p.name.split(".bad-")[0] for p in state.glob("*.bad-*")] == [healthfile.NAME]
+        api.put({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})  # forgotten
+        run_plugin_less(api, config, machine, restart=True)  # labelled unhealthy again

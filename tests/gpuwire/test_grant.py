@@ -173,6 +173,21 @@ def test_a_claim_from_before_pod_uids_learns_the_uid_from_its_own_sandbox(
     assert sorted(p.name for p in d.iterdir()) == [t, f"{t}.claim"]  # no temporary files left
 
 
+@pytest.mark.parametrize(
+    "body", [b"", b"pod=1234", b"pod=1234\n", b"pod=1234\nsandbox=sa", b"\xff"]
+)
+def test_a_torn_or_corrupt_claim_is_refused_naming_it(token: tuple[Path, str], body: bytes) -> None:
+    """A claim cut short (a crash mid-write) or not text: whom the token belongs to cannot
+    be told, so no pod gets it, and the refusal says so (before: "belongs to sandbox , not
+    …", "belongs to pod 1234, not …", or a UnicodeDecodeError's traceback)."""
+    d, t = token
+    (d / f"{t}.claim").write_bytes(body)
+    with pytest.raises(allocation.AllocationError) as refused:
+        allocation.claim(d, t, "sandbox-1", POD_UID)
+    assert str(refused.value).startswith(f"allocation {t}'s claim {d / t}.claim is unreadable (")
+    assert "whom it belongs to cannot be told" in str(refused.value)
+
+
 def test_a_dry_run_claims_nothing(token: tuple[Path, str]) -> None:
     d, t = token
     assert allocation.claim(d, t, "sandbox-1", POD_UID, write=False).pod == POD_UID

@@ -1320,3 +1320,41 @@ def test_all_takes_its_devices_by_the_selectors_and_then_needs_every_one_untaint
     else:
         assert found is not None
         assert [_results(a) for a in found] == [sorted(expected)]
+
+
+MANY = [  # node 1: 33 devices, 17 of them even; node 2: 32
+    slice_("slice-1", NODE1, P1, A, *(device(f"device-{i}", even=attr("bool", i % 2 == 0))
+                                      for i in range(33))),
+    slice_("slice-2", NODE2, P2, A, *(device(f"device-{i}") for i in range(32))),
+]  # fmt: skip
+EVEN = f'device.attributes["{A}"].even'
+
+
+@pytest.mark.parametrize(
+    ("requests", "node", "expected"),
+    [
+        ([request(R0, CLASS_A, mode="All")], NODE1,
+         f"claim {C0}: number of requested devices 33 exceeds the claim limit of 32"),
+        ([request(R0, CLASS_A, mode="All")], NODE2, 32),  # all 32: the most a claim holds
+        ([request(R0, CLASS_A, 1, EVEN, mode="All"), request(R1, CLASS_A, 16)], NODE1,
+         f"claim {C0}: number of requested devices 33 exceeds the claim limit of 32"),
+        ([prioritized(R0, sub("all", CLASS_A, mode="All"), sub("one", CLASS_A))], NODE1, 1),
+    ],
+)  # fmt: skip
+def test_all_over_more_devices_than_a_claim_holds_is_an_error(
+    requests: list[Obj], node: str, expected: str | int
+) -> None:
+    """`allocationMode: All` counts the devices its selectors gather on the node
+    (`validateDeviceRequest`: numDevices = len(allDevices)), and `Allocate` sums a claim's
+    counts (a firstAvailable list: its smallest) and fails the attempt when that is over
+    `AllocationResultsMaxSize` (`allocator_incubating.go`), rather than finding no
+    allocation; a subrequest over it is passed over for the next."""
+    claims = [claim(C0, *requests)]
+    classes = {CLASS_A: cls(CLASS_A, A)}
+    if isinstance(expected, str):
+        with pytest.raises(AllocationError, match=re.escape(expected)):
+            allocate(node, claims, classes, MANY)
+        return
+    found = allocate(node, claims, classes, MANY)
+    assert found is not None
+    assert len(found[0]["devices"]["results"]) == expected

@@ -795,6 +795,33 @@ def test_a_partition_profile_on_the_device_plugins_way_is_denied(amd_cluster: Cl
     assert "amd.com/cpx_nps4: N" in outcome.denial.message
 
 
+@pytest.mark.parametrize(
+    ("nodes", "said"),
+    [
+        ((dracluster.amd_node("cpx-8", 8, compute="CPX", memory="NPS4"),),  # 64 partitions
+         "gpuwire.io/gpu-count: 'all' asks for every partition of a node that fits the request, "
+         "and node cpx-8 has 64; a claim holds at most 32 (the Kubernetes limit on a claim's "
+         "devices), and the scheduler's allocator fails the pod's scheduling at a node with "
+         "more ('exceeds the claim limit')"),
+        ((dracluster.amd_node("cpx-8", 8, compute="CPX", memory="NPS4"),
+          dracluster.amd_node("cpx-2", 2, compute="CPX", memory="NPS4")),  # 64 and 16
+         "whichever other node would fit (cpx-2: 16)"),
+    ],
+)  # fmt: skip
+def test_all_on_a_node_with_more_devices_than_a_claim_holds_is_denied(
+    nodes: tuple[ClusterNode, ...], said: str
+) -> None:
+    """`all` is every device of a node that fits: more than 32 on any node is a claim the
+    allocator refuses (testbed/allocator.py rule 9) and the scheduler's attempt fails there,
+    whatever the other nodes have."""
+    asks = {"gpuwire.io/partition-profile": "cpx_nps4", "gpuwire.io/gpu-count": "all"}
+    pools = Pools.of(dracluster.all_slices(nodes))
+    outcome = mutate(pod(asks), NAMESPACE, DRA, Fleet(), grant.KeyRing({}), pools)
+    assert outcome.denial is not None
+    assert outcome.denial.code == 400
+    assert said in outcome.denial.message
+
+
 @pytest.mark.parametrize("version", ["1.34", "1.37"])
 def test_amd_templates_validate_and_their_selectors_err_on_no_device(
     amd_cluster: Cluster, version: str
