@@ -1,7 +1,8 @@
 """One log format for every gpuwire server and command, uvicorn's lines included.
 
 Each line is `<UTC time, ms> <LEVEL> <component>: <message>`, the component being the
-program that logs (`webhook`, `device-plugin`, `dra-plugin`, `node-agent`, `certs`), so the
+program that logs (`webhook`, `device-plugin`, `dra-plugin`, `node-agent`, `certs`,
+`resident`; the node installer, a shell program, writes the same: `install-node`), so the
 lines of `kubectl logs` read alike whichever pod they come from:
 
     2025-05-01T10:00:00.123Z INFO webhook: admitted ml-research/trainer (uid 1f0c…): …
