@@ -529,11 +529,18 @@ class _Mutation:
             return _Devices("none", 0)
         if not self.policy.device_plugin:
             value = request.given.get(keys.COUNT, f"unset (policy default gpuCount: {count})")
+            missing = [f"{r}: true" for r, on in self.plugin_less_rules().items() if not on]
+            admin = (
+                f"; an admin allows more with a rule of the gpuwire policy for the namespace: "
+                f"{' or '.join(missing)}"
+                if missing
+                else ""
+            )
             raise Denied(
                 400,
                 f"{keys.COUNT}: {value!r} asks for {count} GPU(s), which only a device plugin can "
                 "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
-                f"accepted here: all, none, or explicit GPUs in {keys.UUID}",
+                f"accepted here: {self.accepted_without_plugin()}{admin}",
             )
         resource = placement.resource or nvidia.RESOURCE
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
@@ -616,6 +623,26 @@ class _Mutation:
                 f"{c.name!r}'s {resource}: {count}; accepted: {count}, or no {keys.COUNT}",
             )
 
+    def plugin_less_rules(self) -> dict[str, bool]:
+        """What the namespace's rule allows of what a cluster without a device plugin can
+        grant (besides no GPU): every GPU of a node, named GPUs."""
+        return {"allGpus": self.rule.all_gpus, "explicitDevices": self.rule.explicit_devices}
+
+    def accepted_without_plugin(self) -> str:
+        """What a denial offers where no device plugin runs (devicePlugin: false): only what
+        the namespace's rule allows, so that following it is admitted."""
+        ways = {"allGpus": f"{keys.COUNT}: all", "explicitDevices": f"GPU UUIDs in {keys.UUID}"}
+        allowed = [ways[r] for r, on in self.plugin_less_rules().items() if on]
+        return ", or ".join([*allowed, f"no GPU ({keys.COUNT}: none)"])
+
+    def sharing_risk(self) -> str:
+        """Why taking every GPU or naming GPUs is a namespace's rule: nothing else knows."""
+        if self.policy.device_plugin:
+            return "the device plugin would not know, and hand the same GPUs to other pods"
+        return (
+            "no device plugin runs here (devicePlugin: false), so nothing keeps other pods off them"
+        )
+
     def check_named(self, request: GpuRequest) -> None:
         """GPUs named without the device plugin or a claim: where the policy names the
         namespace (explicitDevices), as the device plugin would go on handing them out. (A
@@ -623,11 +650,15 @@ class _Mutation:
         if self.rule.explicit_devices:
             return
         key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
+        accepted = (
+            f"{keys.COUNT} and model or memory annotations"
+            if self.policy.device_plugin
+            else self.accepted_without_plugin()
+        )
         raise Denied(
             403,
             f"{key}: {value!r} names GPUs, which namespace {self.namespace!r} may not do: "
-            "the device plugin would not know, and hand the same GPUs to other pods; accepted "
-            f"here: {keys.COUNT} and model or memory annotations; an admin allows it with a "
+            f"{self.sharing_risk()}; accepted here: {accepted}; an admin allows it with a "
             "rule of the gpuwire policy for the namespace: explicitDevices: true",
         )
 
@@ -637,13 +668,17 @@ class _Mutation:
         if self.rule.all_gpus:
             return
         value = request.given.get(keys.COUNT, "unset (policy default gpuCount: all)")
+        if self.policy.device_plugin:
+            asks = "every GPU of its node without the device plugin"
+            accepted = f"{keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits"
+        else:
+            asks, accepted = "every GPU of its node", self.accepted_without_plugin()
         raise Denied(
             403,
-            f"container {c.name!r} asks for every GPU of its node without the device plugin "
-            f"({keys.COUNT}: {value!r}), which namespace {self.namespace!r} may not do: the "
-            "device plugin would not know, and hand the same GPUs to other pods; accepted "
-            f"here: {keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits; an "
-            "admin allows it with a rule of the gpuwire policy for the namespace: allGpus: true",
+            f"container {c.name!r} asks for {asks} ({keys.COUNT}: {value!r}), which namespace "
+            f"{self.namespace!r} may not do: {self.sharing_risk()}; accepted here: {accepted}; "
+            "an admin allows it with a rule of the gpuwire policy for the namespace: "
+            "allGpus: true",
         )
 
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
