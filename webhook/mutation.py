@@ -212,24 +212,29 @@ class _Mutation:
         return merged
 
     def unknown_annotations(self) -> None:
-        """Keys gpuwire does not read that look meant for it: a typo denies the pod (policy
-        unknownAnnotations: deny) or is a warning; a key HAMi reads and gpuwire does not is a
-        warning."""
+        """Keys gpuwire does not read that look meant for it, and near misses of HAMi's
+        resource names: a typo denies the pod (policy unknownAnnotations: deny) or is a
+        warning; a key HAMi reads and gpuwire does not is a warning."""
         written = {k: v for k, v in self.pod.annotations.items() if k != grant.POD_ANNOTATION}
         found = keys.unknown(written)  # the grant annotation is the webhook's own
-        typos = [u for u in found if u.typo]
-        if typos and self.policy.unknown_annotations == "deny":
-            said = "; ".join(f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in typos)
+        typos = [f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in found if u.typo]
+        misses = hami.near_misses(self.pod, self.fleet.resources)
+        if (typos or misses) and self.policy.unknown_annotations == "deny":
+            what = " and ".join(
+                w for w, said in (("annotations", typos), ("resource names", misses)) if said
+            )
             raise Denied(
                 400,
-                f"{said} (the gpuwire policy denies annotations it does not know: "
-                "unknownAnnotations: deny; docs/annotations.md)",
+                f"{'; '.join(typos + misses)} (the gpuwire policy denies {what} it does not "
+                "know: unknownAnnotations: deny; docs/annotations.md)",
             )
         for u in found:
             if u.typo:
                 self.warn("unknown-annotation", f"{u} (ignored)")
             else:
                 self.warn("unread-annotation", f"{u} (ignored)")
+        for miss in misses:
+            self.warn("unknown-resource", f"{miss} (left as written)")
 
     def runtime_class(self, claimed: bool) -> list[Op]:
         """The policy's RuntimeClass on a pod that names none and gets a GPU, by grant or by a
