@@ -66,6 +66,9 @@ _canonical = functools.lru_cache(maxsize=256)(grant.canonical_request)
 class Denial:
     code: int  # 400: the request is wrong; 403: the policy forbids it
     message: str
+    # the answer is the cluster's: no GPU node (or ResourceSlice) it has gives what the pod
+    # asks (`gpuwire mutate` says how to give it one)
+    of_cluster: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +88,9 @@ class Outcome:
 
 
 class Denied(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, of_cluster: bool = False) -> None:
         super().__init__(message)
-        self.denial = Denial(code, message)
+        self.denial = Denial(code, message, of_cluster)
 
 
 @dataclass
@@ -172,7 +175,7 @@ class _Mutation:
                 demand = self.demand(request, rest)
                 placement = place(request, self.fleet, allow, demand, named)
             except Unplaceable as exc:
-                raise Denied(400, str(exc)) from exc
+                raise Denied(400, str(exc), of_cluster=True) from exc
             self.warnings += placement.warnings
             self.nvidia_only(request, placement)
         ops: list[Op] = cdi
@@ -329,7 +332,7 @@ class _Mutation:
                 found = dra_claims.claim(ask, self.pools)
             except Unplaceable as exc:
                 if self.allocation == "dra":
-                    raise Denied(400, str(exc)) from exc
+                    raise Denied(400, str(exc), of_cluster=True) from exc
                 continue  # auto: the device-plugin way
             visible = "all" if ask.count == "all" else "claim"
             self.check_count(c, request, _Devices(visible, found.gpus))
@@ -813,6 +816,7 @@ class _Mutation:
             "does (the policy's allocation: dra, or auto where the cluster's ResourceSlices "
             f"have them); on the device plugin's way ask for {AMD.label_prefix}"
             f"{request.partition}: N in the container's limits (AMD's mixed naming)",
+            of_cluster=self.allocation == "auto",  # slices with partitions would take it
         )
 
     def nvidia_only(self, request: GpuRequest, placement: Placement) -> None:
