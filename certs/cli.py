@@ -147,11 +147,12 @@ def ensure(argv: list[str]) -> int:
     if args.interval:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while True:
-        ok = _run_once(cluster, target, settings, args.out, args.grant_key_secret)
+        code = _run_once(cluster, target, settings, args.out, args.grant_key_secret)
         if args.interval is None:
-            return 0 if ok else 1
+            return code
+        ok = code == exits.OK
         if stop.wait(args.interval if ok else min(args.interval, RETRY_SECONDS)):
-            return 0
+            return exits.OK
 
 
 def _run_once(
@@ -160,7 +161,9 @@ def _run_once(
     settings: rotation.Settings,
     out: str | None,
     grant_key_secret: str | None,
-) -> bool:
+) -> int:
+    """One check; its exit code: a check that failed is 1, the API server unreachable or
+    refusing 5 (README.md, "Exit codes"), each said in one line."""
     now = dt.datetime.now(dt.UTC)
     try:
         data = reconcile.reconcile(cluster, target, settings, now)
@@ -170,11 +173,11 @@ def _run_once(
             log.info("wrote %s to %s", ", ".join(SERVED_FILES), out)
     except (reconcile.ReconcileError, pki.PKIError, OSError) as exc:
         log.error("%s", exc)
-        return False
+        return exits.NO
     except Exception as exc:  # the API server's answer, or no answer: said, then retried
         said = kubeclient.explain(exc, kubeclient.host(cluster.core))
         if said is None:
             raise
         log.error("%s", said)
-        return False
-    return True
+        return exits.CLUSTER
+    return exits.OK

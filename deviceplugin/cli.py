@@ -37,6 +37,25 @@ def _typed(
     return to_value
 
 
+DEFAULTS = settings.Config()
+
+
+def _default(field: str) -> str:
+    """The "(default X)" of a config-backed flag: its argparse default is None, so that a flag
+    not given leaves the config file's value, and only the help can say what it is when
+    neither sets it."""
+    value = getattr(DEFAULTS, field)
+    if isinstance(value, bool):
+        text = "on" if value else "off"
+    elif isinstance(value, float):
+        text = f"{value:g}"
+    elif isinstance(value, frozenset):
+        text = ",".join(str(v) for v in sorted(value))
+    else:
+        text = str(value or "none")
+    return f"(default {text})"
+
+
 def _xid_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -46,20 +65,24 @@ def _number(text: str) -> float | str:
 
 
 def _add_source_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    _add_config_flag(parser)
     parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
     _add_vendor_flags(parser)
     parser.add_argument(
-        "--resource", type=_typed(settings.as_resource), help="default resource name"
+        "--resource",
+        type=_typed(settings.as_resource),
+        help=f"the resource name GPUs get where no rule names them {_default('resource')}",
     )
     parser.add_argument(
-        "--replicas", type=_typed(settings.as_count, int), help="time-slicing replicas per GPU"
+        "--replicas",
+        type=_typed(settings.as_count, int),
+        help=f"time-slicing replicas per GPU {_default('replicas')}",
     )
     parser.add_argument(
         "--rename-by-default",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="advertise shared GPUs as <resource>.shared",
+        help=f"advertise shared GPUs as <resource>.shared {_default('rename_by_default')}",
     )
     parser.add_argument(
         "--mig-strategy",
@@ -71,6 +94,14 @@ def _add_source_flags(parser: argparse.ArgumentParser) -> None:
         type=_typed(settings.as_text),
         metavar="FILE",
         help=f"where the node side learns the MIG devices' names (default {mig.DEFAULT_MAP})",
+    )
+
+
+def _add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML config file: its settings replace the defaults below, flags replace both",
     )
 
 
@@ -128,19 +159,19 @@ def _add_plugin_flags(parser: argparse.ArgumentParser, recovered: str) -> None:
         dest="ignored_xids",
         type=_typed(settings.as_xids, _xid_list),
         metavar="LIST",
-        help="XIDs that leave a GPU healthy (default 13,31,43,45,68,109)",
+        help=f"XIDs that leave a GPU healthy {_default('ignored_xids')}",
     )
     parser.add_argument(
         "--recover-after",
         type=_typed(settings.as_recovery, _number),
         metavar="SECONDS",
-        help=f"quiet seconds after which {recovered}, or never (default 300)",
+        help=f"quiet seconds after which {recovered}, or never {_default('recover_after')}",
     )
     parser.add_argument(
         "--labels",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also keep this node's GPU labels up to date",
+        help=f"also keep this node's GPU labels up to date {_default('labels')}",
     )
 
 
@@ -176,7 +207,8 @@ def _add_holder_flags(parser: argparse.ArgumentParser, host_root: bool = True) -
         "--metrics-port",
         type=_typed(_port, int),
         metavar="PORT",
-        help="serve Prometheus metrics (GPUs, health, holders, conflicts) on this port",
+        help="serve Prometheus metrics (GPUs, health, holders, conflicts) on this port "
+        "(default: none served)",
     )
     parser.add_argument(
         "--records-dir",
@@ -314,18 +346,19 @@ def serve(argv: list[str]) -> int:
         "--fail-requests-greater-than-one",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="refuse a request for more than one shared GPU",
+        help="refuse a request for more than one shared GPU "
+        f"{_default('fail_requests_greater_than_one')}",
     )
     parser.add_argument(
         "--device-specs",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="also answer Allocate with DeviceSpecs for /dev/nvidia*",
+        help=f"also answer Allocate with DeviceSpecs for /dev/nvidia* {_default('device_specs')}",
     )
     parser.add_argument(
         "--cdi",
         type=_typed(settings.as_cdi),
-        help="also answer with CDI device names: none, uuid or index",
+        help=f"also answer with CDI device names: none, uuid or index {_default('cdi')}",
     )
     parser.add_argument("--cdi-kind", help="CDI kind of those names (default nvidia.com/gpu)")
     parser.add_argument("--dev-root", help="host root of DeviceSpec paths (default: the host root)")
@@ -335,24 +368,28 @@ def serve(argv: list[str]) -> int:
         "--pre-start-check",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="ask the kubelet for PreStartContainer; refuse starts on unhealthy GPUs",
+        help="ask the kubelet for PreStartContainer; refuse starts on unhealthy GPUs "
+        f"{_default('pre_start_check')}",
     )
-    parser.add_argument("--allocation-dir", help="where allocation tokens are written")
-    parser.add_argument("--grant-key-dir", help="keys that MAC the allocation tokens")
+    parser.add_argument(
+        "--allocation-dir",
+        help=f"where allocation tokens are written {_default('allocation_dir')}",
+    )
+    parser.add_argument(
+        "--grant-key-dir", help=f"keys that MAC the allocation tokens {_default('grant_key_dir')}"
+    )
     seconds = _typed(settings.as_seconds, float)
-    defaults = settings.Config()
     parser.add_argument(
         "--sweep-interval", type=seconds, metavar="SECONDS",
-        help=f"how often allocation tokens of gone pods are removed "
-        f"(default {defaults.sweep_interval:g})",
+        help=f"how often allocation tokens of gone pods are removed {_default('sweep_interval')}",
     )  # fmt: skip
     parser.add_argument(
         "--sweep-grace", type=seconds, metavar="SECONDS",
-        help=f"how old an unused token must be to go (default {defaults.sweep_grace:g})",
+        help=f"how old an unused token must be to go {_default('sweep_grace')}",
     )  # fmt: skip
     parser.add_argument(
         "--label-interval", type=seconds, metavar="SECONDS",
-        help=f"with --labels: how often to look again (default {defaults.label_interval:g})",
+        help=f"with --labels: how often to look again {_default('label_interval')}",
     )  # fmt: skip
     _add_node_flags(parser)
     _add_holder_flags(parser)
@@ -406,7 +443,7 @@ def dra_serve(argv: list[str]) -> int:
         description="Serve the kubelet DRA plugin for this node's GPUs: ResourceSlices, "
         "claims prepared as CDI specs, health as device taints (docs/dra.md).",
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    _add_config_flag(parser)
     parser.add_argument("--sim", metavar="DIR", help="use the simulated node under DIR, not NVML")
     _add_vendor_flags(parser)
     path = _typed(settings.as_path)
@@ -415,15 +452,20 @@ def dra_serve(argv: list[str]) -> int:
         type=path,
         help=f"the kubelet's directory (default {settings.KUBELET_ROOT})",
     )
-    parser.add_argument("--cdi-dir", type=path, help="where claims' CDI specs go (/var/run/cdi)")
+    parser.add_argument(
+        "--cdi-dir", type=path, help=f"where claims' CDI specs go {_default('cdi_dir')}"
+    )
     parser.add_argument(
         "--shared-gpus",
         type=_typed(settings.as_gpus, _gpu_list),
         metavar="LIST",
-        help="GPUs published as shared (consumable capacity): UUIDs or product globs",
+        help="GPUs published as shared (consumable capacity): UUIDs or product globs "
+        "(default: none, every GPU is published whole)",
     )
     parser.add_argument(
-        "--host-root", type=path, help="where the host's / is seen (CDI specs name host paths)"
+        "--host-root",
+        type=path,
+        help=f"where the host's / is seen (CDI specs name host paths) {_default('host_root')}",
     )
     parser.add_argument("--driver-root", type=path, help="the driver's files (default: host root)")
     parser.add_argument(
@@ -431,11 +473,19 @@ def dra_serve(argv: list[str]) -> int:
         type=path,
         help=f"gpuwire-hook as the host runs it (default {settings.DEFAULT_HOOK})",
     )
-    parser.add_argument("--ldconfig", type=path, help="the host's static ldconfig (/sbin/ldconfig)")
     parser.add_argument(
-        "--allocation-dir", type=path, help="where claim tokens go, under claims/ (as the node's)"
+        "--ldconfig", type=path, help=f"the host's static ldconfig {_default('ldconfig')}"
     )
-    parser.add_argument("--grant-key-dir", type=path, help="keys that MAC the claim tokens")
+    parser.add_argument(
+        "--allocation-dir",
+        type=path,
+        help=f"where claim tokens go, under claims/ (as the node's) {_default('allocation_dir')}",
+    )
+    parser.add_argument(
+        "--grant-key-dir",
+        type=path,
+        help=f"keys that MAC the claim tokens {_default('grant_key_dir')}",
+    )
     parser.add_argument(
         "--mig-map",
         type=_typed(settings.as_text),
@@ -476,7 +526,7 @@ def label(argv: list[str]) -> int:
         dest="label_interval",
         type=_typed(settings.as_seconds, float),
         metavar="SECONDS",
-        help="with --watch: how often to look again (default 60)",
+        help=f"with --watch: how often to look again {_default('label_interval')}",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the labels, write nothing")
     _add_holder_flags(parser)

@@ -1,7 +1,8 @@
 """One log format for every gpuwire server and command, uvicorn's lines included.
 
 Each line is `<UTC time, ms> <LEVEL> <component>: <message>`, the component being the
-program that logs (`webhook`, `device-plugin`, `dra-plugin`, `node-agent`, `certs`), so the
+program that logs (`webhook`, `device-plugin`, `dra-plugin`, `node-agent`, `certs`,
+`resident`; the node installer, a shell program, writes the same: `install-node`), so the
 lines of `kubectl logs` read alike whichever pod they come from:
 
     2025-05-01T10:00:00.123Z INFO webhook: admitted ml-research/trainer (uid 1f0c…): …
@@ -29,6 +30,10 @@ FIELDS = "fields"  # a record's structured fields: logging's `extra={"fields": {
 # Third-party loggers that configure themselves unless told otherwise: they go through the
 # root logger's one handler instead (uvicorn is given no log_config: webhook/server.py).
 ADOPTED = ("uvicorn", "uvicorn.error", "uvicorn.access")
+# Third-party loggers whose warnings retell what gpuwire's own line says, written at debug
+# level only: the kubernetes client's connection retries (urllib3's `Retrying (Retry(…))
+# after connection broken by …`), which end in gpuwire's line naming the server and why.
+QUIETED = ("urllib3",)
 
 
 _last = (-1, "")  # the last second formatted, and its text: a server logs many a second
@@ -111,6 +116,8 @@ def setup(
         adopted = logging.getLogger(name)
         adopted.handlers.clear()
         adopted.propagate = True
+    for name in QUIETED:
+        logging.getLogger(name).setLevel(logging.NOTSET if root.level <= logging.DEBUG else "ERROR")
     logging.captureWarnings(True)
     # What no line here shows, not gathered for each record (the Logging HOWTO's
     # "Optimization"): the webhook writes one an admission, ~20 % less for each.

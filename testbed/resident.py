@@ -42,11 +42,11 @@ class Resident(Closing):
             env=env,
             process_group=0 if process_group else None,
         )
-        assert self.process.stdout is not None
-        ready = self.process.stdout.readline()  # printed once it listens
-        if not ready.startswith("gpuwire resident: serving"):
+        assert self.process.stderr is not None
+        ready = self.process.stderr.readline()  # logged once it listens
+        if " INFO resident: serving " not in ready:
             stop(self.process)
-            raise LabError(f"resident did not start: {self.process.stderr.read()}")  # type: ignore[union-attr]
+            raise LabError(f"resident did not start: {ready}{self.process.stderr.read()}")
 
     def close(self) -> None:
         stop(self.process)

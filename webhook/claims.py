@@ -373,10 +373,13 @@ class _Translation:
                 )
             if not any(self.fits(d) for d in shared):
                 largest = max(shared, key=lambda d: d.memory_mib or 0)
+                most = (largest.memory_mib or 0) // step * step  # the largest share it gives
                 raise self.fail(
                     (keys.MEMORY_LIMIT,),
                     f"(= {canonical_mib(self.share_mib)} in whole GiB) is more than any shared "
-                    f"GPU has; largest: {largest.product} {largest.memory_mib} MiB",
+                    f"GPU has; largest: {largest.product} {largest.memory_mib} MiB; accepted: "
+                    f"at most {canonical_mib(most)} (a share is whole GiB), or a share of the "
+                    "GPU (e.g. 50%)",
                 )
             self.capacity[dra.MEMORY] = canonical_mib(self.share_mib)
         if r.cores_limit is not None:

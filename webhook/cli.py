@@ -17,6 +17,7 @@ import yaml
 import kubeclient
 from gpuwire import exits, grant, logs
 from webhook import manifests, review
+from webhook.mutation import Denial
 from webhook.sources import Sources, fleet_file, slices_file
 
 COMPONENT = "webhook"  # its log lines' component
@@ -210,7 +211,7 @@ def mutate(argv: list[str]) -> int:
     several = len(workloads) > 1
     admitted: list[Any] = []
     templates: dict[str, Any] = {}
-    denials: list[str] = []
+    denials: list[Denial] = []
     for workload in workloads:
         said = f"{workload.title}: " if several else ""
         namespace = args.namespace or workload.namespace or "default"
@@ -220,13 +221,14 @@ def mutate(argv: list[str]) -> int:
             sys.stderr.write(f"warning: {said}{warning}\n")
         if outcome.denial is not None:
             sys.stderr.write(f"denied: {said}{outcome.denial.message}\n")
-            denials.append(outcome.denial.message)
+            denials.append(outcome.denial)
             continue
         admitted.append(workload.admitted(jsonpatch.apply_patch(workload.pod, list(outcome.patch))))
         templates.update((t["metadata"]["name"], t) for t in outcome.templates)
-    if denials and not args.nodes:
+    cluster = [d for d in denials if d.of_cluster]  # those the cluster's GPUs decided
+    if cluster and not args.nodes:
         sys.stderr.write(NO_NODES_HINT + "\n")
-    elif not args.slices and any("ResourceSlice" in d for d in denials):
+    elif not args.slices and any("ResourceSlice" in d.message for d in cluster):
         sys.stderr.write(NO_SLICES_HINT + "\n")
     # the admitted objects, then the ResourceClaimTemplates the webhook would create for them
     if admitted:

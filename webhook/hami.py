@@ -18,12 +18,17 @@ container's resources (adding `nvidia.com/gpu: 1` as HAMi does) and holds what t
 `gpuwire.io/gpu-memory-limit` and `gpuwire.io/gpu-cores-limit` would (the policy's limit
 profile: HAMi-core's own variables with `hami`). What it cannot hold is denied with the fix:
 a priority, a size with a unit (HAMi would read `10Gi` as 10737418240 MiB), GPU containers
-of one pod asking different limits (gpuwire's limits are the pod's).
+of one pod asking different limits (gpuwire's limits are the pod's). A near miss of these
+names (`nvidia.com/gpucore`, `nvidia.com/gpumemory`) would keep the pod Pending as surely:
+`near_misses` says which was meant, and the policy's `unknownAnnotations` decides as it does
+for an annotation's typo.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +43,8 @@ MEMORY_PERCENT = keys.HAMI_MEMORY_PERCENT
 CORES = keys.HAMI_CORES
 PRIORITY = keys.HAMI_PRIORITY
 RESOURCES = (MEMORY, MEMORY_PERCENT, CORES, PRIORITY)
+_VENDOR = "nvidia.com/"
+_NAMES = {name.removeprefix(_VENDOR): name for name in RESOURCES}
 
 
 class HamiError(ValueError):
@@ -121,6 +128,38 @@ def asked(c: Container) -> Asked | None:
     cores = min(_number(c.name, CORES, written[CORES]), 100) if CORES in written else 0
     cores_said = f"{CORES}: {written[CORES]}" if CORES in written else ""
     return Asked(memory, cores if 0 < cores < 100 else None, said, memory_said, cores_said)
+
+
+def _meant(name: str, advertised: Collection[str]) -> str | None:
+    """The HAMi resource name `name` most likely means (a case variant, a letter off, another
+    spelling of the prefix); None for HAMi's own, one the cluster advertises, or any other."""
+    if name in RESOURCES or name in advertised or name == nvidia.RESOURCE:
+        return None
+    prefix, slash, rest = name.lower().partition("/")
+    vendor = _VENDOR.removesuffix("/")
+    if not slash or not difflib.get_close_matches(prefix, [vendor], n=1, cutoff=0.8):
+        return None
+    found = difflib.get_close_matches(rest, list(_NAMES), n=1, cutoff=0.75)
+    return _NAMES[found[0]] if found else None
+
+
+def near_misses(pod: Pod, advertised: Collection[str]) -> list[str]:
+    """The resources of the pod's containers that look like HAMi's and are not (which no
+    node advertises: the pod would stay Pending), each with the name meant; `advertised`:
+    the cluster's device plugins' resources, which are never one."""
+    found: dict[tuple[str, str], str] = {}
+    for c in pod.containers:
+        resources = c.raw.get("resources") or {}
+        for section in SECTIONS:
+            for name, value in (resources.get(section) or {}).items():
+                meant = _meant(str(name), advertised)
+                if meant is not None:
+                    found.setdefault(
+                        (c.name, name),
+                        f"container {c.name!r}: {name}: {value}: unknown resource, which no "
+                        f"node advertises (the pod would stay Pending): did you mean {meant}?",
+                    )
+    return list(found.values())
 
 
 def _ops(c: Container, pod: dict[str, Any]) -> list[Op]:

@@ -66,6 +66,9 @@ _canonical = functools.lru_cache(maxsize=256)(grant.canonical_request)
 class Denial:
     code: int  # 400: the request is wrong; 403: the policy forbids it
     message: str
+    # the answer is the cluster's: no GPU node (or ResourceSlice) it has gives what the pod
+    # asks (`gpuwire mutate` says how to give it one)
+    of_cluster: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +88,9 @@ class Outcome:
 
 
 class Denied(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, of_cluster: bool = False) -> None:
         super().__init__(message)
-        self.denial = Denial(code, message)
+        self.denial = Denial(code, message, of_cluster)
 
 
 @dataclass
@@ -172,7 +175,7 @@ class _Mutation:
                 demand = self.demand(request, rest)
                 placement = place(request, self.fleet, allow, demand, named)
             except Unplaceable as exc:
-                raise Denied(400, str(exc)) from exc
+                raise Denied(400, str(exc), of_cluster=True) from exc
             self.warnings += placement.warnings
             self.nvidia_only(request, placement)
         ops: list[Op] = cdi
@@ -212,24 +215,29 @@ class _Mutation:
         return merged
 
     def unknown_annotations(self) -> None:
-        """Keys gpuwire does not read that look meant for it: a typo denies the pod (policy
-        unknownAnnotations: deny) or is a warning; a key HAMi reads and gpuwire does not is a
-        warning."""
+        """Keys gpuwire does not read that look meant for it, and near misses of HAMi's
+        resource names: a typo denies the pod (policy unknownAnnotations: deny) or is a
+        warning; a key HAMi reads and gpuwire does not is a warning."""
         written = {k: v for k, v in self.pod.annotations.items() if k != grant.POD_ANNOTATION}
         found = keys.unknown(written)  # the grant annotation is the webhook's own
-        typos = [u for u in found if u.typo]
-        if typos and self.policy.unknown_annotations == "deny":
-            said = "; ".join(f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in typos)
+        typos = [f"{u.key}: {self.pod.annotations[u.key]!r}: {u}" for u in found if u.typo]
+        misses = hami.near_misses(self.pod, self.fleet.resources)
+        if (typos or misses) and self.policy.unknown_annotations == "deny":
+            what = " and ".join(
+                w for w, said in (("annotations", typos), ("resource names", misses)) if said
+            )
             raise Denied(
                 400,
-                f"{said} (the gpuwire policy denies annotations it does not know: "
-                "unknownAnnotations: deny; docs/annotations.md)",
+                f"{'; '.join(typos + misses)} (the gpuwire policy denies {what} it does not "
+                "know: unknownAnnotations: deny; docs/annotations.md)",
             )
         for u in found:
             if u.typo:
                 self.warn("unknown-annotation", f"{u} (ignored)")
             else:
                 self.warn("unread-annotation", f"{u} (ignored)")
+        for miss in misses:
+            self.warn("unknown-resource", f"{miss} (left as written)")
 
     def runtime_class(self, claimed: bool) -> list[Op]:
         """The policy's RuntimeClass on a pod that names none and gets a GPU, by grant or by a
@@ -324,7 +332,7 @@ class _Mutation:
                 found = dra_claims.claim(ask, self.pools)
             except Unplaceable as exc:
                 if self.allocation == "dra":
-                    raise Denied(400, str(exc)) from exc
+                    raise Denied(400, str(exc), of_cluster=True) from exc
                 continue  # auto: the device-plugin way
             visible = "all" if ask.count == "all" else "claim"
             self.check_count(c, request, _Devices(visible, found.gpus))
@@ -529,11 +537,18 @@ class _Mutation:
             return _Devices("none", 0)
         if not self.policy.device_plugin:
             value = request.given.get(keys.COUNT, f"unset (policy default gpuCount: {count})")
+            missing = [f"{r}: true" for r, on in self.plugin_less_rules().items() if not on]
+            admin = (
+                f"; an admin allows more with a rule of the gpuwire policy for the namespace: "
+                f"{' or '.join(missing)}"
+                if missing
+                else ""
+            )
             raise Denied(
                 400,
                 f"{keys.COUNT}: {value!r} asks for {count} GPU(s), which only a device plugin can "
                 "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
-                f"accepted here: all, none, or explicit GPUs in {keys.UUID}",
+                f"accepted here: {self.accepted_without_plugin()}{admin}",
             )
         resource = placement.resource or nvidia.RESOURCE
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
@@ -616,6 +631,26 @@ class _Mutation:
                 f"{c.name!r}'s {resource}: {count}; accepted: {count}, or no {keys.COUNT}",
             )
 
+    def plugin_less_rules(self) -> dict[str, bool]:
+        """What the namespace's rule allows of what a cluster without a device plugin can
+        grant (besides no GPU): every GPU of a node, named GPUs."""
+        return {"allGpus": self.rule.all_gpus, "explicitDevices": self.rule.explicit_devices}
+
+    def accepted_without_plugin(self) -> str:
+        """What a denial offers where no device plugin runs (devicePlugin: false): only what
+        the namespace's rule allows, so that following it is admitted."""
+        ways = {"allGpus": f"{keys.COUNT}: all", "explicitDevices": f"GPU UUIDs in {keys.UUID}"}
+        allowed = [ways[r] for r, on in self.plugin_less_rules().items() if on]
+        return ", or ".join([*allowed, f"no GPU ({keys.COUNT}: none)"])
+
+    def sharing_risk(self) -> str:
+        """Why taking every GPU or naming GPUs is a namespace's rule: nothing else knows."""
+        if self.policy.device_plugin:
+            return "the device plugin would not know, and hand the same GPUs to other pods"
+        return (
+            "no device plugin runs here (devicePlugin: false), so nothing keeps other pods off them"
+        )
+
     def check_named(self, request: GpuRequest) -> None:
         """GPUs named without the device plugin or a claim: where the policy names the
         namespace (explicitDevices), as the device plugin would go on handing them out. (A
@@ -623,11 +658,15 @@ class _Mutation:
         if self.rule.explicit_devices:
             return
         key, value = request.source(keys.UUID, keys.HAMI_USE_UUID)
+        accepted = (
+            f"{keys.COUNT} and model or memory annotations"
+            if self.policy.device_plugin
+            else self.accepted_without_plugin()
+        )
         raise Denied(
             403,
             f"{key}: {value!r} names GPUs, which namespace {self.namespace!r} may not do: "
-            "the device plugin would not know, and hand the same GPUs to other pods; accepted "
-            f"here: {keys.COUNT} and model or memory annotations; an admin allows it with a "
+            f"{self.sharing_risk()}; accepted here: {accepted}; an admin allows it with a "
             "rule of the gpuwire policy for the namespace: explicitDevices: true",
         )
 
@@ -637,13 +676,17 @@ class _Mutation:
         if self.rule.all_gpus:
             return
         value = request.given.get(keys.COUNT, "unset (policy default gpuCount: all)")
+        if self.policy.device_plugin:
+            asks = "every GPU of its node without the device plugin"
+            accepted = f"{keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits"
+        else:
+            asks, accepted = "every GPU of its node", self.accepted_without_plugin()
         raise Denied(
             403,
-            f"container {c.name!r} asks for every GPU of its node without the device plugin "
-            f"({keys.COUNT}: {value!r}), which namespace {self.namespace!r} may not do: the "
-            "device plugin would not know, and hand the same GPUs to other pods; accepted "
-            f"here: {keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits; an "
-            "admin allows it with a rule of the gpuwire policy for the namespace: allGpus: true",
+            f"container {c.name!r} asks for {asks} ({keys.COUNT}: {value!r}), which namespace "
+            f"{self.namespace!r} may not do: {self.sharing_risk()}; accepted here: {accepted}; "
+            "an admin allows it with a rule of the gpuwire policy for the namespace: "
+            "allGpus: true",
         )
 
     def check_count(self, c: Container, request: GpuRequest, granted: _Devices) -> None:
@@ -773,6 +816,7 @@ class _Mutation:
             "does (the policy's allocation: dra, or auto where the cluster's ResourceSlices "
             f"have them); on the device plugin's way ask for {AMD.label_prefix}"
             f"{request.partition}: N in the container's limits (AMD's mixed naming)",
+            of_cluster=self.allocation == "auto",  # slices with partitions would take it
         )
 
     def nvidia_only(self, request: GpuRequest, placement: Placement) -> None:

@@ -9,6 +9,7 @@ dra:                                # the DRA path (allocation dra, or auto wher
   gpuResources: claim               # nvidia.com/gpu: N becomes a claim (claim) or stays (keep)
 unknownModel: deny                  # deny | allow (admit without the unresolvable constraint)
 unknownAnnotations: deny            # deny | warn: a gpuwire.io/ key it does not know, a typo
+                                    # (of a HAMi resource name too)
 defaults:
   capabilities: compute,utility
   limitProfile: hami                # or a list: [mps, pytorch]

@@ -347,11 +347,21 @@ def cdi_generate(argv: list[str]) -> int:
     parser.add_argument(
         "--vendor", choices=[v.name for v in VENDORS], help="whose GPUs (default: the config's)"
     )
-    parser.add_argument("--root", help="host root (sets the driver, dev, proc and sys roots)")
-    parser.add_argument("--driver-root", help="where the driver's libraries and binaries are")
-    parser.add_argument("--dev-root", help="where dev/nvidia* (dev/kfd, dev/dri) are")
-    parser.add_argument("--proc-root", help="where proc/driver/nvidia is")
-    parser.add_argument("--sys-root", help="where sys/class/kfd and sys/class/drm are")
+    parser.add_argument(
+        "--root",
+        help="host root: sets the driver, dev, proc and sys roots (default: the config's root, "
+        "else /)",
+    )
+    for name, holds in (
+        ("driver", "the driver's libraries and binaries are"),
+        ("dev", "dev/nvidia* (dev/kfd, dev/dri) are"),
+        ("proc", "proc/driver/nvidia is"),
+        ("sys", "sys/class/kfd and sys/class/drm are"),
+    ):
+        parser.add_argument(
+            f"--{name}-root",
+            help=f"where {holds} (default: --root, else the config's {name}-root, else its root)",
+        )
     parser.add_argument(
         "--output", help="spec file, .json or .yaml (e.g. /var/run/cdi/nvidia.yaml); default stdout"
     )

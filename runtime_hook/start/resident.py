@@ -36,16 +36,16 @@ import argparse
 import contextlib
 import gc
 import importlib
+import logging
 import os
 import select
 import signal
 import socket
 import struct
 import sys
-import traceback
 
 import runtime_hook
-from gpuwire import syscalls
+from gpuwire import logs, syscalls
 from runtime_hook.start import MODULES, STDLIB, hook, shim
 
 DEFAULT_SOCKET = "/run/gpuwire/resident.sock"
@@ -61,6 +61,7 @@ ENTERED = {
     "net": syscalls.CLONE_NEWNET,
     "mnt": syscalls.CLONE_NEWNS,
 }
+log = logging.getLogger(__name__)
 
 
 def token() -> str:
@@ -188,6 +189,23 @@ def run(request: Request) -> bytes:
     return b"e" + os.fsencode(runtime) if runtime is not None else b"x%d" % status
 
 
+def call(request: Request) -> bytes:
+    """`run`; where it raises, the caller's stderr gets one line saying so (the hook and the
+    shim say what they refuse themselves, so what escapes them is a bug: its traceback is
+    logged at debug level) and the status a Python launcher ends with then."""
+    try:
+        return run(request)
+    except BaseException as exc:
+        log.error(
+            "%s call failed: %s: %s (a bug; --log-level debug shows where)",
+            request.kind,
+            type(exc).__name__,
+            exc,
+        )
+        log.debug("where the %s call failed", request.kind, exc_info=True)
+        return b"x1"
+
+
 def answer(conn: socket.socket, served: Served) -> int:
     """In the forked child: greet, read the request, serve it or decline it, answer."""
     pid, uid, _ = PEER.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER.size))
@@ -209,11 +227,7 @@ def answer(conn: socket.socket, served: Served) -> int:
         conn.send(b"f" + os.fsencode(refusal))
         return 0
     take_on(request)
-    try:
-        reply = run(request)
-    except BaseException:  # as an uncaught exception ends the Python launcher
-        traceback.print_exc()
-        reply = b"x1"
+    reply = call(request)
     sys.stdout.flush()
     sys.stderr.flush()
     let_go()
@@ -319,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         help="once loaded, join PID's mount, cgroup, IPC, UTS and network namespaces (the "
         "host's init, 1, from a container with the host's PID namespace)",
     )
+    logs.add_flags(parser)
     args = parser.parse_args(argv)
+    logs.from_args("resident", args)
     own_stdio()
     preload()
     build = token()  # where this gpuwire was loaded from, resolved before that is left
@@ -327,10 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             enter(args.enter)
         except OSError as exc:
-            parser.exit(1, f"gpuwire resident: cannot enter pid {args.enter}'s namespaces: {exc}\n")
+            log.error("cannot enter pid %d's namespaces: %s", args.enter, exc)
+            return 1
     listener = listen(args.socket)
     ours = os.stat(args.socket).st_ino
-    print(f"gpuwire resident: serving {build} on {args.socket}", flush=True)
+    log.info("serving %s on %s", build, args.socket)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         serve(listener, Served(build))

@@ -330,12 +330,12 @@ def test_cli_processes_racing_converge(api: ApiServer, tmp_path: Path) -> None:
     assert int(api.resource_version) - start == 3
 
 
-def test_cli_failures_exit_1_with_the_reason(
+def test_cli_an_api_server_s_refusal_exits_5_with_the_reason(
     api: ApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     api.fail("POST", f"/api/v1/namespaces/{NS}/secrets", 500)
-    assert cli.main(ensure_argv(kubeconfig, tmp_path / "out")) == 1
+    assert cli.main(ensure_argv(kubeconfig, tmp_path / "out")) == exits.CLUSTER
     assert " answered 500 Internal Server Error: " in caplog.text
     assert "injected fault (500)" in caplog.text
     assert not (tmp_path / "out").exists()

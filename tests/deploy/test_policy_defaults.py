@@ -94,6 +94,65 @@ def test_the_plugin_less_variant_serves_the_namespaces_it_names() -> None:
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
 
 
+# What each piece of a plugin-less denial's "accepted here" asks the pod to say instead
+ADVICE = {
+    "no GPU (gpuwire.io/gpu-count: none)": {"gpuwire.io/gpu-count": "none"},
+    "gpuwire.io/gpu-count: all": {"gpuwire.io/gpu-count": "all"},
+    "GPU UUIDs in gpuwire.io/gpu-uuid": {"gpuwire.io/gpu-uuid": A100_80[0]},
+}
+ASKED_WITHOUT_PLUGIN = [
+    {"gpuwire.io/gpu-model": "A100"},  # the policy's gpuCount: all
+    {"gpuwire.io/gpu-count": "all"},
+    {"gpuwire.io/gpu-count": "1"},
+    {"gpuwire.io/gpu-uuid": A100_80[0]},
+]
+
+
+def plugin_less(**rule: bool) -> Policy:
+    """The shipped plugin-less policy with a rule for team-x first (an admin's)."""
+    config_map = yaml.safe_load(SHIPPED["plugin-less"].read_text())
+    text = yaml.safe_load(config_map["data"]["policy.yaml"])
+    text["namespaces"].insert(0, {"match": ["team-x"], **rule})
+    return policy.parse(yaml.safe_dump(text), "plugin-less with a rule for team-x")
+
+
+def denial_without_plugin(asked: dict[str, str], rules: Policy) -> str | None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "annotations": asked},
+        "spec": {"containers": [{"name": "app", "image": "cuda"}]},
+    }
+    denial = mutate(pod, "team-x", rules, NODES, KEYS, SLICES).denial
+    return None if denial is None else denial.message
+
+
+@pytest.mark.parametrize(
+    "rule", [{}, {"allGpus": True}, {"explicitDevices": True}], ids=["none", "all", "named"]
+)
+def test_without_a_device_plugin_a_denial_s_advice_is_admitted(rule: dict[str, bool]) -> None:
+    """In a plugin-less policy's namespace, what a denial accepts, followed, is admitted, and
+    so is the pod once an admin adds the rule it names. Before: the all-GPUs denial offered
+    `gpu-count: N` (or nvidia.com/gpu: N), which the next denial refused as "only a device
+    plugin can choose", offering all or explicit GPUs, which the namespace may not have."""
+    rules = plugin_less(**rule)
+    for asked in ASKED_WITHOUT_PLUGIN:
+        message = denial_without_plugin(asked, rules)
+        if message is None:
+            continue
+        accepted = re.search(r"; accepted here: (.*?); ", message)
+        assert accepted is not None, message
+        assert "device plugin would not know" not in message
+        for advice in accepted.group(1).split(", or "):
+            followed = {k: v for k, v in asked.items() if k == "gpuwire.io/gpu-model"}
+            followed.update(ADVICE[advice])
+            assert denial_without_plugin(followed, rules) is None, (asked, advice)
+        for allowing in re.findall(r"(allGpus|explicitDevices): true", message):
+            assert allowing not in rule
+            if not message.startswith("gpuwire.io/gpu-count: '1'"):  # that one asks for more
+                assert denial_without_plugin(asked, plugin_less(**rule, **{allowing: True})) is None
+
+
 @pytest.mark.parametrize("name", [*SHIPPED, "examples"])
 def test_a_typo_is_denied_in_every_shipped_policy(name: str) -> None:
     denial = asking({"gpuwire.io/gpu-modle": "A100"}, "team-x", name).denial

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from importlib import metadata
 
 import pytest
 
+from deviceplugin import config as plugin_config
 from gpuwire import cli, exits
+from runtime_hook.start import config as node_config
 
 
 @pytest.mark.parametrize(("words", "target"), [(w, t) for w, t, _ in cli.COMMANDS])
@@ -58,12 +61,26 @@ def _parser_of(target: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Argumen
     return built.value.parser
 
 
+def _config_backed(target: str) -> set[str]:
+    """The options of a command whose default a config file holds, by dest: their argparse
+    default is None (a flag not given leaves the file's value), so only the help can say
+    what they are when neither sets them."""
+    if target.startswith("deviceplugin."):
+        defaults = plugin_config.Config()
+        fields = dataclasses.fields(plugin_config.Config)
+        return {f.name for f in fields if getattr(defaults, f.name) is not None}
+    if target.startswith("runtime_hook.setup."):
+        return {key.replace("-", "_") for key in node_config.KEYS}
+    return set()
+
+
 @pytest.mark.parametrize(("words", "target"), [(w, t) for w, t, _ in cli.COMMANDS])
 def test_every_option_says_what_it_is_and_its_default(
     words: tuple[str, ...], target: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parser = _parser_of(target, monkeypatch)
     assert parser.prog == "gpuwire " + " ".join(words)
+    config_backed = _config_backed(target)
     missing, undefaulted = [], []
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
@@ -72,7 +89,10 @@ def test_every_option_says_what_it_is_and_its_default(
         if not action.help or action.help == argparse.SUPPRESS:
             missing.append(name)
         elif (
-            action.default not in (None, False, [], argparse.SUPPRESS)
+            (
+                action.default not in (None, False, [], argparse.SUPPRESS)
+                or action.dest in config_backed
+            )
             and not action.required
             and "default" not in action.help
         ):

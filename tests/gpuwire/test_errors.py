@@ -22,7 +22,19 @@ def nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv(exits.DEBUG_ENV, raising=False)
     (tmp_path / "a-file").write_text("not a directory")
+    (tmp_path / "unreachable").write_text(UNREACHABLE)
     return tmp_path
+
+
+# A kubeconfig whose API server nobody answers at (port 1: connection refused)
+UNREACHABLE = """
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
 
 
 NO_CLUSTER = "no cluster to talk to: $KUBECONFIG is unset and "
@@ -56,6 +68,9 @@ CASES = [
     (["certs", "ensure", *CERTS], exits.NO_CLUSTER, NO_CLUSTER),
     (["certs", "ensure", *CERTS, "--kubeconfig", "{t}/a-file"],
      exits.NO_CLUSTER, "--kubeconfig {t}/a-file is not a kubeconfig"),
+    # before: exit 1, after urllib3's `Retrying (Retry(total=1, …` warnings
+    (["certs", "ensure", *CERTS, "--kubeconfig", "{t}/unreachable"],
+     exits.CLUSTER, "ERROR certs: cannot reach https://127.0.0.1:1: Connection refused"),
     (["inventory"], exits.NO_CLUSTER, NO_CLUSTER),
     (["inventory", "--nodes", "{t}/nodes.yaml"], exits.INPUT, "{t}/nodes.yaml: No such file"),
     (["sim", "node", "{t}/a-file/node"], exits.INPUT, "cannot write the simulated node"),

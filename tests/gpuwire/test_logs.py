@@ -7,13 +7,17 @@ import argparse
 import io
 import json
 import logging
+import os
 import re
+import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuwire import cli, logs, sim
+from runtime_hook.start import hook, resident
 
 LINE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (INFO|WARNING|ERROR) \S+: \S")
 
@@ -95,6 +99,84 @@ def test_every_server_logs_in_the_one_format_and_takes_json(
     with pytest.raises(_SetUp):
         command([*argv, "--log-format", "json", "--log-level", "WARNING"])
     assert made == [(component, "warning", "json")]
+
+
+def test_the_resident_logs_in_the_one_format_and_takes_json(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: `gpuwire resident: serving …` printed, no time, no level."""
+    made: list[tuple[str, str, str]] = []
+
+    def setup(name: str, level: str = "info", fmt: str = "text", stream: object = None) -> None:
+        made.append((name, level, fmt))
+        raise _SetUp
+
+    monkeypatch.setattr(logs, "setup", setup)
+    with pytest.raises(_SetUp):
+        resident.main(["--log-format", "json", "--log-level", "WARNING"])
+    assert made == [("resident", "warning", "json")]
+
+
+def test_a_failed_resident_call_is_one_line_for_its_caller(
+    stream: io.StringIO, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What escapes the hook is a bug: the caller's stderr (the child's, once it has taken
+    the call on) gets one line in the one format, not a traceback (before: the traceback
+    alone); --log-level debug adds where it failed."""
+
+    def broken(argv: list[str]) -> int:
+        raise KeyError("surprise")
+
+    def served_call(level: str) -> tuple[bytes, str]:
+        out = io.StringIO()
+        logs.setup("resident", level, stream=out)
+        caller, conn = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        null = [os.open(os.devnull, os.O_RDWR) for _ in range(4)]
+        with caller, conn:
+            request = b"\0".join([b"build", b"hook", b"022", b"2", b"gpuwire-hook", b"prestart"])
+            socket.send_fds(caller, [request + b"\0"], null)
+            for fd in null:
+                os.close(fd)
+            assert resident.answer(conn, served) == 0
+            assert caller.recv(16) == b"r"  # the greeting
+            return caller.recv(16), out.getvalue()
+
+    def take_on(request: resident.Request) -> None:  # the test's stdio stays its own
+        for fd in request.fds:
+            os.close(fd)
+
+    monkeypatch.setattr(hook, "main", broken)
+    monkeypatch.setattr(resident, "take_on", take_on)
+    monkeypatch.setattr(resident, "let_go", lambda: None)
+    monkeypatch.setattr(resident.Served, "refusal", lambda *_: None)  # any caller is served
+    served = resident.Served("build")
+    reply, said = served_call("info")
+    assert reply == b"x1"  # the status a Python launcher ends with
+    (line,) = said.splitlines()
+    assert LINE.match(line)
+    assert line.endswith(
+        " ERROR resident: hook call failed: KeyError: 'surprise' "
+        "(a bug; --log-level debug shows where)"
+    )
+    reply, said = served_call("debug")
+    assert "Traceback (most recent call last)" in said
+    assert said.rstrip().endswith("KeyError: 'surprise'")
+
+
+def test_the_node_installer_logs_in_the_one_format() -> None:
+    """deploy/node/install-node, a shell program, writes the lines the servers write (before:
+    `gpuwire-install-node: …`, no time, no level)."""
+    installer = Path(__file__).resolve().parents[2] / "deploy/node/install-node"
+    done = subprocess.run(
+        ["sh", str(installer), "--bogus"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert LINE.match(line)
+    assert line.endswith(
+        " ERROR install-node: unknown argument --bogus "
+        "(usage: gpuwire-install-node [--interval SECONDS | --uninstall])"
+    )
 
 
 def test_log_flags_take_only_what_they_say(capsys: pytest.CaptureFixture[str]) -> None:

@@ -444,6 +444,22 @@ def test_interval_mode_syncs_until_sigterm(node: Node) -> None:
     assert not (node.host / "etc/gpuwire/keys/key-1").exists()
 
 
+def test_sigterm_ends_interval_mode_once_its_pass_is_done(node: Node) -> None:
+    """A SIGTERM while containerd restarts still ends the pass: the node is marked ready
+    (before: the installer exited at once, mid-pass, a removed key possibly left behind)."""
+    env = {**node.env, "CONTAINERD_RESTART": "touch /var/log/restarting; sleep 1"}
+    proc = subprocess.Popen([str(INSTALLER), "--interval", "60"], env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: (node.host / "var/log/restarting").exists())
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert node.read("run/gpuwire/node/ready") == "0.1.0\n"
+
+
 def wait_for(condition: object) -> None:
     assert callable(condition)
     for _ in range(600):

@@ -331,6 +331,22 @@ def test_requests_no_pool_can_ever_satisfy_are_denied_saying_why(
     assert outcome.templates == ()
 
 
+def test_a_share_larger_than_every_shared_gpu_is_denied_saying_what_is_accepted(
+    cluster: Cluster,
+) -> None:
+    """Before: no "accepted:" and no way out, unlike the device plugin's way's denial."""
+    asked = {"gpuwire.io/gpu-model": "T4", "gpuwire.io/gpu-count": "1"}
+    outcome = cluster.admit({**asked, "gpuwire.io/gpu-memory-limit": "20Gi"})
+    assert outcome.denial is not None
+    assert outcome.denial.message == (
+        "gpuwire.io/gpu-memory-limit: '20Gi' (= 20Gi in whole GiB) is more than any shared GPU "
+        "has; largest: Tesla T4 15360 MiB; accepted: at most 15Gi (a share is whole GiB), or a "
+        "share of the GPU (e.g. 50%)"
+    )
+    for accepted in ("15Gi", "50%"):
+        assert cluster.admit({**asked, "gpuwire.io/gpu-memory-limit": accepted}).denial is None
+
+
 def test_auto_takes_dra_where_the_slices_have_it_and_the_device_plugin_elsewhere(
     cluster: Cluster,
 ) -> None:

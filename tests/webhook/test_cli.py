@@ -236,3 +236,18 @@ def test_without_nodes_a_denial_says_how_to_give_a_cluster(
         "cluster) and, for the DRA path, --slices SLICES.yaml (kubectl get resourceslices -o "
         "yaml; examples/slices.yaml)\n"
     )
+
+
+def test_without_nodes_a_denial_the_nodes_did_not_decide_gives_no_hint_of_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An unknown annotation is denied whatever the cluster has: no word of --nodes (before:
+    the hint followed every denial)."""
+    path = tmp_path / "typo.yaml"
+    typo = workload("Job", "typo")
+    typo["spec"]["template"]["metadata"]["annotations"] = {"gpuwire.io/gpu-modle": "A100"}
+    path.write_text(yaml.safe_dump(typo))
+    assert cli.main(["mutate", str(path), "--policy", POLICY]) == exits.NO
+    err = capsys.readouterr().err
+    assert "did you mean gpuwire.io/gpu-model?" in err
+    assert "hint:" not in err

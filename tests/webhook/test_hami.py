@@ -135,3 +135,42 @@ def test_the_same_limits_from_annotations_and_resources_agree() -> None:
     c = hami({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048"})
     mutated, _ = admit(pod({a.MEMORY_LIMIT: "2Gi"}, [c]))
     assert env(mutated)["CUDA_DEVICE_MEMORY_LIMIT"] == "2048m"
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("nvidia.com/gpucore", "nvidia.com/gpucores"),
+        ("nvidia.com/gpumemory", "nvidia.com/gpumem"),
+        ("nvidia.com/GPUMem", "nvidia.com/gpumem"),
+        ("nvidia.com/gpumem-percent", "nvidia.com/gpumem-percentage"),
+        ("nvidia.co/gpucores", "nvidia.com/gpucores"),
+    ],
+)
+def test_a_near_miss_of_a_hami_resource_name_says_what_was_meant(written: str, meant: str) -> None:
+    """As an annotation's typo: denied under the policy's unknownAnnotations: deny, a warning
+    under warn; other vendors' resources are not. Before: it passed through unchanged and the
+    pod stayed Pending forever."""
+    c = hami({"nvidia.com/gpu": "1", "example.com/gpumem": "1", "cpu": "1", written: "30"})
+    denial = deny(pod({}, [c]))
+    assert denial.code == 400
+    assert denial.message == (
+        f"container 'app': {written}: 30: unknown resource, which no node advertises (the pod "
+        f"would stay Pending): did you mean {meant}? (the gpuwire policy denies resource names "
+        "it does not know: unknownAnnotations: deny; docs/annotations.md)"
+    )
+    warn = replace(OPEN, unknown_annotations="warn")
+    mutated, outcome = admit(pod({}, [c]), policy=warn)
+    (warning,) = [w for w in outcome.warnings if kind_of(w) == "unknown-resource"]
+    assert warning.endswith(f"did you mean {meant}? (left as written)")
+    assert mutated["spec"]["containers"][0]["resources"]["limits"][written] == "30"
+
+
+def test_an_annotation_s_typo_and_a_resource_s_come_in_one_denial() -> None:
+    c = hami({"nvidia.com/gpu": "1", "nvidia.com/gpucore": "30"})
+    denial = deny(pod({"gpuwire.io/gpu-modle": "A100"}, [c]))
+    assert "did you mean gpuwire.io/gpu-model?; container 'app': " in denial.message
+    assert denial.message.endswith(
+        "did you mean nvidia.com/gpucores? (the gpuwire policy denies annotations and resource "
+        "names it does not know: unknownAnnotations: deny; docs/annotations.md)"
+    )

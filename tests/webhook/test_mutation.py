@@ -155,7 +155,10 @@ def test_a_numeric_count_without_any_plugin_is_denied_with_the_way_out() -> None
     assert denial.code == 400
     assert denial.message.startswith("gpuwire.io/gpu-count: '2' asks for 2 GPU(s)")
     assert "devicePlugin: false" in denial.message
-    assert "accepted here: all, none, or explicit GPUs in gpuwire.io/gpu-uuid" in denial.message
+    assert denial.message.endswith(
+        "accepted here: no GPU (gpuwire.io/gpu-count: none); an admin allows more with a rule "
+        "of the gpuwire policy for the namespace: allGpus: true or explicitDevices: true"
+    )
 
 
 # --- pods with a GPU resource
