@@ -706,14 +706,15 @@ def pod_runs(tally: Tally, since: float, node: str, within: float = 60.0) -> Non
 def converge(world: World, tally: Tally, node: Node, uuid_: str, unhealthy: bool, what: str,
              after: float = 0.0) -> None:  # fmt: skip
     """The GPU's health, as the node's role publishes it, the truth within the bound (`after`
-    more for a recovery, the quiet period); how long it took goes to the figures."""
+    more for a recovery, the quiet period); how long it took goes to the figures. Healthy is
+    a GPU published healthy: one its role does not list (yet) is not."""
     within = after + tally.health_within
     began = time.monotonic()
 
-    def seen() -> bool:
+    def seen() -> bool:  # healthy: published so, not merely left out (a GPU not listed yet)
         if node is world.a:
-            return (a_health(world).get(uuid_) == "Unhealthy") is unhealthy
-        return b_taints(world).get(uuid_, False) is unhealthy
+            return a_health(world).get(uuid_) == ("Unhealthy" if unhealthy else "Healthy")
+        return b_taints(world).get(uuid_) is unhealthy
 
     try:
         until(seen, timeout=within)

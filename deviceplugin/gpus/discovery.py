@@ -24,7 +24,7 @@ from gpuwire.kfd import AmdNode
 
 log = logging.getLogger(__name__)
 
-LOOK = 1.0  # seconds between looks at the MIG layout
+LOOK = 1.0  # seconds between looks at the layout (the GPUs listed, the MIG instances)
 REDISCOVER = 60.0  # seconds after which the node is discovered again anyway
 
 
@@ -105,8 +105,9 @@ class Discovery(Protocol):
     def discover(self) -> NodeGpus: ...
 
     def layout(self) -> object:
-        """A cheap look at what `discover` would find (the MIG instances procfs lists for
-        the GPUs last discovered): when it changes, discover again."""
+        """A cheap look at what `discover` would find (the GPUs the driver lists, and the
+        MIG instances procfs lists for the GPUs last discovered): when it changes, discover
+        again."""
         ...
 
     def wait_events(self, timeout: float) -> list[HealthEvent]:
@@ -157,8 +158,9 @@ def follow(
     stop: threading.Event,
 ) -> None:
     """Hand `changed` the node each time it is found other than `node` (the one the caller
-    acts on now), until `stop` is set: MIG instances created or destroyed (procfs looked at
-    every LOOK seconds), or anything else a discovery sees (one every REDISCOVER seconds)."""
+    acts on now), until `stop` is set: a GPU the driver drops or lists again, MIG instances
+    created or destroyed (the layout looked at every LOOK seconds), or anything else a
+    discovery sees (one every REDISCOVER seconds)."""
     while not stop.wait(LOOK):
         try:
             found = latest()

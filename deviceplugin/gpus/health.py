@@ -20,6 +20,7 @@ from deviceplugin.gpus.discovery import HealthEvent
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 DEFAULT_RECOVER_AFTER = 300.0
 KEPT_CAUSES = 8
+KEPT_WAITING = 64  # devices not watched yet whose events wait (a node has fewer)
 
 # unhealthy device → (when its last critical event was, on the book's clock; its causes)
 Entries = dict[str, tuple[float, tuple[HealthEvent, ...]]]
@@ -44,9 +45,13 @@ class HealthBook:
     last_bad: dict[str, float] = field(default_factory=dict)
     causes: dict[str, tuple[HealthEvent, ...]] = field(default_factory=dict)
     children: Mapping[str, frozenset[str]] = field(default_factory=dict)  # GPU → MIG devices
+    waiting: dict[str, tuple[float, tuple[HealthEvent, ...]]] = field(default_factory=dict)
 
     def record(self, events: Iterable[HealthEvent], now: float) -> set[str]:
-        """Apply events; returns the devices they concern (empty if all were ignored)."""
+        """Apply events; returns the devices they concern (empty if all were ignored). A
+        critical event of a device not watched yet (the driver names a GPU back on the bus,
+        or a MIG device made, before the next discovery hands it over) waits for it
+        (`waiting`): `track` applies it when that device is watched."""
         hit: set[str] = set()
         for event in events:
             if not self.policy.critical(event):
@@ -55,6 +60,11 @@ class HealthBook:
                 targets = set(self.uuids)
             else:
                 targets = {event.uuid, *self.children.get(event.uuid, ())} & self.uuids
+                if not targets:
+                    _, before = self.waiting.pop(event.uuid, (now, ()))
+                    self.waiting[event.uuid] = (now, (*before[1 - KEPT_CAUSES :], event))
+                    while len(self.waiting) > KEPT_WAITING:  # the longest waiting go first
+                        del self.waiting[next(iter(self.waiting))]
             for uuid in targets:
                 self.last_bad[uuid] = now
                 self.causes[uuid] = (*self.causes.get(uuid, ())[1 - KEPT_CAUSES :], event)
@@ -74,10 +84,13 @@ class HealthBook:
 
     def track(self, uuids: frozenset[str], children: Mapping[str, frozenset[str]]) -> None:
         """Watch these devices from now on (MIG devices come and go); a device that is gone
-        takes its health with it, and one that comes back starts healthy."""
+        takes its health with it, and one that comes back starts healthy, unless the driver
+        named it in a critical event meanwhile (`waiting`)."""
         self.uuids, self.children = uuids, children
         self.last_bad = {u: t for u, t in self.last_bad.items() if u in uuids}
         self.causes = {u: c for u, c in self.causes.items() if u in uuids}
+        for uuid in uuids & self.waiting.keys():
+            self.last_bad[uuid], self.causes[uuid] = self.waiting.pop(uuid)
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.last_bad)

@@ -92,7 +92,10 @@ class NvmlDiscovery:
         return NodeGpus(version, self._cuda_version(), tuple(gpus), tuple(found))
 
     def layout(self) -> object:
-        return mig.layout(mig.read_instances(self.proc, self._devices))
+        """How many GPUs NVML counts (one dropped or brought back is a change), and the MIG
+        instances procfs lists for the GPUs last discovered."""
+        count = self.nvml.nvmlDeviceGetCount()
+        return count, mig.layout(mig.read_instances(self.proc, self._devices))
 
     def _mig_mode(self, handle: Any) -> bool | None:
         nv = self.nvml

@@ -50,7 +50,8 @@ class SimDiscovery:
         return NodeGpus(machine.driver_version, machine.cuda_version, gpus, self._mig(machine))
 
     def layout(self) -> object:
-        """The instances both procfs and the machine show (those `discover` names): one only
+        """The GPUs the machine lists (what NVML's device count says on a real node), and
+        the instances both procfs and the machine show (those `discover` names): one only
         procfs shows yet (`gpuwire sim` writes the machine last) is a change once both do."""
         try:
             machine = sim.load_machine(self.root)
@@ -58,7 +59,8 @@ class SimDiscovery:
             return mig.layout(mig.read_instances(str(self.root), self._devices))
         named = _instances(machine)
         shown = mig.layout(mig.read_instances(str(self.root), machine.devices))
-        return tuple(instance for instance in shown if instance in named)
+        gpus = tuple(d.uuid for d in machine.devices)
+        return gpus, tuple(instance for instance in shown if instance in named)
 
     def _mig(self, machine: sim.Machine) -> tuple[Mig, ...]:
         named = _instances(machine)

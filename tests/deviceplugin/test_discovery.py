@@ -131,6 +131,27 @@ def test_follow_hands_on_a_changed_node_once_and_an_equal_one_never(
     assert len(changes[0].mig) == 2
 
 
+def test_follow_sees_a_gpu_the_driver_drops_and_lists_again_at_its_next_look(
+    sim_node: tuple[Path, sim.Machine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU the driver stops listing (off the bus), and lists again, is a change at the
+    next look, not at the next rediscovery (60 s): its health is watched again at once.
+    Before: only MIG instances were looked at, and a GPU dropped by a rediscovery while it
+    was gone stayed unwatched for up to a minute after it came back."""
+    monkeypatch.setattr(discovery, "LOOK", 0.01)
+    root, machine = sim_node
+    latest = Latest(SimDiscovery(root))
+    changes: list[NodeGpus] = []
+    gone = sim.Machine(machine.driver_version, machine.cuda_version, machine.gpus[1:])
+    node = latest()
+    with running(lambda stop: follow(latest, node, changes.append, stop)):
+        (root / sim.MACHINE).write_text(gone.to_json())
+        until(lambda: len(changes) == 1, timeout=5)
+        (root / sim.MACHINE).write_text(machine.to_json())
+        until(lambda: len(changes) == 2, timeout=5)
+    assert [len(c.devices) for c in changes] == [len(machine.gpus) - 1, len(machine.gpus)]
+
+
 def test_the_mig_map_is_put_back_when_it_is_gone(
     mig_node: tuple[Path, sim.Machine], tmp_path: Path
 ) -> None:

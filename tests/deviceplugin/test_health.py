@@ -44,6 +44,24 @@ def test_events_without_device_or_xid_are_critical_for_all() -> None:
     assert book().record([HealthEvent("GPU-elsewhere", 79, "")], now=0) == set()
 
 
+def test_an_event_of_a_device_not_watched_yet_counts_once_it_is() -> None:
+    """The driver names a device the book does not watch yet (a GPU back on the bus, or a
+    MIG device made, before the next discovery hands it over): its critical events wait
+    for it, and it starts unhealthy with them, its quiet period from the event. Before:
+    they were dropped, and the device came back healthy under an XID storm (the fault
+    campaign's long run: an XID storm on the GPU that had just come back from off-bus)."""
+    b = book(recover_after=10)
+    assert b.record([HealthEvent("GPU-c", 48, "XID 48"), HealthEvent("GPU-c", 13, "")], 3) == set()
+    assert b.unhealthy() == frozenset()
+    b.track(frozenset({A, B, "GPU-c"}), {})
+    assert b.unhealthy() == {"GPU-c"}
+    assert [e.detail for e in b.causes["GPU-c"]] == ["XID 48"]
+    assert b.next_due() == 13
+    b.track(frozenset({A, B}), {})  # gone again: its health goes with it, nothing waits
+    b.track(frozenset({A, B, "GPU-c"}), {})
+    assert b.unhealthy() == frozenset()
+
+
 def test_quiet_period_counts_from_the_last_event() -> None:
     b = book(recover_after=10)
     b.record([HealthEvent(A, 79, "")], now=0)
