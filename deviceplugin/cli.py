@@ -15,7 +15,7 @@ from typing import Any
 import kubeclient
 from deviceplugin import config as settings
 from deviceplugin.plugin.resources import resource_name_error
-from gpuwire import amdsim, exits, logs, mig, records, sim
+from gpuwire import exits, logs, mig, records
 from gpuwire.kfd import KfdError
 
 TYPE_CHECKING = False
@@ -274,7 +274,9 @@ def _load(
     except settings.ConfigError as exc:
         raise exits.CommandError(str(exc)) from None
     if config.sim is not None:
-        (amdsim.check_root if config.vendor == "amd" else sim.check_root)(config.sim)
+        from deviceplugin import vendors
+
+        vendors.of(config.vendor).check_sim(config.sim)
     return config
 
 
@@ -560,15 +562,15 @@ def label(argv: list[str]) -> int:
     )
     args.log_level = args.log_level or ("info" if args.watch else "warning")
     logs.from_args("node-agent", args)
+    from deviceplugin import vendors
     from deviceplugin.agent import holding, labeler
-    from deviceplugin.gpus.backend import open_discovery
     from gpuwire.holders import ANNOTATION
 
     holder_settings = _holder_settings(args)
     if args.watch and not args.dry_run:
         return _serve("node agent", lambda stop: _watch(config, holder_settings, stop))
     try:
-        discovery = open_discovery(config.sim, config.vendor)
+        discovery = vendors.of(config.vendor).discovery(config.sim)
     except Exception as exc:  # NVML: no library (no driver), no GPU, a driver it cannot read
         raise exits.CommandError(
             f"cannot read this node's GPUs through NVML: {exc}; run it on a GPU node with the "
@@ -631,11 +633,11 @@ def _watch(
     """The node agent with no plugin (plugin-less): labels, health, holders, MPS daemons."""
     import dataclasses
 
+    from deviceplugin import vendors
     from deviceplugin.agent.node import NodeAgent
-    from deviceplugin.gpus.backend import open_discovery
 
     labelled = dataclasses.replace(config, labels=True)
-    discovery = open_discovery(config.sim, config.vendor)
+    discovery = vendors.of(config.vendor).discovery(config.sim)
     agent = NodeAgent(labelled, discovery, config.node_state(), holders=holders)
     agent.run(stop, _until, plugin=False)
 

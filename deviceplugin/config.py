@@ -17,12 +17,11 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.gpus.discovery import NodeGpus
 from deviceplugin.gpus.health import DEFAULT_IGNORED_XIDS, DEFAULT_RECOVER_AFTER
 from deviceplugin.plugin import amdresources
 from deviceplugin.plugin.allocate import CDI_NAMES
-from deviceplugin.plugin.migstrategy import STRATEGIES, Advertised
-from deviceplugin.plugin.resources import Resource, Rule, Sharing, of_node, resource_name_error
+from deviceplugin.plugin.migstrategy import STRATEGIES
+from deviceplugin.plugin.resources import Rule, Sharing, resource_name_error
 from gpuwire import allocation, grant, mig, nvidia, quantity
 from gpuwire.vendor import VENDORS
 
@@ -106,25 +105,6 @@ class Config:
     @property
     def shared_replicas(self) -> int:
         return self.mps_replicas or self.replicas
-
-    def resources(self, node: NodeGpus) -> tuple[list[Resource], Advertised]:
-        """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy
-        (`resources.of_node`), and what the strategy made of the node. Where a mechanism
-        holds each replica to its share, a request for more than one replica is refused
-        (NVIDIA's plugin forces it for MPS): a share is one replica's of one GPU, and an MPS
-        client joins one daemon."""
-        if node.amd is not None:  # AMD's naming; no MIG, no sharing
-            return amdresources.of_node(node.amd, self.amd_naming), Advertised()
-        refuse_many = self.fail_requests_greater_than_one or self.sharing.limits != "none"
-        return of_node(
-            node,
-            self.mig_strategy,
-            self.rules,
-            self.default_resource,
-            self.shared_replicas,
-            refuse_many,
-            self.sharing,
-        )
 
     @property
     def default_resource(self) -> str:

@@ -25,6 +25,9 @@ from gpuwire.devices import Device
 ANNOTATION = "gpuwire.io/gpus"
 
 
+DEFAULT_VENDOR = nvidia.VENDOR  # an entry without "vendor": the annotation before AMD's
+
+
 @dataclass(frozen=True)
 class NodeMig:
     """A MIG device of a GPU: its UUID, profile, GPU and compute instance, memory, health."""
@@ -48,7 +51,7 @@ class NodeGpu:
     resource: str = nvidia.RESOURCE  # the extended resource the device plugin lists it under
     replicas: int = 1  # how many devices of that resource it is (time-slicing, MPS)
     mig: tuple[NodeMig, ...] | None = None  # None: not in MIG mode
-    vendor: str = nvidia.VENDOR
+    vendor: str = DEFAULT_VENDOR
     parent: str = ""  # an AMD partition's GPU (its uuid); "": a whole GPU
 
 
@@ -78,7 +81,7 @@ def encode(gpus: Iterable[NodeGpu]) -> str:
             "resource": g.resource,
             "replicas": g.replicas,
             **({} if g.mig is None else {"mig": [_mig_entry(m) for m in g.mig]}),
-            **({} if g.vendor == nvidia.VENDOR else {"vendor": g.vendor}),
+            **({} if g.vendor == DEFAULT_VENDOR else {"vendor": g.vendor}),
             **({"parent": g.parent} if g.parent else {}),
         }
         for g in sorted(gpus, key=lambda g: g.index)
@@ -134,7 +137,7 @@ def decode(text: str) -> tuple[NodeGpu, ...]:
                 resource=intern(str(e.get("resource", nvidia.RESOURCE))),
                 replicas=int(e.get("replicas", 1)),
                 mig=_mig(e.get("mig")),
-                vendor=intern(str(e.get("vendor", nvidia.VENDOR))),
+                vendor=intern(str(e.get("vendor", DEFAULT_VENDOR))),
                 parent=str(e.get("parent", "")),
             )
             for e in entries

@@ -6,6 +6,8 @@ through, so that nothing else asks which vendor it has. What a vendor provides:
 
 - names: the extended resource, the label prefix, the CDI kind, the env that names a
   container's GPUs and the one for driver capabilities (AMD has none), all request env;
+  `baked`: whether images set that env themselves, so that the webhook voids it in a
+  container that asked for no GPU even in a cluster without the vendor's nodes;
 - `limits`: whether a GPU of it can be shared under an enforced limit profile (MPS and
   HAMi-core are CUDA's: AMD's cannot, a container gets its GPUs whole);
 - visibility semantics: `visible_request` (a container's env → `devices.Request`), `select`
@@ -62,6 +64,7 @@ class Vendor:
     capabilities_env: str | None  # None: the vendor has no driver capabilities
     request_env: tuple[str, ...]  # every env a container's request is read from
     grant_tag: str
+    baked: bool  # whether images set `visible_env` themselves (`=all`)
     files: bool  # whether containers get driver files (libraries, binaries) laid out per image
     limits: bool  # whether enforced limit profiles (MPS, HAMi-core) can share its GPUs
     product_label: str  # the node label its labeller names a node's GPU model by
@@ -165,6 +168,7 @@ class _Nvidia(Vendor):
         *nvidia.MIG_CONTROL_ENV.values(),
     )
     grant_tag = "gpuwire-grant-v1"
+    baked = True  # NVIDIA's CUDA images: NVIDIA_VISIBLE_DEVICES=all (NVIDIA/gpu-operator#421)
     files = True
     limits = True
     product_label = nvidia.LABEL_PREFIX + "gpu.product"
@@ -290,6 +294,7 @@ class _Amd(Vendor):
     capabilities_env = None
     request_env = (amd.VISIBLE_DEVICES_ENV,)
     grant_tag = "gpuwire-grant-v1-amd"
+    baked = False
     files = False  # ROCm's user space lives in the image
     limits = False  # MPS and HAMi-core are CUDA's
     product_label = amd.LABEL_PREFIX + "gpu.product-name"

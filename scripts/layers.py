@@ -15,6 +15,9 @@ file, the line and the rule, where
 - modules of one package import each other in a cycle;
 - a value type is not written the one way: `@dataclass(frozen=True)`, except in the modules
   a start imports, where `dataclasses` costs too much and `gpuwire.value.Value` stands in;
+- a product module outside `VENDOR_MODULES` asks which vendor it has: compares with a
+  vendor's name (`== "amd"`, `in ("nvidia", ...)`, `== amd.VENDOR`) or instance (`is NVIDIA`,
+  `AMD in vendors`), or reads an attribute named for a vendor (`node.amd`, `self.nvidia`);
 - the component list below and its copies disagree: pyproject's packages and mypy files,
   the files the Containerfile copies into the image, the `gpuwire` command table, and the
   test directories.
@@ -41,6 +44,16 @@ PRODUCT = (CONTRACT, *LIBRARIES, *COMPONENTS)
 TESTBED = "testbed"
 USERS = ("tests", "bench", "scripts")  # may import everything; nothing imports them
 START = "runtime_hook.start"
+VENDORS = ("nvidia", "amd")  # gpuwire.vendor.VENDORS' names
+# Where a vendor is chosen (docs/architecture.md, "Vendors"): the interfaces, by the name a
+# config or flag gives, and `gpuwire sim node --vendor`, which hands AMD's node to amdsim.
+VENDOR_MODULES = (
+    "gpuwire/vendor.py",
+    "gpuwire/sim.py",
+    "deviceplugin/vendors.py",
+    "deviceplugin/dra/vendors.py",
+    "webhook/vendors.py",
+)
 START_ROOTS = (f"{START}.shim", f"{START}.hook")
 STDLIB = frozenset(sys.stdlib_module_names)
 REPO = Path(__file__).resolve().parents[1]
@@ -300,6 +313,46 @@ def value_violations(tree: Tree) -> list[str]:
     return out
 
 
+def _names_vendor(node: ast.expr) -> str | None:
+    """The vendor a comparison's operand names: a vendor's name as a literal (or one of a
+    literal tuple, list or set), as its module's `VENDOR`, or its instance (`NVIDIA`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value if node.value.lower() in VENDORS else None
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return next((n for n in map(_names_vendor, node.elts) if n is not None), None)
+    if isinstance(node, ast.Attribute) and node.attr == "VENDOR":
+        module = node.value
+        return (
+            f"{module.id}.VENDOR" if isinstance(module, ast.Name) and module.id in VENDORS else None
+        )
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    return name if name is not None and name.lower() in VENDORS and name.isupper() else None
+
+
+_ASKS = (
+    "only the vendor modules ask which vendor they have; call what differs through the "
+    'vendor interface (docs/architecture.md, "Vendors")'
+)
+
+
+def vendor_violations(tree: Tree) -> list[str]:
+    """Outside `VENDOR_MODULES`, nothing asks which vendor it has: what differs per vendor
+    is called through the node's or the request's vendor object."""
+    out = []
+    for name, source in tree.sources.items():
+        path = tree.paths[name]
+        if top(name) not in PRODUCT or path in VENDOR_MODULES:
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare):
+                named = [n for n in map(_names_vendor, [node.left, *node.comparators]) if n]
+                if named:
+                    out.append(f"{path}:{node.lineno}: compares with vendor {named[0]}: {_ASKS}")
+            elif isinstance(node, ast.Attribute) and node.attr in VENDORS:
+                out.append(f"{path}:{node.lineno}: .{node.attr} names a vendor: {_ASKS}")
+    return out
+
+
 def copied_files(containerfile: str, tracked: Sequence[str]) -> dict[str, str]:
     """The repository files the Containerfile's build stage copies into its WORKDIR (where
     the package is installed from): path there → repository path."""
@@ -415,6 +468,7 @@ def violations(repo: Repository) -> list[str]:
         *start_violations(tree),
         *cycle_violations(tree),
         *value_violations(tree),
+        *vendor_violations(tree),
         *list_violations(repo.pyproject, repo.containerfile, repo.tracked, repo.commands),
     ]
 

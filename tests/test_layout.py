@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwire.vendor import VENDORS
 from scripts import layers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +127,45 @@ def test_a_value_type_is_written_one_way(repo: layers.Repository) -> None:
     undeclared, heavy = changed(repo, "gpuwire/devices.py", "\nfrom dataclasses import dataclass\n")
     assert undeclared.endswith("the start path imports dataclasses, not in STDLIB")
     assert "imports dataclasses on the start path" in heavy
+
+
+@pytest.mark.parametrize(
+    ("path", "text", "named"),
+    [
+        # as deviceplugin/gpus/backend.py chose its discovery
+        (
+            "deviceplugin/gpus/backend.py",
+            '\nif "amd" == X:\n    pass\n',
+            "compares with vendor amd",
+        ),
+        (
+            "deviceplugin/cli.py",
+            '\nok = X.vendor in ("nvidia", "y")\n',
+            "compares with vendor nvidia",
+        ),
+        ("gpuwire/nodegpus.py", "\nok = X != amd.VENDOR\n", "compares with vendor amd.VENDOR"),
+        ("webhook/mutation.py", "\nok = NVIDIA in X\n", "compares with vendor NVIDIA"),
+        ("webhook/fleet.py", "\nok = [v for v in X if v is not AMD]\n", "compares with vendor AMD"),
+        # as deviceplugin/agent/labeler.py asked `node.amd is not None`
+        ("deviceplugin/agent/labeler.py", "\nok = X.amd is not None\n", ".amd names a vendor"),
+        ("webhook/claims.py", "\nok = 1 if X.nvidia else 2\n", ".nvidia names a vendor"),
+    ],
+)
+def test_a_vendor_asked_outside_the_vendor_modules_fails(
+    repo: layers.Repository, path: str, text: str, named: str
+) -> None:
+    (found,) = changed(repo, path, text)
+    assert found.startswith(f"{path}:{repo.sources[path].count(chr(10)) + 2}: {named}: ")
+    assert "only the vendor modules ask which vendor they have" in found
+
+
+@pytest.mark.parametrize("path", layers.VENDOR_MODULES)
+def test_a_vendor_module_may_ask_which_vendor_it_has(repo: layers.Repository, path: str) -> None:
+    assert changed(repo, path, '\nok = X.amd or X.vendor == "nvidia" or X is AMD\n') == []
+
+
+def test_the_vendor_names_are_gpuwires() -> None:
+    assert tuple(v.name for v in VENDORS) == layers.VENDORS
 
 
 def test_the_image_holds_every_product_package_and_nothing_else(

@@ -32,8 +32,8 @@ DeviceClaim; CEL in the allocator's environment, k8s.io/dynamic-resource-allocat
 * AMD GPUs and partitions (AMD's DRA driver's names, `deviceplugin.dra.amddevices`): AMD's
   class, the same model, memory and UUID selectors, `partition-profile` → a guarded selector
   on `partitionProfile`, several devices on one `xgmiIsland`; a claim is one vendor's
-  (`one_vendor`): NVIDIA's options (capabilities, limits) on a request only AMD devices fit
-  are a denial, as on the device-plugin path.
+  (`webhook.vendors`, which holds what differs per vendor): NVIDIA's options (capabilities,
+  limits) on a request only AMD devices fit are a denial, as on the device-plugin path.
 
 The template is named by its content (`gpuwire-<hash of its spec>`), so every pod of a
 namespace asking the same shares one, and a second admission finds the same name. A request
@@ -52,6 +52,8 @@ from gpuwire import annotations as keys
 from gpuwire import dra, limits
 from gpuwire.annotations import GpuRequest
 from gpuwire.quantity import canonical_mib
+from gpuwire.vendor import NVIDIA, Vendor
+from webhook import vendors
 from webhook.placement import Unplaceable, listing, models_matching
 from webhook.pools import PoolDevice, Pools
 
@@ -83,7 +85,7 @@ class Claimed:
     spec: Obj  # ResourceClaimTemplateSpec
     gpus: int
     warnings: tuple[str, ...] = ()
-    amd: bool = False  # of AMD devices: the claim's spec names them in AMD_VISIBLE_DEVICES
+    vendor: Vendor = NVIDIA  # of its devices: the claim's spec names them in its visible env
 
     def template(self, namespace: str) -> Obj:
         """The ResourceClaimTemplate object, as the webhook creates it."""
@@ -125,16 +127,17 @@ class _Translation:
         self.pools = pools
         self.devices = devices  # what it passes over: all of the pools' devices, or `alike`
         self.kind = dra.MIG_TYPE if ask.mig or self._named_mig() else dra.GPU_TYPE
+        self.kinds = (dra.MIG_TYPE,) if self.kind == dra.MIG_TYPE else vendors.GPU_TYPES
         self.selectors: list[str] = []
         self.warnings: list[str] = []
         self.capacity: dict[str, str] = {}
         self.share_mib: int | None = None  # the memory share asked of each shared GPU
-        self.amd = False  # the claim is of AMD GPUs or partitions (`one_vendor`)
+        self.vendor = vendors.NVIDIA_CLAIMS  # whose devices it takes (`one_vendor`)
 
     def of_kind(self, device: PoolDevice) -> bool:
         """A device the claim may take: a MIG device for MIG; else a GPU, NVIDIA's or AMD's
         (a GPU or partition), until `one_vendor` chooses."""
-        return device.kind == self.kind or (self.kind == dra.GPU_TYPE and device.amd)
+        return device.kind in self.kinds
 
     def _named_mig(self) -> bool:
         named = {u[:4].upper() for u in self.request.uuids}
@@ -144,8 +147,7 @@ class _Translation:
         return named == {"MIG-"}
 
     def fail(self, sources: tuple[str, ...], reason: str) -> Unplaceable:
-        key, value = self.request.source(*sources)
-        return Unplaceable(f"{key}: {value!r} {reason}")
+        return Unplaceable.of(self.request, sources, reason)
 
     # --- what each annotation leaves of the cluster's GPUs
 
@@ -224,65 +226,24 @@ class _Translation:
         return devices
 
     def one_vendor(self, devices: list[PoolDevice]) -> list[PoolDevice]:
-        """The GPUs of one vendor (a claim's class is one vendor's): AMD's for a partition
-        profile, NVIDIA's for NVIDIA's options (driver capabilities, limits: an AMD device is
-        given whole, ROCm is in the image), else the vendor more of them are, with a
-        warning; an NVIDIA option on a request only AMD devices fit is a denial."""
-        amd = [d for d in devices if d.amd]
-        nvidia = [d for d in devices if not d.amd]
-        nvidia_only = [k for k in (keys.CAPABILITIES, keys.MEMORY_LIMIT, keys.CORES_LIMIT)
-                       if k in self.request.given]  # fmt: skip
-        if self.request.partition is not None:
-            if nvidia_only:
-                raise self.fail(
-                    (nvidia_only[0],),
-                    f"is NVIDIA's, and {keys.PARTITION_PROFILE} asks for AMD partitions; "
-                    "accepted: one vendor's options",
-                )
-            if not amd:
-                raise self.fail(
-                    (keys.PARTITION_PROFILE,),
-                    "asks for AMD partitions, and no AMD device in the cluster's ResourceSlices "
-                    "fits the request",
-                )
-            self.amd = True
-            return amd
-        if nvidia and (nvidia_only or len(nvidia) >= len(amd)):
-            if amd and not nvidia_only:
-                self.warnings.append(
-                    f"the request fits NVIDIA and AMD GPUs and a claim takes one vendor's: "
-                    f"NVIDIA's, of which more fit; {keys.MODEL} chooses"
-                )
-            return nvidia
-        if nvidia_only:
-            key = nvidia_only[0]
-            what = (
-                "the driver capabilities NVIDIA's runtime mounts"
-                if key == keys.CAPABILITIES
-                else "a share of a GPU, which no AMD GPU gives: an AMD device is given whole"
-            )
-            products = listing(sorted({d.product for d in amd}))
-            raise self.fail(
-                (key,),
-                f"is NVIDIA's ({what}), and the GPUs in the cluster's ResourceSlices that fit "
-                f"the request are AMD's ({products}); accepted: no {key} for AMD GPUs (ROCm's "
-                "user space is in the image), or a model NVIDIA nodes have",
-            )
-        if nvidia:
-            self.warnings.append(
-                f"the request fits NVIDIA and AMD GPUs and a claim takes one vendor's: AMD's, "
-                f"of which more fit; {keys.MODEL} chooses"
-            )
-        self.amd = True
-        return amd
+        """The GPUs of the vendor the claim takes (`vendors.choose`)."""
+        by_vendor: dict[vendors.ClaimVendor, list[PoolDevice]] = {}
+        for d in devices:
+            by_vendor.setdefault(vendors.of_type(d.kind), []).append(d)
+        fitting = {v: [d.product for d in found] for v, found in by_vendor.items()}
+        self.vendor, warnings = vendors.choose(self.request, fitting)
+        self.warnings += warnings
+        return by_vendor.get(self.vendor, [])
 
-    def partitions(self, devices: list[PoolDevice]) -> tuple[str, list[PoolDevice]]:
-        """AMD's class, and its devices of the partition profile asked, if one is: a selector
-        on `partitionProfile`, guarded (a GPU without partition modes has none, and a missing
-        attribute is a CEL error that fails the pod's scheduling)."""
+    def partitions(
+        self, devices: list[PoolDevice], class_name: str
+    ) -> tuple[str, list[PoolDevice]]:
+        """The vendor's one class (AMD's), and its devices of the partition profile asked, if
+        one is: a selector on `partitionProfile`, guarded (a GPU without partition modes has
+        none, and a missing attribute is a CEL error that fails the pod's scheduling)."""
         profile = self.request.partition
         if profile is None:
-            return dra.AMD_CLASS, devices
+            return class_name, devices
         of = [d for d in devices if d.partition == profile]
         if not of:
             offered = sorted({d.partition for d in self.pools.devices if d.partition})
@@ -295,7 +256,7 @@ class _Translation:
         self.selectors.append(
             f'"{name}" in {_ATTRIBUTES} && {_ATTRIBUTES}.{name} == {json.dumps(profile)}'
         )
-        return dra.AMD_CLASS, of
+        return class_name, of
 
     def sharing(self, devices: list[PoolDevice]) -> tuple[str, list[PoolDevice]]:
         """The class, and the GPUs of it: shared ones where the request has limits (their
@@ -452,7 +413,7 @@ class _Translation:
 
     def link(self) -> str:
         """The fast links a multi-GPU claim keeps together: AMD's XGMI, NVIDIA's NVLink."""
-        return "XGMI" if self.amd else "NVLink"
+        return self.vendor.links
 
     def count_source(self) -> str:
         given = self.request.given.get(keys.COUNT)
@@ -523,12 +484,13 @@ class _Translation:
             class_name, devices = self.mig(devices)
         else:
             devices = self.one_vendor(devices)
-            class_name, devices = self.partitions(devices) if self.amd else self.sharing(devices)
+            one = self.vendor.device_class
+            class_name, devices = self.partitions(devices, one) if one else self.sharing(devices)
         most = self.count(devices)
         count = self.ask.count
         request: Obj = {"name": REQUEST}
         constraints: list[Obj] = []
-        island = {"matchAttribute": dra.qualified(dra.XGMI_ISLAND if self.amd else dra.ISLAND)}
+        island = {"matchAttribute": dra.qualified(self.vendor.island)}
         linked = self.kind == dra.GPU_TYPE and isinstance(count, int) and count > 1
         if linked and self.ask.nvlink == "preferred":
             sub = self.exactly(class_name, count)
@@ -548,7 +510,7 @@ class _Translation:
         devices_spec: Obj = {"requests": [request]}
         if constraints:
             devices_spec["constraints"] = constraints
-        if not self.amd:  # an AMD claim has no capabilities and no limit profile
+        if self.vendor.config:  # an AMD claim has none: no capabilities, no limit profile
             devices_spec["config"] = [{"opaque": {"driver": dra.DRIVER, "parameters": parameters}}]
         spec: Obj = {
             "metadata": {"labels": {MANAGED_BY: MANAGER}},
@@ -556,7 +518,7 @@ class _Translation:
         }
         name = _content_name(spec)
         spec["metadata"]["labels"][TEMPLATE_LABEL] = name
-        return Claimed(name, spec, most, tuple(self.warnings), self.amd)
+        return Claimed(name, spec, most, tuple(self.warnings), self.vendor.vendor)
 
 
 def claim(ask: Ask, pools: Pools) -> Claimed:

@@ -272,10 +272,11 @@ class Fleet:
 
     @functools.cached_property
     def node_vendors(self) -> tuple[Vendor, ...]:
-        """The vendors of the nodes, in VENDORS order, NVIDIA's always (its env is what images
-        bake): whose env a container that asked for no GPU is voided for."""
+        """The vendors of the nodes, in VENDORS order, and those whose env images bake
+        (`Vendor.baked`: NVIDIA's) always: whose env a container that asked for no GPU is
+        voided for."""
         found = {shape.vendor for shape in self.shapes}
-        return tuple(v for v in VENDORS if v is NVIDIA or v in found)
+        return tuple(v for v in VENDORS if v.baked or v in found)
 
     @functools.cached_property
     def resources(self) -> tuple[str, ...]:

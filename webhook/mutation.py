@@ -44,7 +44,7 @@ from webhook.claims import Ask, Claimed
 from webhook.fleet import Fleet
 from webhook.patch import Change, Op, env_ops, pointer, set_path
 from webhook.placement import Demand, Placement, Unplaceable, place
-from webhook.pod import MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
+from webhook.pod import GPU_RESOURCE, MIG_RESOURCE_PREFIX, Container, MalformedPod, Pod
 from webhook.policy import Policy, Rule
 from webhook.pools import NO_POOLS, Pools
 from webhook.warned import Warned
@@ -356,13 +356,13 @@ class _Mutation:
             count = c.mig[1]
             counted = f"container {c.name!r}'s {c.mig[0]}: {count}"
         elif (asked := self.plugin_count(c)) is not None:
-            if asked[0] != nvidia.RESOURCE:
+            if asked[0] != GPU_RESOURCE:
                 return None  # a per-model resource: the device plugin's `resources` rules
             if not self.policy.claim_gpu_resources or asked[1] == 0:
                 return None
             self.check_plugin(c, request, *asked)
             count = asked[1]
-            counted = f"container {c.name!r}'s {nvidia.RESOURCE}: {count}"
+            counted = f"container {c.name!r}'s {GPU_RESOURCE}: {count}"
         elif mig is not None:
             count = request.count if isinstance(request.count, int) else 1
         elif request.uuids:
@@ -406,7 +406,7 @@ class _Mutation:
         ops: list[Op] = []
         if claimed is not None:
             resources = c.raw.get("resources") or {}
-            claimed_away = {nvidia.RESOURCE, *(c.mig[:1] if c.mig else ())}
+            claimed_away = {GPU_RESOURCE, *(c.mig[:1] if c.mig else ())}
             for section in ("limits", "requests"):
                 held = resources.get(section) or {}
                 gone = [n for n in held if n in claimed_away]
@@ -422,8 +422,8 @@ class _Mutation:
             elif entry["name"] not in c.claims:
                 ops.append({"op": "add", "path": c.path + "/resources/claims/-", "value": entry})
         void: dict[str, str | None] = {VISIBLE: VOID, grant.ENV: None}
-        if claimed is not None and claimed.amd:  # no AMD runtime injects from the image's env
-            void[AMD.visible_env] = VOID
+        if claimed is not None:  # its vendor's too: no runtime injects from the image's
+            void[claimed.vendor.visible_env] = VOID
         return ops + self.env(c, void)
 
     def claim_entries(self, claimed: dict[str, Claimed | None]) -> list[Op]:
@@ -455,16 +455,16 @@ class _Mutation:
         """The GPU resource a container asks the device plugin for, and how many; the
         cluster's per-model resources (`nvidia.com/l4`) count as well as `nvidia.com/gpu`."""
         if c.gpus is not None:
-            return nvidia.RESOURCE, c.gpus
+            return GPU_RESOURCE, c.gpus
         for name in self.fleet.resources:
-            if name != nvidia.RESOURCE and (n := c.count_of(name)) is not None:
+            if name != GPU_RESOURCE and (n := c.count_of(name)) is not None:
                 return name, n
         return None
 
     def demand(self, request: GpuRequest, gpu: set[str]) -> Demand:
         """What the GPU containers need of a node: a device plugin, all its GPUs, the limit
         profiles their limits need enforced."""
-        plugin, whole, asks = 0, False, nvidia.RESOURCE
+        plugin, whole, asks = 0, False, GPU_RESOURCE
         count = request.count if request.count is not None else self.policy.gpu_count
         for c in self.pod.containers:
             if c.name not in gpu or c.mig is not None or request.mig_profile:
@@ -501,7 +501,7 @@ class _Mutation:
         granted = self.devices(c, request, placement)
         self.check_count(c, request, granted)
         vendors = self.vendors(granted, placement)
-        caps = self.capabilities(request) if NVIDIA in vendors else ""
+        caps = self.capabilities(request) if any(v.capabilities_env for v in vendors) else ""
         env: dict[str, str | None] = {}
         for vendor in vendors:  # each vendor of the nodes it may land on reads its own
             plugin = granted.visible == grant.PLUGIN_DEVICES
@@ -521,7 +521,7 @@ class _Mutation:
         asked = self.plugin_count(c)
         if asked and asked[1]:  # nvidia.com/gpu: 0 asks the plugin for nothing
             self.check_plugin(c, request, *asked)
-            resource = placement.resource if asked[0] == nvidia.RESOURCE else None
+            resource = placement.resource if asked[0] == GPU_RESOURCE else None
             ops = self.rename(c, asked, placement)
             return _Devices(grant.PLUGIN_DEVICES, asked[1], ops, resource or asked[0])
         if request.mig_profile:
@@ -550,7 +550,7 @@ class _Mutation:
                 "choose, and the gpuwire policy says this cluster runs none (devicePlugin: false); "
                 f"accepted here: {self.accepted_without_plugin()}{admin}",
             )
-        resource = placement.resource or nvidia.RESOURCE
+        resource = placement.resource or GPU_RESOURCE
         op = set_path(c.raw, c.path, ("resources", "limits", resource), str(count))
         return _Devices(grant.PLUGIN_DEVICES, count, [op] if op else [], resource)
 
@@ -558,20 +558,20 @@ class _Mutation:
         """`nvidia.com/gpu` → the resource that lists the model asked for, where the plugin
         would otherwise hand any GPU of the node."""
         wanted = placement.resource
-        if wanted is None or asked[0] != nvidia.RESOURCE:
+        if wanted is None or asked[0] != GPU_RESOURCE:
             return []
         ops: list[Op] = []
         for section in ("limits", "requests"):
             held = (c.raw.get("resources") or {}).get(section) or {}
-            if nvidia.RESOURCE in held:
+            if GPU_RESOURCE in held:
                 base = pointer(c.path, "resources", section)
-                ops.append({"op": "remove", "path": pointer(base, nvidia.RESOURCE)})
+                ops.append({"op": "remove", "path": pointer(base, GPU_RESOURCE)})
                 ops.append(
-                    {"op": "add", "path": pointer(base, wanted), "value": held[nvidia.RESOURCE]}
+                    {"op": "add", "path": pointer(base, wanted), "value": held[GPU_RESOURCE]}
                 )
         self.warn(
             "resource-renamed",
-            f"container {c.name!r}: {nvidia.RESOURCE}: {asked[1]} asks for {wanted}: {asked[1]}, "
+            f"container {c.name!r}: {GPU_RESOURCE}: {asked[1]} asks for {wanted}: {asked[1]}, "
             "the resource holding only the GPUs asked for",
         )
         return ops
@@ -582,7 +582,7 @@ class _Mutation:
         if c.gpus:
             raise Denied(
                 400,
-                f"container {c.name!r} asks for both whole GPUs ({nvidia.RESOURCE}: {c.gpus}) "
+                f"container {c.name!r} asks for both whole GPUs ({GPU_RESOURCE}: {c.gpus}) "
                 f"and MIG devices ({name}: {count}); a container gets one or the other",
             )
         if request.mig_profile not in (None, profile):
@@ -678,7 +678,7 @@ class _Mutation:
         value = request.given.get(keys.COUNT, "unset (policy default gpuCount: all)")
         if self.policy.device_plugin:
             asks = "every GPU of its node without the device plugin"
-            accepted = f"{keys.COUNT}: N, or {nvidia.RESOURCE}: N in the container's limits"
+            accepted = f"{keys.COUNT}: N, or {GPU_RESOURCE}: N in the container's limits"
         else:
             asks, accepted = "every GPU of its node", self.accepted_without_plugin()
         raise Denied(
@@ -826,13 +826,13 @@ class _Mutation:
         (NVIDIA's other mechanisms deny on their own there: no AMD node offers a MIG profile,
         and placement denies limits no node there enforces.)"""
         vendors = placement.vendors
-        if not vendors or NVIDIA in vendors:
+        if not vendors:
             return
         enforced = [p for p in request.profiles if limits.PROFILES[p].enforced]
-        if keys.CAPABILITIES in request.given:
+        if keys.CAPABILITIES in request.given and not any(v.capabilities_env for v in vendors):
             key, what = keys.CAPABILITIES, "the driver capabilities NVIDIA's runtime mounts"
             why = "ROCm's user space is in the image"
-        elif enforced:
+        elif enforced and not any(v.limits for v in vendors):
             key, what = keys.LIMIT_PROFILE, f"{', '.join(enforced)}: a GPU shared under a limit"
             why = "a container gets its GPUs whole"
         else:

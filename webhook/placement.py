@@ -44,6 +44,7 @@ from webhook.fleet import (
     Node,
     Shape,
 )
+from webhook.pod import GPU_RESOURCE
 
 Expression = dict[str, Any]
 KEPT = 1024  # placements kept per fleet snapshot
@@ -52,13 +53,19 @@ KEPT = 1024  # placements kept per fleet snapshot
 class Unplaceable(ValueError):
     """A request that no node of the cluster can satisfy; the message says what exists."""
 
+    @classmethod
+    def of(cls, request: GpuRequest, sources: tuple[str, ...], reason: str) -> Unplaceable:
+        """Naming the first of the annotations `sources` the request gives, and its value."""
+        key, value = request.source(*sources)
+        return cls(f"{key}: {value!r} {reason}")
+
 
 @dataclass(frozen=True, slots=True)
 class Demand:
     """What the pod's GPU containers need of a node beyond the annotations' words."""
 
     plugin: int = 0  # devices the containers the device plugin serves ask for, together
-    asks: str = nvidia.RESOURCE  # the resource they ask for, as written
+    asks: str = GPU_RESOURCE  # the resource they ask for, as written
     whole: bool = False  # a container takes every GPU of its node (gpu-count: all)
     enforced: tuple[str, ...] = ()  # limit profiles the node must enforce
     profile_source: str = ""  # where those profiles were named, for denials
@@ -477,7 +484,7 @@ class _Placer:
             for resource, devices in (kind.pure if self.words else kind.devices).items():
                 if devices >= wanted:
                     by_resource.setdefault(resource, {})[shape] = nodes
-        renames = asks == nvidia.RESOURCE and (self.words or unlisted)
+        renames = asks == GPU_RESOURCE and (self.words or unlisted)
         if not renames and asks in by_resource:
             self.shapes = by_resource[asks]
             return

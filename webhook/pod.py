@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuwire import nvidia
 from gpuwire.annotations import HAMI_RESOURCES
+from gpuwire.vendor import NVIDIA
 
 CONTAINER_LISTS = ("initContainers", "containers")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
@@ -164,6 +165,10 @@ def _count(
     return None
 
 
+# The resource a pod asks for GPUs by where it names no model (`Container.gpus`): NVIDIA's,
+# as GPU pods are written, and what the webhook renames to the resource that lists the model
+# asked for, another vendor's included (`webhook.placement`).
+GPU_RESOURCE = NVIDIA.resource
 MIG_RESOURCE_PREFIX = nvidia.LABEL_PREFIX + "mig-"
 SECTIONS = ("limits", "requests")
 
@@ -178,7 +183,7 @@ def _container(raw: object, field: str, index: int) -> Container:
         _mapping(resources.get("limits"), where, ".resources.limits"),
         _mapping(resources.get("requests"), where, ".resources.requests"),
     )
-    gpus = _count(quantities, where, nvidia.RESOURCE)
+    gpus = _count(quantities, where, GPU_RESOURCE)
     mig = _count(quantities, where, MIG_RESOURCE_PREFIX)
     count = None if gpus is None else gpus[1]
     listed = _list(resources.get("claims"), where, ".resources.claims")

@@ -31,6 +31,7 @@ from gpuwire import dra, limits
 from gpuwire.annotations import normalise_model
 from gpuwire.quantity import QuantityError, api_mib
 from kubeclient import listfile
+from webhook.vendors import ISLANDS
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +44,13 @@ class Make:
 
     product: str  # productName
     memory_mib: int | None
-    island: int | None  # nvlinkIsland (an AMD device's xgmiIsland)
+    island: int | None  # its vendor's island attribute: nvlinkIsland, xgmiIsland
     shared: bool  # the shared attribute: selected by the shared class
     consumable: bool  # allowMultipleAllocations as stored: its capacity is handed out in shares
     kind: str = dra.GPU_TYPE  # the type attribute
     profile: str | None = None  # a MIG device's
     enforces: frozenset[str] = frozenset()  # limit profiles that hold a share here (hamiLimits)
     partition: str | None = None  # an AMD device's partitionProfile (`cpx_nps4`)
-
-    @property
-    def amd(self) -> bool:
-        """An AMD GPU or partition (AMD's DRA driver's types)."""
-        return self.kind in dra.AMD_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +97,6 @@ class PoolDevice:
     def partition(self) -> str | None:
         return self.make.partition
 
-    @property
-    def amd(self) -> bool:
-        return self.make.amd
-
 
 def _value(attributes: Obj, name: str) -> Any:
     value = attributes.get(name)
@@ -119,8 +111,8 @@ def _mib(memory: Any) -> int | None:
 
 
 _ENFORCEMENT = tuple((p, limits.enforcement_attribute(p)) for p in limits.ENFORCED)
-_MADE_OF = (dra.PRODUCT, dra.ISLAND, dra.XGMI_ISLAND, dra.SHARED, dra.TYPE, dra.PROFILE,
-            dra.PARTITION_PROFILE, *(a for _, a in _ENFORCEMENT))  # fmt: skip
+_MADE_OF = (dra.PRODUCT, *ISLANDS, dra.SHARED, dra.TYPE, dra.PROFILE, dra.PARTITION_PROFILE,
+            *(a for _, a in _ENFORCEMENT))  # fmt: skip
 _MAKES: dict[bytes, Make] = {}  # what an entry says of its make-up, as JSON → its Make
 
 
@@ -134,9 +126,8 @@ def _make(attributes: Obj, entry: Obj) -> Make:
     if found is None:
         if len(_MAKES) >= 4096:  # a few per model are expected: a bound, not a working size
             _MAKES.clear()
-        island, profile = _value(attributes, dra.ISLAND), _value(attributes, dra.PROFILE)
-        if island is None:  # an AMD device's: XGMI's
-            island = _value(attributes, dra.XGMI_ISLAND)
+        profile = _value(attributes, dra.PROFILE)
+        island = next((i for a in ISLANDS if (i := _value(attributes, a)) is not None), None)
         partition = _value(attributes, dra.PARTITION_PROFILE)
         found = _MAKES[key] = Make(
             product=sys.intern(str(_value(attributes, dra.PRODUCT) or "")),

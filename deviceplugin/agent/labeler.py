@@ -14,7 +14,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import kubeclient
-from deviceplugin.agent import amdlabels, labels, mps
+from deviceplugin import vendors
+from deviceplugin.agent import labels, mps
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import REDISCOVER, Latest, NodeGpus
 from gpuwire import holders, mig
@@ -22,7 +23,8 @@ from gpuwire import holders, mig
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-OWNED = (*labels.OWNED, *amdlabels.OWNED)  # every vendor's: a node's keys of another go
+# every vendor's: a node's keys of another go
+OWNED = tuple(k for v in vendors.NODE_VENDORS for k in v.owned)
 JSON_PATCH = "application/json-patch+json"
 
 
@@ -49,24 +51,15 @@ def enforced(config: Config) -> tuple[str, ...]:
 
 
 def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
-    """The node's labels. A plugin that answers Allocate with CDI devices promises no limits:
-    containerd applies those without gpuwire's runtime, which joins a container to them.
-    An AMD node's are AMD's labeller's (`amdlabels`). `runtime_ready`: while the installer's
-    ready file is there (and this agent runs under gpuwire's runtime handler), the node can
-    run GPU pods."""
-    has_gpus = bool(node.gpus) or node.amd is not None
+    """The node's labels, its vendor's (`vendors.NodeVendor.labels`). A plugin that answers
+    Allocate with CDI devices promises no limits: containerd applies those without gpuwire's
+    runtime, which joins a container to them. `runtime_ready`: while the installer's ready
+    file is there (and this agent runs under gpuwire's runtime handler), the node can run GPU
+    pods."""
+    vendor = vendors.of(config.vendor)
+    has_gpus = bool(node.gpus) or vendor.ready_without_gpus
     ready = {labels.RUNTIME_READY: "true"} if runtime_ready(config) and has_gpus else {}
-    if node.amd is not None:
-        return ready | amdlabels.labels(node.amd)
-    resources, advertised = config.resources(node)
-    return ready | labels.labels(
-        node,
-        resources,
-        config.rename_by_default,
-        config.mig_strategy,
-        advertised,
-        enforced(config) if config.cdi == "none" else (),
-    )
+    return ready | vendor.labels(config, node, enforced(config) if config.cdi == "none" else ())
 
 
 def runtime_ready(config: Config) -> bool:
@@ -76,14 +69,11 @@ def runtime_ready(config: Config) -> bool:
 def node_annotations(
     config: Config, node: NodeGpus, unhealthy: Collection[str] = ()
 ) -> dict[str, str]:
-    """`gpuwire.io/gpus` (none for a node without GPUs)."""
+    """`gpuwire.io/gpus` (none for a node without GPUs), as the node's vendor writes it."""
     if not node.gpus:
         return {}
-    if node.amd is not None:
-        names = {g.uuid: r.name for r in config.resources(node)[0] for g in r.gpus}
-        value = amdlabels.gpus_annotation(node.amd, names, unhealthy)
-        return {labels.GPUS_ANNOTATION: value}
-    value = labels.gpus_annotation(node, config.resources(node)[0], unhealthy)
+    vendor = vendors.of(config.vendor)
+    value = vendor.annotation(node, vendor.resources(config, node)[0], unhealthy)
     return {labels.GPUS_ANNOTATION: value}
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from deviceplugin import vendors
 from deviceplugin.config import Config
 from deviceplugin.gpus.discovery import NodeGpus
 from gpuwire import mps, records
@@ -497,7 +498,7 @@ def job(
     devices = gpus.devices
     shares = {
         g.uuid: share
-        for r in config.resources(gpus)[0]
+        for r in vendors.of(config.vendor).resources(config, gpus)[0]
         for g in r.gpus
         if (share := r.share_of(g)) is not None and share.mechanism == "mps"
     }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from deviceplugin.agent.labels import model_token
 from deviceplugin.dra.devices import STANDARD, DraDevice, Entry, Sharing, islands, string, version
+from deviceplugin.gpus.amd import AmdNodeGpus
 from deviceplugin.gpus.discovery import Gpu, NodeGpus
 from gpuwire import amd, dra
 from gpuwire.kfd import AmdGpu, AmdNode
@@ -83,12 +84,12 @@ def entry(gpu: AmdGpu, found: Gpu, node: AmdNode, island: int) -> Entry:
 def amd_devices(node: NodeGpus, sharing: Sharing) -> list[DraDevice]:
     """One device per GPU or partition, in AMD's toolkit's order (the index); none on a node
     whose discovery is not AMD's. Sharing does not apply: an AMD device is given whole."""
-    if node.amd is None:
+    if not isinstance(node, AmdNodeGpus):
         return []
     island = islands(node.devices)
     found = {g.device.uuid: g for g in node.gpus}
     out = []
-    for gpu in sorted(node.amd.gpus, key=lambda g: g.device.index):
-        e = entry(gpu, found[gpu.device.uuid], node.amd, island[gpu.device.index])
+    for gpu in sorted(node.kfd.gpus, key=lambda g: g.device.index):
+        e = entry(gpu, found[gpu.device.uuid], node.kfd, island[gpu.device.index])
         out.append(DraDevice(e["name"], gpu.device, e))
     return out

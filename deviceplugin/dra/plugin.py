@@ -34,7 +34,6 @@ from deviceplugin.dra.publisher import Publisher
 from deviceplugin.dra.reservations import Reservations
 from deviceplugin.dra.service import RegistrationService, add_services
 from deviceplugin.dra.shares import Holders
-from deviceplugin.gpus.backend import open_discovery
 from deviceplugin.gpus.discovery import Discovery, NodeGpus
 from gpuwire import hamicore
 from gpuwire.dra import DRIVER, TAINT_LOST, TAINT_XID, UUID
@@ -125,7 +124,7 @@ class DraPlugin:
         self.vendor = vendors.of(config.vendor)
         self.agent = NodeAgent(
             config,
-            discovery or open_discovery(config.sim, config.vendor),
+            discovery or self.vendor.node.discovery(config.sim),
             config.node_state(plugin_dir),
             either(published_taints(self.api_client, self.node), published_health(config, core)),
             holders,
@@ -154,7 +153,7 @@ class DraPlugin:
             config.grant_key_dir,
             config.host_root,
             shares,
-            self.vendor.vendor,
+            self.vendor.node.vendor,
             self.vendor.spec,
         )
         self.preparer = Preparer(

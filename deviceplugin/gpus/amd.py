@@ -1,25 +1,45 @@
 """AMD discovery for the device plugin, the DRA plugin and the node agent: sysfs, no library.
 
 `gpuwire.kfd` reads the node (the same on a real node and on `gpuwire sim node --vendor amd`);
-this puts it behind `deviceplugin.gpus.discovery.Discovery`. Health is what the kernel shows:
-a device that KFD lists with its render node and no uncorrectable RAS error is healthy; an
-event is a device that turns unhealthy (`HealthEvent` with no XID: always critical), looked for
-every second; a device answers (`alive`) while it is healthy. The layout that makes the node be
-discovered again is KFD's topology generation and each GPU's partition modes (a repartition).
-AMD's own plugin reads per-device health from its metrics exporter's socket, which gpuwire
-does not (docs/amd.md).
+this puts it behind `deviceplugin.gpus.discovery.Discovery`, as an `AmdNodeGpus`: the node's
+GPUs with KFD's facts of them (links, partitions, modes), which AMD's naming, preferred
+allocation, labels and DRA devices read (`deviceplugin.vendors`). Health is what the kernel
+shows: a device that KFD lists with its render node and no uncorrectable RAS error is healthy;
+an event is a device that turns unhealthy (`HealthEvent` with no XID: always critical), looked
+for every second; a device answers (`alive`) while it is healthy. The layout that makes the
+node be discovered again is KFD's topology generation and each GPU's partition modes (a
+repartition). AMD's own plugin reads per-device health from its metrics exporter's socket,
+which gpuwire does not (docs/amd.md).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 
 from deviceplugin.gpus.discovery import Gpu, HealthEvent, NodeGpus, pcie_root
 from gpuwire import amd, kfd
+from gpuwire.kfd import AmdNode
 from gpuwire.roots import Roots
 
 POLL = 1.0  # seconds between looks at the devices' health
+
+
+@dataclass(frozen=True, kw_only=True)
+class AmdNodeGpus(NodeGpus):
+    kfd: AmdNode  # KFD's facts of `gpus`
+
+
+def kfd_of(node: NodeGpus) -> AmdNode:
+    """KFD's facts of an AMD node (AMD's modules are handed only what AMD's discovery found)."""
+    assert isinstance(node, AmdNodeGpus), node
+    return node.kfd
+
+
+def open_discovery(sim_root: str | None) -> AmdDiscovery:
+    """The simulated node's under `sim_root`, else the host's: sysfs either way."""
+    return AmdDiscovery(sim_root or "/")
 
 
 class AmdDiscovery:
@@ -27,7 +47,7 @@ class AmdDiscovery:
         self.roots = Roots(root)
         self.problems: dict[str, str] = {}  # uuid → the problem last seen
 
-    def discover(self) -> NodeGpus:
+    def discover(self) -> AmdNodeGpus:
         found = kfd.discover(self.roots)
         sysfs = os.path.join(self.roots.sys, "sys")
         gpus = tuple(
@@ -35,7 +55,7 @@ class AmdDiscovery:
             for g in found.gpus
         )
         self.problems = {g.device.uuid: g.problem for g in found.gpus}
-        return NodeGpus(found.version, "", gpus, amd=found)
+        return AmdNodeGpus(found.version, "", gpus, kfd=found)
 
     def layout(self) -> object:
         top = f"{self.roots.sys}/{amd.KFD_TOPOLOGY}"

@@ -1,9 +1,12 @@
-"""What the plugin learns about a node's GPUs, from NVML or from the simulated node.
+"""What the plugin learns about a node's GPUs, from NVML, the simulated node or (an AMD
+node) sysfs.
 
-Both sources answer the same three questions through one small interface: which GPUs and
+Every source answers the same three questions through one small interface: which GPUs and
 MIG devices are there (as `gpuwire.devices.Device` and `MigDevice`, plus what labels and DRA
-devices need), which health events happened, and whether a device still answers. Everything
-above this module is source-agnostic. A MIG device's capability minors are procfs's in both
+devices need), which health events happened, and whether a device still answers. `NodeGpus`
+is the same for every vendor; what only one vendor's modules read rides in a subclass of it
+(AMD's `gpus.amd.AmdNodeGpus`: KFD's facts). Everything above this module is source-agnostic.
+A MIG device's capability minors are procfs's in both NVIDIA sources
 (`gpuwire.mig.read_instances`, as NVIDIA's plugin reads them): NVML does not give them.
 `Latest` is the node every long-running part of a process shares, and `follow` how the
 plugins keep up with its changes.
@@ -20,7 +23,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gpuwire.devices import Device, MigDevice
-from gpuwire.kfd import AmdNode
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,6 @@ class NodeGpus:
     cuda_version: str  # 12.4: the newest CUDA the driver supports
     gpus: tuple[Gpu, ...]
     mig: tuple[Mig, ...] = ()
-    amd: AmdNode | None = None  # an AMD node's KFD facts (`gpus/amd.py`); None: NVIDIA's
 
     @property
     def devices(self) -> tuple[Device, ...]:

@@ -6,20 +6,34 @@ partition, as `amd.com/gpu`, and refuses a node whose partitioned GPUs are in mo
 partition type; `mixed` advertises one resource per partition type present
 (`amd.com/cpx_nps4: 64` for eight MI300X in CPX/NPS4, `amd.com/spx_nps1: 8` in SPX), and GPUs
 without partition modes (MI210, Radeon) as `amd.com/gpu`. Devices are their unique ids
-(`Device.uuid`), as the allocation token and the runtime name them.
+(`Device.uuid`), as the allocation token and the runtime name them. Each resource is an
+`AmdResource`: with KFD's facts of its devices, which AMD's preferred allocation reads.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from deviceplugin.plugin.resources import Resource
 from gpuwire import amd
-from gpuwire.kfd import AmdNode
+from gpuwire.kfd import AmdGpu, AmdNode
 
 NAMINGS = ("single", "mixed")
 
 
 class NamingError(ValueError):
     """A node the naming cannot advertise; the message says why and what would."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AmdResource(Resource):
+    kfd: tuple[AmdGpu, ...] = ()  # KFD's facts of `gpus`, in their order
+
+
+def kfd_of(resource: Resource) -> tuple[AmdGpu, ...]:
+    """KFD's facts of an AMD node's resource (AMD's modules are handed only AMD's)."""
+    assert isinstance(resource, AmdResource), resource
+    return resource.kfd
 
 
 def names(node: AmdNode, naming: str) -> dict[str, str]:
@@ -48,10 +62,10 @@ def of_node(node: AmdNode, naming: str) -> list[Resource]:
     for i, name in enumerate(names(node, naming).values()):
         by_name.setdefault(name, []).append(i)
     return [
-        Resource(
+        AmdResource(
             name,
             tuple(node.gpus[i].device for i in chosen),
-            amd=tuple(node.gpus[i] for i in chosen),
+            kfd=tuple(node.gpus[i] for i in chosen),
         )
         for name, chosen in sorted(by_name.items())
     ]

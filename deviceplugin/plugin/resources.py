@@ -25,8 +25,6 @@ from deviceplugin.plugin import migstrategy
 from deviceplugin.plugin.migstrategy import Advertised
 from gpuwire.allocation import Share
 from gpuwire.devices import Device, MigDevice
-from gpuwire.kfd import AmdGpu
-from gpuwire.vendor import AMD, NVIDIA, Vendor
 
 REPLICA_SEPARATOR = "::"
 # Kubernetes IsExtendedResourceName: a domain-prefixed qualified name, not kubernetes.io.
@@ -109,11 +107,6 @@ class Resource:
     fail_requests_greater_than_one: bool = False
     sharing: Sharing = NOT_HELD
     mig: tuple[MigDevice, ...] = ()  # the MIG devices behind `gpus`, where they are MIG
-    amd: tuple[AmdGpu, ...] = ()  # an AMD node's: KFD's facts of `gpus` (amdresources)
-
-    @property
-    def vendor(self) -> Vendor:
-        return AMD if self.amd else NVIDIA
 
     def mig_of(self, uuid: str) -> MigDevice | None:
         return next((m for m in self.mig if m.uuid == uuid), None)

@@ -14,7 +14,6 @@ from deviceplugin.agent import holding
 from deviceplugin.agent.node import NodeAgent
 from deviceplugin.config import Config
 from deviceplugin.gpus import state
-from deviceplugin.gpus.backend import open_discovery
 from deviceplugin.gpus.discovery import Discovery, NodeGpus
 from deviceplugin.plugin import sweep
 from deviceplugin.plugin.allocate import Strategies
@@ -22,14 +21,15 @@ from deviceplugin.plugin.endpoint import Endpoint
 from deviceplugin.plugin.resources import Resource
 from deviceplugin.plugin.service import DevicePluginService
 from deviceplugin.plugin.supervisor import Supervisor
-from gpuwire.vendor import NVIDIA, of
+from deviceplugin.vendors import of
 
 log = logging.getLogger(__name__)
 
 
 def resources(config: Config, node: NodeGpus) -> list[Resource]:
-    """What the node advertises: whole GPUs by the rules, MIG devices by the MIG strategy."""
-    found, advertised = config.resources(node)
+    """What the node advertises, by its vendor's naming (NVIDIA's: whole GPUs by the rules,
+    MIG devices by the MIG strategy)."""
+    found, advertised = of(config.vendor).resources(config, node)
     for problem in advertised.problems:
         log.warning("MIG (strategy %s): %s", config.mig_strategy, problem)
     return found
@@ -42,8 +42,10 @@ class Endpoints:
         self.config = config
         self.health = health
         dev_root = config.dev_root or config.sim or "/"
-        vendor = of(config.vendor)
-        kind = vendor.cdi_kind if config.cdi_kind == NVIDIA.cdi_kind else config.cdi_kind
+        self.vendor = of(config.vendor)
+        vendor = self.vendor.vendor
+        # the config's default kind (unset) is the node's vendor's
+        kind = vendor.cdi_kind if config.cdi_kind == Config.cdi_kind else config.cdi_kind
         self.strategies = Strategies(config.device_specs, config.cdi, kind, dev_root)
         # control devices passed as DeviceSpecs when they exist on the host
         self.control = [n for n in vendor.control_nodes if os.path.exists(f"{dev_root}/dev/{n}")]
@@ -76,6 +78,7 @@ class Endpoints:
         service = DevicePluginService(
             resource,
             self.health,
+            vendor=self.vendor,
             allocation_dir=self.config.allocation_dir,
             grant_key_dir=self.config.grant_key_dir,
             strategies=self.strategies,
@@ -94,7 +97,7 @@ def run(
     """Serve until `stop` is set, as the role of a node agent of its own; the sockets are
     gone when this returns. With `holders`, the agent also keeps the node's GPU holders
     (annotation, metrics) up to date; with `mps.root`, an MPS control daemon per healthy GPU."""
-    discovery = discovery or open_discovery(config.sim, config.vendor)
+    discovery = discovery or of(config.vendor).discovery(config.sim)
     agent = NodeAgent(config, discovery, config.node_state(), holders=holders)
     serve_on(config, agent, stop)
 

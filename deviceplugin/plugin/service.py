@@ -1,5 +1,5 @@
 """The v1beta1 `DevicePlugin` service for one resource: a thin protocol layer over the pure
-modules (`allocate`, `preferred`) and the shared health state."""
+modules (`allocate`, the node's vendor's preferred allocation) and the shared health state."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import grpc
 
 from deviceplugin.api import api_pb2
 from deviceplugin.gpus.state import HealthState
-from deviceplugin.plugin import amdpreferred
-from deviceplugin.plugin import preferred as preference
 from deviceplugin.plugin.allocate import AllocateError, Strategies, granted, response
+from deviceplugin.plugin.preferred import PreferenceError
 from deviceplugin.plugin.resources import Resource
+from deviceplugin.vendors import NodeVendor
 from gpuwire import allocation
 from gpuwire.grant import GrantError, KeyRing
 
@@ -36,6 +36,7 @@ class DevicePluginService:
         resource: Resource,
         health: HealthState,
         *,
+        vendor: NodeVendor,
         allocation_dir: str,
         grant_key_dir: str,
         strategies: Strategies,
@@ -44,6 +45,7 @@ class DevicePluginService:
     ) -> None:
         self.resource = resource
         self.health = health
+        self.vendor = vendor
         self.allocation_dir = allocation_dir
         self.grant_key_dir = grant_key_dir
         self.strategies = strategies
@@ -87,22 +89,13 @@ class DevicePluginService:
         answers = []
         for req in request.container_requests:
             try:
-                ids = (
-                    amdpreferred.preferred(
-                        resource.amd,
-                        req.available_deviceIDs,
-                        req.must_include_deviceIDs,
-                        req.allocation_size,
-                    )
-                    if resource.amd  # an AMD node's: AMD's best-effort rules
-                    else preference.preferred(
-                        resource,
-                        req.available_deviceIDs,
-                        req.must_include_deviceIDs,
-                        req.allocation_size,
-                    )
+                ids = self.vendor.preferred(
+                    resource,
+                    req.available_deviceIDs,
+                    req.must_include_deviceIDs,
+                    req.allocation_size,
                 )
-            except preference.PreferenceError as exc:
+            except PreferenceError as exc:
                 _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"{resource.name}: {exc}")
             answers.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=answers)
@@ -132,7 +125,7 @@ class DevicePluginService:
                         self.control_nodes,
                         resource.mig,
                         share,
-                        resource.vendor,
+                        self.vendor.vendor,
                     )
                 )
                 log.info(

@@ -30,8 +30,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from deviceplugin.gpus.amd import AmdDiscovery
-from deviceplugin.gpus.discovery import NodeGpus
+from deviceplugin.gpus.amd import AmdDiscovery, AmdNodeGpus
 from deviceplugin.plugin import amdresources
 from gpuwire import amd, amdsim, kfd
 from gpuwire.roots import Roots
@@ -75,18 +74,15 @@ def _node_around(root: Path) -> None:
     shutil.copy(DUMPS / "amdgpu.ids", ids)
 
 
-def replayed(tmp_path: Path, name: str) -> NodeGpus:
+def replayed(tmp_path: Path, name: str) -> AmdNodeGpus:
     root = tmp_path / name
     shutil.copytree(DUMPS / name / "sys", root / "sys")
     _node_around(root)
-    found = AmdDiscovery(str(root)).discover()
-    assert found.amd is not None
-    return found
+    return AmdDiscovery(str(root)).discover()
 
 
-def facts(node: NodeGpus) -> list[tuple[object, ...]]:
+def facts(node: AmdNodeGpus) -> list[tuple[object, ...]]:
     """Per device, in discovery's order: KFD node, bus, product, CUs, UUID, NUMA, render."""
-    assert node.amd is not None
     return [
         (
             g.node,
@@ -97,7 +93,7 @@ def facts(node: NodeGpus) -> list[tuple[object, ...]]:
             g.device.numa_node,
             g.device.minor,
         )
-        for g in node.amd.gpus
+        for g in node.kfd.gpus
     ]
 
 
@@ -144,8 +140,7 @@ def test_eight_mi210_in_two_xgmi_hives(tmp_path: Path) -> None:
     assert [d.pci_bus_id for d in found.devices][:4] == [
         "0000:03:00.0", "0000:26:00.0", "0000:43:00.0", "0000:63:00.0"
     ]  # fmt: skip
-    assert found.amd is not None
-    gpus = found.amd.gpus
+    gpus = found.kfd.gpus
     assert [g.hive_id for g in gpus] == [HIVE_A] * 4 + [HIVE_B] * 4
     # io_links/1-3 of each: XGMI (type 11, weight 15) to the three others of its hive only
     index = {g.node: i for i, g in enumerate(gpus)}
@@ -157,7 +152,7 @@ def test_eight_mi210_in_two_xgmi_hives(tmp_path: Path) -> None:
     assert {(g.parent, g.partition_type, g.healthy) for g in gpus} == {("", "", True)}
     assert {g.device.memory_mib for g in gpus} == {0}  # the dump has no mem_banks files
     assert {amd.gfx_name(g.gfx_target_version) for g in gpus} == {"gfx90a"}  # 90010
-    assert amdresources.names(found.amd, "single") == {d.uuid: "amd.com/gpu" for d in found.devices}
+    assert amdresources.names(found.kfd, "single") == {d.uuid: "amd.com/gpu" for d in found.devices}
 
 
 # -- MI300X and MI308X in CPX: a KFD node per partition ------------------------------------------
@@ -171,8 +166,7 @@ def test_an_mi300x_in_cpx_is_eight_partitions_of_one_gpu(tmp_path: Path) -> None
         (2 + p, "0000:05:00.0", "AMD Instinct MI300X", 152 // 4, f"{gpu}-p{p}", 0, 128 + p)
         for p in range(8)
     ]
-    assert found.amd is not None
-    gpus = found.amd.gpus
+    gpus = found.kfd.gpus
     assert [(g.parent, g.partition) for g in gpus] == [(gpu, p) for p in range(8)]
     assert {g.hive_id for g in gpus} == {15188982192727901047}
     first = gpus[0]
@@ -200,8 +194,7 @@ def test_mi308x_partitions_keep_to_their_gpu(tmp_path: Path) -> None:
         *[(6 + p, "0000:80:00.0", "AMD Instinct MI308X", 20, f"{second}-p{p}", 0, 136 + p)
           for p in range(4)],
     ]  # fmt: skip
-    assert found.amd is not None
-    gpus = found.amd.gpus
+    gpus = found.kfd.gpus
     assert [g.parent for g in gpus] == [first] * 4 + [second] * 4
     assert [g.partition for g in gpus] == [0, 1, 2, 3] * 2
     # node 2: XGMI weight 13 to siblings 3 and 4, 41 to node 6 (the next GPU's first partition)
@@ -210,7 +203,7 @@ def test_mi308x_partitions_keep_to_their_gpu(tmp_path: Path) -> None:
     ]  # fmt: skip
     assert gpus[0].device.nvlinks == ((1, 1), (2, 1), (4, 1))
     # one resource for the eight partitions: no partition type without the mode files
-    assert set(amdresources.names(found.amd, "single").values()) == {"amd.com/gpu"}
+    assert set(amdresources.names(found.kfd, "single").values()) == {"amd.com/gpu"}
 
 
 # -- an older kernel's Vega 10 ---------------------------------------------------------------------
@@ -227,8 +220,7 @@ def test_a_vega10_on_an_older_kernel_is_a_healthy_gpu(tmp_path: Path) -> None:
         (1, "0000:19:00.0", "AMD GPU 6860", 64, uuid(14073402507705256556), 0, 128)
     ]
     assert found.devices[0].memory_mib == 17163091968 // (1 << 20) == 16368
-    assert found.amd is not None
-    (gpu,) = found.amd.gpus
+    (gpu,) = found.kfd.gpus
     assert (gpu.gfx_target_version, gpu.hive_id, gpu.problem) == (0, 0, "")
     # libdrm names four products for 0x6860 by PCI revision, which a KFD dump lacks
     assert gpu.revision == -1

@@ -13,6 +13,7 @@ from deviceplugin.agent import labeler
 from deviceplugin.config import Config
 from deviceplugin.gpus.amd import AmdDiscovery
 from deviceplugin.plugin import amdresources
+from deviceplugin.vendors import AMD_NODE
 from gpuwire import allocation, amdsim, nodegpus
 from gpuwire.grant import KeyRing
 from testbed.kubelet import Kubelet
@@ -53,13 +54,13 @@ def test_single_naming_is_amd_com_gpu_mixed_a_resource_per_partition_type(
     cpx: Path, tmp_path: Path
 ) -> None:
     node = AmdDiscovery(str(cpx)).discover()
-    single, _ = Config(vendor="amd").resources(node)
+    single, _ = AMD_NODE.resources(Config(vendor="amd"), node)
     assert [(r.name, len(r.gpus)) for r in single] == [(RESOURCE, 16)]
-    mixed, _ = Config(vendor="amd", amd_naming="mixed").resources(node)
+    mixed, _ = AMD_NODE.resources(Config(vendor="amd", amd_naming="mixed"), node)
     assert [(r.name, len(r.gpus)) for r in mixed] == [("amd.com/cpx_nps4", 16)]
     mi210 = written(tmp_path / "mi210", amdsim.make_machine(2, "MI210"))
-    whole, _ = Config(vendor="amd", amd_naming="mixed").resources(
-        AmdDiscovery(str(mi210)).discover()
+    whole, _ = AMD_NODE.resources(
+        Config(vendor="amd", amd_naming="mixed"), AmdDiscovery(str(mi210)).discover()
     )
     assert [(r.name, len(r.gpus)) for r in whole] == [(RESOURCE, 2)]  # no partition modes
 
@@ -70,8 +71,8 @@ def test_single_naming_refuses_two_partition_types(tmp_path: Path) -> None:
     machine = replace(machine, gpus=(machine.gpus[0], spx))
     node = AmdDiscovery(str(written(tmp_path, machine))).discover()
     with pytest.raises(amdresources.NamingError, match=r"partitioned in 2 ways \(cpx_nps4"):
-        Config(vendor="amd").resources(node)
-    mixed, _ = Config(vendor="amd", amd_naming="mixed").resources(node)
+        AMD_NODE.resources(Config(vendor="amd"), node)
+    mixed, _ = AMD_NODE.resources(Config(vendor="amd", amd_naming="mixed"), node)
     assert [(r.name, len(r.gpus)) for r in mixed] == [
         ("amd.com/cpx_nps4", 8),
         ("amd.com/spx_nps1", 1),
@@ -124,5 +125,4 @@ def test_the_node_agent_writes_amds_labels_and_every_partition(cpx: Path) -> Non
     (value,) = labeler.node_annotations(config, node).values()
     gpus = nodegpus.decode(value)
     assert {(g.vendor, g.resource) for g in gpus} == {("amd", "amd.com/cpx_nps4")}
-    assert node.amd is not None
-    assert {g.parent for g in gpus[:8]} == {node.amd.gpus[0].parent}  # GPU 0's partitions
+    assert {g.parent for g in gpus[:8]} == {node.kfd.gpus[0].parent}  # GPU 0's partitions

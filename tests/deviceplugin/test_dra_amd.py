@@ -20,8 +20,7 @@ from deviceplugin.config import Config
 from deviceplugin.dra import cdi, devices, slices, vendors
 from deviceplugin.dra.devices import DraDevice, Sharing
 from deviceplugin.dra.plugin import DraPlugin
-from deviceplugin.gpus.amd import AmdDiscovery
-from deviceplugin.gpus.discovery import NodeGpus
+from deviceplugin.gpus.amd import AmdDiscovery, AmdNodeGpus
 from gpuwire import amdsim, claimtoken
 from gpuwire.dra import DRIVER
 from testbed import dracel
@@ -36,12 +35,12 @@ AMD_DRIVER = "gpu.amd.com"
 NODE = "amd-node-1"
 
 
-def amd_node(root: Path, gpus: int = 2, compute: str = "SPX", memory: str = "NPS1") -> NodeGpus:
+def amd_node(root: Path, gpus: int = 2, compute: str = "SPX", memory: str = "NPS1") -> AmdNodeGpus:
     amdsim.write_node(root, amdsim.make_machine(gpus, "MI300X", compute=compute, memory=memory))
     return AmdDiscovery(str(root)).discover()
 
 
-def published(node: NodeGpus) -> list[DraDevice]:
+def published(node: AmdNodeGpus) -> list[DraDevice]:
     return devices.devices(node, Sharing(), vendors.AMD_DRA.kinds)
 
 
@@ -50,20 +49,19 @@ def attrs(device: DraDevice) -> dict[str, Any]:
 
 
 @pytest.fixture
-def spx(tmp_path: Path) -> NodeGpus:
+def spx(tmp_path: Path) -> AmdNodeGpus:
     return amd_node(tmp_path / "spx")
 
 
 @pytest.fixture
-def cpx(tmp_path: Path) -> NodeGpus:
+def cpx(tmp_path: Path) -> AmdNodeGpus:
     return amd_node(tmp_path / "cpx", compute="CPX", memory="NPS4")
 
 
-def test_every_gpu_is_a_device_with_amds_attribute_names(spx: NodeGpus) -> None:
+def test_every_gpu_is_a_device_with_amds_attribute_names(spx: AmdNodeGpus) -> None:
     found = published(spx)
-    assert spx.amd is not None
-    gpu = spx.amd.gpus[0]
-    assert [d.name for d in found] == [f"gpu-{g.card}-{g.device.minor}" for g in spx.amd.gpus]
+    gpu = spx.kfd.gpus[0]
+    assert [d.name for d in found] == [f"gpu-{g.card}-{g.device.minor}" for g in spx.kfd.gpus]
     assert attrs(found[0]) == {
         "type": "amdgpu",
         "uuid": gpu.device.uuid,
@@ -87,7 +85,7 @@ def test_every_gpu_is_a_device_with_amds_attribute_names(spx: NodeGpus) -> None:
     assert not any("allowMultipleAllocations" in d.entry for d in found)
 
 
-def test_each_partition_is_a_device_of_its_share_under_its_gpus_bus_id(cpx: NodeGpus) -> None:
+def test_each_partition_is_a_device_of_its_share_under_its_gpus_bus_id(cpx: AmdNodeGpus) -> None:
     found = published(cpx)
     assert len(found) == 16  # 2 GPUs in CPX: 8 partitions each
     assert {attrs(d)["type"] for d in found} == {"amdgpu-partition"}
@@ -127,7 +125,7 @@ def test_a_gpu_without_partition_modes_has_no_profile(tmp_path: Path) -> None:
     ],
 )
 def test_a_claim_written_for_amds_driver_selects_the_same_devices_with_the_domain_changed(
-    cpx: NodeGpus, selector: str
+    cpx: AmdNodeGpus, selector: str
 ) -> None:
     """The same devices as AMD's driver would publish them (its domain) and as gpuwire's: a
     selector for one selects the same devices of the other once `gpu.amd.com` is replaced by
@@ -151,7 +149,7 @@ def classes() -> dict[str, list[str]]:
 
 
 def test_the_amd_class_selects_every_amd_device_and_nvidias_classes_none(
-    spx: NodeGpus, cpx: NodeGpus
+    spx: AmdNodeGpus, cpx: AmdNodeGpus
 ) -> None:
     found = published(spx) + published(cpx)
     chosen = {
@@ -164,7 +162,7 @@ def test_the_amd_class_selects_every_amd_device_and_nvidias_classes_none(
 
 
 @pytest.mark.parametrize("version", ["1.34", "1.37"])
-def test_slices_validate_against_the_schemas(cpx: NodeGpus, version: str) -> None:
+def test_slices_validate_against_the_schemas(cpx: AmdNodeGpus, version: str) -> None:
     pool = slices.Pool(DRIVER, NODE, "0c9f3e52-4d7c-4b8e-9a43-0a5e2f8e6d11")
     for obj in slices.plan(slices.wanted(pool, published(cpx), {}), [], "").create:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -217,8 +215,7 @@ def test_prepare_gives_kfd_and_exactly_the_claims_render_nodes_with_its_token(
     until(lambda: len([d for s in api.objects("resourceslices") for d in s["spec"]["devices"]])
           == 16)  # fmt: skip
     node = AmdDiscovery(str(tmp_path / "node")).discover()
-    assert node.amd is not None
-    chosen = [node.amd.gpus[i] for i in (3, 9)]  # a partition of each GPU
+    chosen = [node.kfd.gpus[i] for i in (3, 9)]  # a partition of each GPU
     names = [f"gpu-{g.card}-{g.device.minor}" for g in chosen]
     ref = put_claim(api, names)
     uid = ref[2]

@@ -21,6 +21,7 @@ from kubernetes import client as k8s
 
 from deviceplugin.agent import holding, labeler
 from deviceplugin.config import Config
+from deviceplugin.gpus.amd import AmdDiscovery
 from deviceplugin.gpus.backend import open_discovery
 from gpuwire import amdsim, cli, exits, holders, records, sim
 from gpuwire.devices import Device
@@ -463,7 +464,7 @@ def test_amd_gpus_and_partitions_with_their_holders(tmp_path: Path) -> None:
     ask for AMD partitions or write AMD_VISIBLE_DEVICES."""
     amdsim.write_node(tmp_path, amdsim.make_machine(1, "MI300X", compute="CPX", memory="NPS1"))
     config = Config(vendor="amd", amd_naming="mixed", sim=str(tmp_path))
-    found = open_discovery(str(tmp_path), "amd").discover()
+    found = AmdDiscovery(str(tmp_path)).discover()
     two = tuple(sorted(d.uuid for d in found.devices[:2]))
     held = holders.NodeHolders(
         (holders.Holder("team-a", "infer-0", "main", PLUGIN_LESS, two),), (), False
