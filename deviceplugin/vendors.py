@@ -49,8 +49,6 @@ class NodeVendor:
     # `gpuwire.io/gpus`: the node, its advertised resources, the devices unhealthy
     annotation: Callable[[NodeGpus, Sequence[Resource], Collection[str]], str]
     owned: tuple[str, ...]  # the label keys (and prefixes) its labels are written under
-    # gpuwire.io/runtime-ready is labelled even where discovery found none of its GPUs
-    ready_without_gpus: bool = False
 
 
 def _nvidia_resources(config: Config, node: NodeGpus) -> Advertising:
@@ -118,7 +116,6 @@ AMD_NODE = NodeVendor(
     _amd_labels,
     _amd_annotation,
     amdlabels.OWNED,
-    ready_without_gpus=True,  # as AMD's discovery found the node, GPUs or none
 )
 NODE_VENDORS = (NVIDIA_NODE, AMD_NODE)
 

@@ -57,8 +57,7 @@ def wanted(config: Config, node: NodeGpus) -> dict[str, str]:
     file is there (and this agent runs under gpuwire's runtime handler), the node can run GPU
     pods."""
     vendor = vendors.of(config.vendor)
-    has_gpus = bool(node.gpus) or vendor.ready_without_gpus
-    ready = {labels.RUNTIME_READY: "true"} if runtime_ready(config) and has_gpus else {}
+    ready = {labels.RUNTIME_READY: "true"} if runtime_ready(config) and node.gpus else {}
     return ready | vendor.labels(config, node, enforced(config) if config.cdi == "none" else ())
 
 

@@ -16,10 +16,13 @@ import pytest
 from deviceplugin import cli
 from deviceplugin.agent import labeler
 from deviceplugin.config import Config
+from deviceplugin.gpus.amd import AmdNodeGpus
 from deviceplugin.gpus.backend import open_discovery
-from deviceplugin.gpus.discovery import Latest
+from deviceplugin.gpus.discovery import Latest, NodeGpus
 from deviceplugin.plugin import serve
 from gpuwire import limits, sim
+from gpuwire.kfd import AmdNode
+from gpuwire.roots import Roots
 from testbed.apiserver import ApiServer
 from testbed.kubelet import Kubelet
 from testbed.waiting import until
@@ -272,3 +275,17 @@ def test_the_limits_labels_say_what_holds_limits_on_this_node(tmp_path: Path) ->
     assert held(config) == {"gpuwire.io/limits.mps": "true", "gpuwire.io/limits.hami": "true"}
     assert held(replace(config, cdi="uuid")) == {}
     assert held(replace(config, mps_root=None, hami_library=str(node / "none.so"))) == {}
+
+
+def test_a_node_whose_discovery_found_no_gpu_is_not_ready_for_gpu_pods(tmp_path: Path) -> None:
+    """gpuwire.io/runtime-ready sends GPU pods to a node: one where discovery found no GPU
+    gets no such label, AMD's as NVIDIA's. Before: an AMD node got it whatever its
+    discovery found."""
+    ready = tmp_path / "ready"
+    ready.write_text("0.1.0\n")
+    nvidia = NodeGpus("550.54.15", "12.4", (), ())
+    amd = AmdNodeGpus("6.8.5", "", (), (), kfd=AmdNode(Roots(str(tmp_path)), "6.8.5", (), None))
+    for vendor, empty in (("nvidia", nvidia), ("amd", amd)):
+        config = Config(vendor=vendor, runtime_ready=str(ready))
+        assert labeler.runtime_ready(config)
+        assert "gpuwire.io/runtime-ready" not in labeler.wanted(config, empty), vendor
