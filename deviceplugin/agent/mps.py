@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily
@@ -166,32 +167,33 @@ class Supervisor(Collector):
         self.joined = joined  # `clients`; None: never empty a daemon's /dev/shm
         self.node = node
         self.running: dict[str, _Running] = {}
-        self.restored: dict[str, int] = {}  # uuid → how often its defaults were set back
-        self.ended: dict[str, int] = {}  # uuid → how many servers with lifted limits were ended
+        self.restored: Counter[str] = Counter()  # uuid → how often its defaults were set back
+        self.ended: Counter[str] = Counter()  # uuid → servers with lifted limits ended
         self._failures: dict[str, tuple[int, float]] = {}  # uuid → (count, retry at)
         self._unread: set[int] = set()  # daemons whose answer was not read (logged once)
         self._read: set[tuple[int, str]] = set()  # (daemon pid, Unread.part) read at least once
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        restored = CounterMetricFamily(
-            "gpuwire_mps_defaults_restored",
-            "How often a GPU's MPS control daemon had defaults looser than the share the agent "
-            "set (a client can set them: the control socket is its own) and was set back.",
-            labels=["node", "uuid"],
-        )
-        for uuid, count in sorted(self.restored.items()):
-            restored.add_metric([self.node, uuid], count)
-        yield restored
-        ended = CounterMetricFamily(
-            "gpuwire_mps_servers_ended",
-            "How many of a GPU's MPS servers held limits looser than the share the agent set "
-            "(started while a client had lifted the defaults, or lifted on the server) and "
-            "were ended with their clients by restarting the GPU's control daemon.",
-            labels=["node", "uuid"],
-        )
-        for uuid, count in sorted(self.ended.items()):
-            ended.add_metric([self.node, uuid], count)
-        yield ended
+        for name, help_text, counts in (
+            (
+                "gpuwire_mps_defaults_restored",
+                "How often a GPU's MPS control daemon had defaults looser than the share the "
+                "agent set (a client can set them: the control socket is its own) and was set "
+                "back.",
+                self.restored,
+            ),
+            (
+                "gpuwire_mps_servers_ended",
+                "How many of a GPU's MPS servers held limits looser than the share the agent "
+                "set (started while a client had lifted the defaults, or lifted on the server) "
+                "and were ended with their clients by restarting the GPU's control daemon.",
+                self.ended,
+            ),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["node", "uuid"])
+            for uuid, count in sorted(counts.items()):
+                family.add_metric([self.node, uuid], count)
+            yield family
 
     def step(self, gpus: Sequence[Device], unhealthy: frozenset[str]) -> None:
         """Make the daemons match the healthy GPUs and their defaults."""
@@ -232,11 +234,7 @@ class Supervisor(Collector):
         except Unread as exc:
             if (daemon.pid, exc.part) in self._read:  # it answered as we read: a client's value
                 return self._ends_unread(uuid, daemon, exc)
-            if daemon.pid not in self._unread:
-                self._unread.add(daemon.pid)
-                log.warning(
-                    "GPU %s: MPS control daemon %d not read, not checked: %s", uuid, daemon.pid, exc
-                )
+            self._not_checked(uuid, daemon.pid, exc)
             return True
         except (MpsError, OSError, subprocess.TimeoutExpired) as exc:
             log.warning("GPU %s: MPS control daemon %d not read: %s", uuid, daemon.pid, exc)
@@ -244,7 +242,7 @@ class Supervisor(Collector):
         self._read |= {(daemon.pid, "defaults")} | ({(daemon.pid, "servers")} if servers else set())
         lifted = daemon.defaults.lifted_by(live)
         if lifted:
-            self.restored[uuid] = self.restored.get(uuid, 0) + 1
+            self.restored[uuid] += 1
             log.warning(
                 "GPU %s: MPS control daemon %d's defaults were lifted (%s): setting them back",
                 uuid, daemon.pid, "; ".join(lifted),
@@ -262,8 +260,7 @@ class Supervisor(Collector):
             "set them; restarting the daemon",
             uuid, daemon.pid, exc.part, exc,
         )  # fmt: skip
-        counted = self.restored if exc.part == "defaults" else self.ended
-        counted[uuid] = counted.get(uuid, 0) + 1
+        (self.restored if exc.part == "defaults" else self.ended)[uuid] += 1
         self.stop(uuid, f"its {exc.part} are no longer read")
         return False
 
@@ -281,7 +278,7 @@ class Supervisor(Collector):
             )  # fmt: skip
         if not loose:
             return False
-        self.ended[uuid] = self.ended.get(uuid, 0) + len(loose)
+        self.ended[uuid] += len(loose)
         self.stop(uuid, f"servers with lifted limits: {', '.join(map(str, loose))}")
         return True
 
@@ -391,10 +388,15 @@ class Supervisor(Collector):
         try:
             read(self.control, self.root, uuid)
         except Unread as exc:
-            self._unread.add(pid)
-            log.warning("GPU %s: MPS control daemon %d not read, not checked: %s", uuid, pid, exc)
+            self._not_checked(uuid, pid, exc)
         else:
             self._read.add((pid, "defaults"))
+
+    def _not_checked(self, uuid: str, pid: int, exc: Unread) -> None:
+        """A daemon whose answer the agent never read: said once, not checked."""
+        if pid not in self._unread:
+            self._unread.add(pid)
+            log.warning("GPU %s: MPS control daemon %d not read, not checked: %s", uuid, pid, exc)
 
     def _answers(self, uuid: str, process: subprocess.Popen[bytes]) -> None:
         """Wait until the new daemon answers a command (it makes its pipes as it starts)."""
